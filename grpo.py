@@ -1,0 +1,245 @@
+"""GRPO for every role of a workflow: group advantages, the clipped loss, the per-adapter update.
+
+Paper: "GRPO as trained" in ../shared/PAPER.md (verl's PPO loss with clip-higher
+and dual clip, no KL, `seq-mean-token-mean`, AdamW 2e-5, grad clip 1.0).
+
+The one idea to take away: every aggregation mode is a *per-token weight*.
+`token_weights` says how much each token of a mini-batch counts in the loss;
+the loss is sum(weight * token_loss). That makes three things exact and visible:
+  - micro-batching is plain gradient accumulation (weights are fixed per mini-batch),
+  - a role's share of the gradient under SP is the sum of its tokens' weights
+    (finding 3: more and longer outputs -> a bigger share),
+  - re-weighting roles is multiplying their tokens' weights.
+
+Under SP there is one adapter and all roles' samples update it together; under IP
+each adapter (role type) is updated on its own samples, split into mini-batches
+of `mini_batch_size` samples with one optimizer step each, so a role with three
+instances takes three steps per training step (finding 4).
+
+    python -m pytest tests/test_grpo.py      # hand-computed checks of everything here
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import torch
+
+from policies import adapter_parameters, completion_logprobs, policy_logprobs, use_adapter
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+# ---------------------------------------------------------------- advantages
+
+def group_advantages(rewards: list[float], keys: list[Hashable], scale_by_std: bool = True,
+                     eps: float = 1e-6) -> list[float]:
+    """Outcome advantage of each call against the other members of its group.
+
+    Group key = (task, call name, turn). Advantage = (r - mean) / (std + eps),
+    unbiased std, or r - mean with `scale_by_std=False` (Dr. GRPO).
+    - a group whose rewards are all equal gets 0 for every member (nothing to learn);
+    - a group of one has no baseline: like verl (the reference), mean 0 and std 1,
+      so its advantage is its raw reward.
+    """
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        members[k].append(i)
+    adv = [0.0] * len(rewards)
+    for idx in members.values():
+        r = torch.tensor([float(rewards[i]) for i in idx], dtype=torch.float64)
+        mean, std = (r.mean(), r.std()) if len(idx) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
+        a = (r - mean) / (std + eps) if scale_by_std else r - mean
+        for i, v in zip(idx, a.tolist()):
+            adv[i] = v
+    return adv
+
+
+# ---------------------------------------------------------------- loss
+
+def token_weights(lengths: list[int], agg: str, norm_len: int = 1) -> list[float]:
+    """Weight of each token of sample i in the mini-batch loss (the same for all its tokens).
+
+    N samples, lengths L_i, T = sum L_i:
+      token-mean               1 / T            every token counts the same
+      seq-mean-token-mean      1 / (N * L_i)    every sample counts the same (paper default)
+      seq-mean-token-sum       1 / N            longer samples count more
+      seq-mean-token-sum-norm  1 / (N * norm_len)  Dr. GRPO: a constant length (the generation budget)
+    """
+    n, total = len(lengths), sum(lengths)
+    if agg == "token-mean":
+        return [1.0 / total] * n
+    if agg == "seq-mean-token-mean":
+        return [1.0 / (n * max(L, 1)) for L in lengths]
+    if agg == "seq-mean-token-sum":
+        return [1.0 / n] * n
+    if agg == "seq-mean-token-sum-norm":
+        return [1.0 / (n * norm_len)] * n
+    raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {AGGREGATIONS}")
+
+
+def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg: str, norm_len: int = 1) -> torch.Tensor:
+    """Reduce a [B, T] token-loss matrix to a scalar with one aggregation mode (a reference form of the weights)."""
+    w = torch.tensor(token_weights(mask.sum(-1).long().tolist(), agg, norm_len), dtype=token_loss.dtype)
+    return (token_loss * mask * w.to(token_loss.device)[:, None]).sum()
+
+
+def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float = 0.2,
+                       clip_high: float = 0.28, dual_clip: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token, with clip-higher and dual clip (verl's form).
+
+    logp, old_logp: [B, T]; adv: [B]. Returns (loss [B, T], clipped [B, T] bool).
+    For A > 0 the ratio is capped at 1 + clip_high; for A < 0 it is floored at
+    1 - clip_low, and the loss is also capped at -A * dual_clip so a huge ratio
+    on a bad sample cannot blow up the step.
+    """
+    adv = adv[:, None]
+    ratio = torch.exp(logp - old_logp)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    loss_dual = torch.minimum(loss_ppo, -adv * dual_clip)
+    loss = torch.where(adv < 0, loss_dual, loss_ppo)
+    clipped = (loss_clipped > loss_unclipped) | ((adv < 0) & (loss_ppo > -adv * dual_clip))
+    return loss, clipped
+
+
+# ---------------------------------------------------------------- update
+
+@dataclass
+class Sample:
+    """One call, as the update sees it."""
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    role: str      # role type for metrics: generator0 -> generator
+    adapter: str   # the adapter this call trains (route_adapter)
+
+
+@dataclass
+class UpdateSettings:
+    """GRPO update hyperparameters; train.py fills them from its flags (paper values as defaults)."""
+    mini_batch_size: int = 512         # samples per optimizer step (paper: 64 tasks x 8)
+    micro_batch_size: int = 8          # rows per forward/backward (memory only: gradients are identical)
+    agg: str = "seq-mean-token-mean"   # loss aggregation (paper default)
+    norm_len: int = 512                # constant length for seq-mean-token-sum-norm (the response budget)
+    clip_low: float = 0.2
+    clip_high: float = 0.28            # clip-higher
+    dual_clip: float = 3.0
+    max_grad_norm: float = 1.0
+    temperature: float = 0.7           # log-probs are taken at the sampling temperature
+    role_weights: dict[str, float] = field(default_factory=dict)  # target loss share per role (empty: implicit)
+
+
+def make_optimizers(model, adapters: list[str], lr: float = 2e-5, weight_decay: float = 0.01,
+                    warmup_steps: int = 15) -> dict[str, tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]]:
+    """One AdamW + linear-warmup schedule per adapter (IP roles never share optimizer state)."""
+    out = {}
+    for a in adapters:
+        opt = torch.optim.AdamW(adapter_parameters(model, a), lr=lr, weight_decay=weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
+        out[a] = (opt, sched)
+    return out
+
+
+def role_shares(samples: list[Sample], weights: list[float]) -> dict[str, float]:
+    """Fraction of the total loss weight carried by each role's tokens (sums to 1)."""
+    mass: dict[str, float] = defaultdict(float)
+    for s, w in zip(samples, weights):
+        mass[s.role] += w * len(s.completion_ids)
+    total = sum(mass.values())
+    return {r: m / total for r, m in mass.items()}
+
+
+def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]:
+    """Per-token weight of each sample in one mini-batch, rescaled to the requested role shares if any."""
+    w = token_weights([len(s.completion_ids) for s in samples], cfg.agg, cfg.norm_len)
+    if cfg.role_weights:
+        shares = role_shares(samples, w)
+        present = {r: cfg.role_weights.get(r, 0.0) for r in shares}
+        norm = sum(present.values()) or 1.0
+        # scale each role's tokens so its share becomes target / sum(targets of roles present)
+        w = [wi * (present[s.role] / norm) / shares[s.role] for s, wi in zip(samples, w)]
+    return w
+
+
+def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings) -> dict[str, float]:
+    """One GRPO training step over all adapters; returns per-role metrics (`role/name`) and totals.
+
+    For each adapter: old log-probs of all its samples (before any step), then one
+    optimizer step per mini-batch, accumulating over micro-batches.
+    """
+    by_adapter: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if s.completion_ids:
+            by_adapter[s.adapter].append(s)
+    stats: dict[str, list[float]] = defaultdict(list)  # key -> values to average
+    sums: dict[str, float] = defaultdict(float)        # key -> values to add
+    for adapter, group in by_adapter.items():
+        opt, sched = optimizers[adapter]
+        params = adapter_parameters(model, adapter)
+        # Old log-probs are only needed if this adapter takes more than one step: in a single
+        # on-policy step the ratio is exactly 1, so the current log-probs (detached) are the old ones.
+        old = None
+        if len(group) > cfg.mini_batch_size:
+            old = policy_logprobs(model, adapter, [s.prompt_ids for s in group], [s.completion_ids for s in group],
+                                  cfg.micro_batch_size, cfg.temperature)
+        with use_adapter(model, adapter):
+            model.train()
+            for start in range(0, len(group), cfg.mini_batch_size):
+                mb = group[start:start + cfg.mini_batch_size]
+                mb_old = old[start:start + cfg.mini_batch_size] if old is not None else [None] * len(mb)
+                weights = minibatch_weights(mb, cfg)
+                for role, share in role_shares(mb, weights).items():
+                    stats[f"{role}/grad_share"].append(share)
+                opt.zero_grad(set_to_none=True)
+                for m in range(0, len(mb), cfg.micro_batch_size):
+                    _micro_step(model, mb[m:m + cfg.micro_batch_size], mb_old[m:m + cfg.micro_batch_size],
+                                weights[m:m + cfg.micro_batch_size], cfg, sums)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+                if math.isfinite(grad_norm):
+                    opt.step()
+                else:
+                    sums["nonfinite_steps"] += 1
+                opt.zero_grad(set_to_none=True)
+                for role in {s.role for s in mb}:
+                    sums[f"{role}/opt_steps"] += 1
+                    stats[f"{role}/grad_norm"].append(grad_norm)
+            sched.step()  # the schedule advances once per training step, as in verl
+            model.eval()
+    metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+    for k in [k for k in sums if k.endswith("/tokens")]:
+        role = k[: -len("/tokens")]
+        for name in ("pg_loss", "clip_frac", "entropy", "approx_kl"):
+            metrics[f"{role}/{name}"] = sums[f"{role}/{name}_sum"] / sums[k]
+        metrics[f"{role}/opt_steps"] = sums[f"{role}/opt_steps"]
+    metrics["nonfinite_steps"] = sums["nonfinite_steps"]
+    metrics["lr"] = next(iter(optimizers.values()))[1].get_last_lr()[0]
+    return metrics
+
+
+def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weights: list[float], cfg: UpdateSettings,
+                sums: dict[str, float]) -> None:
+    """Forward + backward of one micro-batch; its weights already carry the mini-batch normalisation."""
+    device = next(model.parameters()).device
+    logp, mask, entropy = completion_logprobs(model, [s.prompt_ids for s in micro], [s.completion_ids for s in micro],
+                                              cfg.temperature, with_entropy=True)
+    old_logp = logp.detach().clone()  # `None` = on-policy: ratio 1, gradient of the ratio intact
+    for i, o in enumerate(old):
+        if o is not None:  # rows are right-aligned (see completion_logprobs)
+            old_logp[i, logp.shape[1] - len(o):] = o.to(device)
+    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=device)
+    token_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    w = torch.tensor(weights, dtype=logp.dtype, device=device)[:, None]
+    (token_loss * mask * w).sum().backward()
+    with torch.no_grad():  # per-role token statistics, summed here and averaged per token at the end
+        log_ratio = (logp - old_logp) * mask
+        for i, s in enumerate(micro):
+            n = float(mask[i].sum())
+            sums[f"{s.role}/tokens"] += n
+            sums[f"{s.role}/pg_loss_sum"] += float((token_loss[i] * mask[i]).sum())
+            sums[f"{s.role}/clip_frac_sum"] += float((clipped[i].float() * mask[i]).sum())
+            sums[f"{s.role}/entropy_sum"] += float(entropy[i].sum())
+            sums[f"{s.role}/approx_kl_sum"] += float((0.5 * log_ratio[i] ** 2).sum())

@@ -1,0 +1,201 @@
+"""Train every role of an LLM workflow with outcome-reward GRPO (SP or IP LoRA adapters).
+
+Paper: the whole of ../shared/PAPER.md; this file is the loop that wires it:
+tasks -> workflows (rollout, credit) -> grpo (advantages, update) -> logs,
+validation and checkpoints in a run folder.
+
+One step = sample `--tasks-per-step` tasks, run `--n` episodes of the workflow on
+each (stage-batched), reward the calls, compute group advantages, update every
+adapter. Every step appends one line of metrics to RUN/metrics.jsonl.
+
+    python train.py                                  # SmolLM2-135M on synthetic math, CPU, a few minutes
+    python train.py --model tiny --steps 2           # the tiny random model: a smoke test in seconds
+    python train.py --steps 60 --val-every 10        # the longer CPU run of the README
+
+Defaults are sized for a CPU; the paper's values are given in each flag's help.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import tasks as T
+from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
+from policies import HFEngine, add_adapters, load_model, route_adapter, save_adapters
+from workflows import WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
+
+ROLES = {"single": ["generator"]}  # role types of each workflow (the adapters IP creates)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # model
+    p.add_argument("--model", default="smollm2", help="smollm2 (packaged, offline), tiny (random, tests), a folder or hub id")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (bf16 on GPU)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
+    # data
+    p.add_argument("--task", default="math", choices=["math", "dapo"], help="math: built-in synthetic; dapo: --data file/hub id")
+    p.add_argument("--data", default=None, help="DAPO-format jsonl/parquet or hub id (for --task dapo)")
+    p.add_argument("--difficulty", type=int, default=0, help="synthetic math: 0 one op on 1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
+    p.add_argument("--n-train", type=int, default=170, help="synthetic math: training problems (difficulty 0 has 243 in all)")
+    p.add_argument("--n-val", type=int, default=64, help="validation problems (paper: 10%% held out)")
+    # workflow
+    p.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="which workflow to train")
+    p.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: final result to every call (paper)")
+    p.add_argument("--no-one-shot", dest="one_shot", action="store_false", help="drop the solved example from prompts")
+    # policy
+    p.add_argument("--policy", default="sp", choices=["sp", "ip"], help="sp: one shared adapter; ip: one per role type")
+    p.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (paper: 64)")
+    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (paper: 32)")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (paper: 0)")
+    # GRPO
+    p.add_argument("--tasks-per-step", type=int, default=8, help="tasks per training step (paper: 64)")
+    p.add_argument("--n", type=int, default=4, help="episodes per task, the GRPO group size (paper: 8)")
+    p.add_argument("--agg", default="seq-mean-token-mean", choices=AGGREGATIONS, help="loss aggregation (paper: seq-mean-token-mean)")
+    p.add_argument("--clip-low", type=float, default=0.2, help="PPO clip below 1 (paper: 0.2)")
+    p.add_argument("--clip-high", type=float, default=0.28, help="PPO clip above 1, clip-higher (paper: 0.28)")
+    p.add_argument("--dual-clip", type=float, default=3.0, help="dual-clip constant for negative advantages (paper: 3)")
+    p.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
+    p.add_argument("--mini-batch-size", type=int, default=0, help="samples per optimizer step; 0 = episodes per step (paper: 512)")
+    p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward (memory only)")
+    # optimisation
+    p.add_argument("--steps", type=int, default=10, help="training steps")
+    p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (paper: 2e-5 at rank 64 on Qwen3)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (paper: 0.01)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="linear warmup, in training steps (paper: 15)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping per adapter (paper: 1.0)")
+    # rollout
+    p.add_argument("--engine", default="hf", choices=["hf"], help="generation engine")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (paper: 1.0)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (paper: math 5120, code 2048)")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="rows per generate() call (memory only)")
+    # logging
+    p.add_argument("--run-dir", default=None, help="run folder (default runs/<workflow>-<policy>-<time>)")
+    p.add_argument("--val-every", type=int, default=5, help="validate every N steps (and before step 1); 0 = never")
+    p.add_argument("--val-n", type=int, default=1, help="samples per validation task (accuracy = mean over them)")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end); 0 = end only")
+    p.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
+    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (needs wandb installed)")
+    return p.parse_args(argv)
+
+
+class NoLogger:
+    """Stands in for wandb when it is off, so the loop has no `if wandb:` branches."""
+    def log(self, metrics: dict, step: int) -> None:
+        pass
+
+
+def load_tasks(args) -> tuple[list[T.Task], list[T.Task]]:
+    if args.task == "math":
+        return T.math_splits(args.n_train, args.n_val, args.difficulty, args.seed)
+    if not args.data:
+        raise SystemExit("error: --task dapo needs --data PATH_OR_HUB_ID")
+    rows = T.load_math(args.data)
+    rng = random.Random(42)  # the paper holds out 10%; a fixed shuffle keeps the split stable across runs
+    rng.shuffle(rows)
+    n_val = min(args.n_val, len(rows) // 10 or 1)
+    return rows[n_val:], rows[:n_val]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
+    episodes = rollout(val_tasks, args.val_n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking)
+    return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
+
+
+def save_checkpoint(run_dir: str, step: int, model, optimizers) -> str:
+    folder = os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
+    save_adapters(model, os.path.join(folder, "adapters"))
+    torch.save({a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()}, os.path.join(folder, "optim.pt"))
+    with open(os.path.join(folder, "state.json"), "w") as f:
+        json.dump({"step": step}, f)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_args(argv)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    run_dir = args.run_dir or os.path.join("runs", f"{args.workflow}-{args.policy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(run_dir, exist_ok=True)
+    print("config:", json.dumps(vars(args), sort_keys=True))
+    with open(os.path.join(run_dir, "args.json"), "w") as f:
+        json.dump(vars(args), f, indent=1)
+    logger = NoLogger()
+    if args.wandb:
+        import wandb
+        logger = wandb.init(project="marl-workflows", config=vars(args))
+
+    seed_everything(args.seed)
+    train_tasks, val_tasks = load_tasks(args)
+    model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
+    adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
+    model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
+    optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps)
+    engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
+    opts = WorkflowOptions(one_shot=args.one_shot)
+    settings = UpdateSettings(
+        mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
+        agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
+        dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature)
+    order = list(range(len(train_tasks)))
+    random.Random(args.seed).shuffle(order)
+    metrics_file = open(os.path.join(run_dir, "metrics.jsonl"), "a")
+
+    if args.val_every:
+        m = validate(val_tasks, args, engine, tokenizer, opts)
+        print(f"step 0 | val acc {m['val/success']:.3f}")
+        metrics_file.write(json.dumps({"step": 0, **m}) + "\n")
+        metrics_file.flush()
+    for step in tqdm(range(1, args.steps + 1), desc="train", disable=None):
+        t0 = time.time()
+        pos = (step - 1) * args.tasks_per_step
+        batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
+        episodes = rollout(batch, args.n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking)
+        t_rollout = time.time() - t0
+        assign_rewards(episodes, args.credit)
+        calls = [(e.task.id, c) for e in episodes for c in e.calls]
+        advantages = group_advantages([c.reward for _, c in calls], [c.group_key(tid) for tid, c in calls],
+                                      args.std_scale)
+        samples = []
+        for (_, c), a in zip(calls, advantages):
+            c.advantage = a
+            samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter))
+        t1 = time.time()
+        m = update_policy(model, samples, optimizers, settings)
+        t_update = time.time() - t1
+        gen_tokens = sum(len(c.completion_ids) for _, c in calls)
+        train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        m.update(episode_metrics(episodes))
+        m.update(step=step, reward=sum(c.reward for _, c in calls) / len(calls), time_rollout=t_rollout,
+                 time_update=t_update, rollout_tok_s=gen_tokens / t_rollout, update_tok_s=train_tokens / t_update)
+        if args.val_every and step % args.val_every == 0:
+            m.update(validate(val_tasks, args, engine, tokenizer, opts))
+        tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
+                   + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
+                   + f" | rollout {t_rollout:.1f}s update {t_update:.1f}s")
+        metrics_file.write(json.dumps(m) + "\n")
+        metrics_file.flush()
+        logger.log(m, step=step)
+        if (args.save_every and step % args.save_every == 0) or step == args.steps:
+            save_checkpoint(run_dir, step, model, optimizers)
+    metrics_file.close()
+    print(f"run folder: {run_dir}")
+    return run_dir
+
+
+if __name__ == "__main__":
+    main()
