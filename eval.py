@@ -22,8 +22,8 @@ import statistics
 import torch
 
 from policies import BASE, HFEngine, add_adapters, load_adapters, load_model, route_adapter
-from train import ROLES, load_tasks, seed_everything
-from workflows import WorkflowOptions, episode_metrics, rollout
+from train import load_tasks, seed_everything
+from workflows import ROLES, WorkflowOptions, episode_metrics, rollout
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:
@@ -62,7 +62,7 @@ def evaluate(run_dir: str, mode: str = "trained", step: int | None = None, n: in
     temp = targs.temperature if temperature is None else temperature
     engine = HFEngine(model, tokenizer, targs.max_new_tokens, temp, targs.top_p, targs.gen_batch_size)
     episodes = rollout(val_tasks, n, targs.workflow, engine, tokenizer, targs.policy,
-                       WorkflowOptions(one_shot=targs.one_shot), targs.enable_thinking, adapter_override=override)
+                       WorkflowOptions(targs.one_shot, targs.n_votes, targs.max_iterations, targs.max_subtasks), targs.enable_thinking, adapter_override=override)
     per_sample = [sum(e.correct for e in episodes if e.sample == k) / len(val_tasks) for k in range(n)]
     metrics = episode_metrics(episodes)
     return {"run": run_dir, "step": step, "mode": mode, "workflow": targs.workflow, "policy": targs.policy,

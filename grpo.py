@@ -131,6 +131,11 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
     temperature: float = 0.7           # log-probs are taken at the sampling temperature
     role_weights: dict[str, float] = field(default_factory=dict)  # target loss share per role (empty: implicit)
+    merge_instance_steps: bool = False  # one optimizer step per adapter per training step (finding 4's fix)
+    diagnose_roles: bool = False       # per-role gradient norms and cosines inside a shared (SP) update
+    kl_coef: dict[str, float] = field(default_factory=dict)     # I1: role -> beta of KL(role || base), k3
+    coherence: dict[str, float] = field(default_factory=dict)   # I6: role -> lambda
+    coherence_window: int = 10         # I6: EMA of the gradient with tau = 1 - 1/window
 
 
 def make_optimizers(model, adapters: list[str], lr: float = 2e-5, weight_decay: float = 0.01,
@@ -165,11 +170,14 @@ def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]
     return w
 
 
-def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings) -> dict[str, float]:
+def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
+                  grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step over all adapters; returns per-role metrics (`role/name`) and totals.
 
-    For each adapter: old log-probs of all its samples (before any step), then one
-    optimizer step per mini-batch, accumulating over micro-batches.
+    For each adapter: old log-probs of its samples (before any step), then one
+    optimizer step per mini-batch of `mini_batch_size` samples (or a single step
+    over all of them with `merge_instance_steps`), accumulating over micro-batches.
+    `grad_ema` carries the I6 gradient averages from step to step (train.py owns it).
     """
     by_adapter: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -177,27 +185,33 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
             by_adapter[s.adapter].append(s)
     stats: dict[str, list[float]] = defaultdict(list)  # key -> values to average
     sums: dict[str, float] = defaultdict(float)        # key -> values to add
+    grad_ema = {} if grad_ema is None else grad_ema
     for adapter, group in by_adapter.items():
         opt, sched = optimizers[adapter]
         params = adapter_parameters(model, adapter)
+        step_size = len(group) if cfg.merge_instance_steps else cfg.mini_batch_size
         # Old log-probs are only needed if this adapter takes more than one step: in a single
         # on-policy step the ratio is exactly 1, so the current log-probs (detached) are the old ones.
         old = None
-        if len(group) > cfg.mini_batch_size:
+        if len(group) > step_size:
             old = policy_logprobs(model, adapter, [s.prompt_ids for s in group], [s.completion_ids for s in group],
                                   cfg.micro_batch_size, cfg.temperature)
         with use_adapter(model, adapter):
             model.train()
-            for start in range(0, len(group), cfg.mini_batch_size):
-                mb = group[start:start + cfg.mini_batch_size]
-                mb_old = old[start:start + cfg.mini_batch_size] if old is not None else [None] * len(mb)
+            for start in range(0, len(group), step_size):
+                mb = group[start:start + step_size]
+                mb_old = old[start:start + step_size] if old is not None else [None] * len(mb)
                 weights = minibatch_weights(mb, cfg)
                 for role, share in role_shares(mb, weights).items():
                     stats[f"{role}/grad_share"].append(share)
                 opt.zero_grad(set_to_none=True)
-                for m in range(0, len(mb), cfg.micro_batch_size):
-                    _micro_step(model, mb[m:m + cfg.micro_batch_size], mb_old[m:m + cfg.micro_batch_size],
-                                weights[m:m + cfg.micro_batch_size], cfg, sums)
+                role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums)
+                for k, v in _role_gradient_stats(role_grads).items():  # empty unless diagnose_roles
+                    stats[k].append(v)
+                role = mb[0].role
+                if role in cfg.coherence:
+                    stats[f"{role}/coherence_scale"].append(_coherence_scale(params, grad_ema, adapter,
+                                                                             cfg.coherence[role], cfg.coherence_window))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
                 if math.isfinite(grad_norm):
                     opt.step()
@@ -212,26 +226,88 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
     metrics = {k: sum(v) / len(v) for k, v in stats.items()}
     for k in [k for k in sums if k.endswith("/tokens")]:
         role = k[: -len("/tokens")]
-        for name in ("pg_loss", "clip_frac", "entropy", "approx_kl"):
-            metrics[f"{role}/{name}"] = sums[f"{role}/{name}_sum"] / sums[k]
+        for name in ("pg_loss", "clip_frac", "entropy", "approx_kl", "kl_base"):
+            if f"{role}/{name}_sum" in sums:
+                metrics[f"{role}/{name}"] = sums[f"{role}/{name}_sum"] / sums[k]
         metrics[f"{role}/opt_steps"] = sums[f"{role}/opt_steps"]
     metrics["nonfinite_steps"] = sums["nonfinite_steps"]
     metrics["lr"] = next(iter(optimizers.values()))[1].get_last_lr()[0]
     return metrics
 
 
+def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: list, weights: list[float],
+                cfg: UpdateSettings, sums: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Backward over one mini-batch in micro-batches. With `diagnose_roles`, micro-batches are formed role by
+    role and the gradient is snapshotted after each role: role gradients for free, since the loss is a sum."""
+    if not cfg.diagnose_roles:
+        for m in range(0, len(mb), cfg.micro_batch_size):
+            sl = slice(m, m + cfg.micro_batch_size)
+            _micro_step(model, mb[sl], old[sl], weights[sl], cfg, sums)
+        return {}
+    role_grads, before = {}, _flat_grad(params)
+    for role in sorted({s.role for s in mb}):
+        idx = [i for i, s in enumerate(mb) if s.role == role]
+        for m in range(0, len(idx), cfg.micro_batch_size):
+            part = idx[m:m + cfg.micro_batch_size]
+            _micro_step(model, [mb[i] for i in part], [old[i] for i in part], [weights[i] for i in part], cfg, sums)
+        after = _flat_grad(params)
+        role_grads[role], before = after - before, after
+    return role_grads
+
+
+def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().float() for p in params])
+
+
+def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Each role's own gradient norm (before clipping) and the cosine between every pair of roles."""
+    out = {f"{r}/role_grad_norm": float(g.norm()) for r, g in role_grads.items()}
+    roles = sorted(role_grads)
+    for i, a in enumerate(roles):
+        for b in roles[i + 1:]:
+            out[f"grad_cos/{a}-{b}"] = float(torch.nn.functional.cosine_similarity(role_grads[a], role_grads[b], dim=0))
+    return out
+
+
+def _coherence_scale(params: list[torch.nn.Parameter], grad_ema: dict[str, torch.Tensor], adapter: str,
+                     lam: float, window: int) -> float:
+    """I6: shrink a gradient that keeps pointing where the recent ones pointed.
+
+    scale = 1 - lam * clamp(cos(g, EMA g), 0, 1), applied before clipping, so it lies in
+    [1 - lam, 1]; the EMA then moves toward the *scaled* gradient with tau = 1 - 1/window.
+    """
+    g = _flat_grad(params)
+    ema = grad_ema.get(adapter)
+    scale = 1.0 if ema is None else 1.0 - lam * float(torch.nn.functional.cosine_similarity(g, ema, dim=0).clamp(0, 1))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(scale)
+    tau = 1.0 - 1.0 / window
+    grad_ema[adapter] = g * scale if ema is None else tau * ema + (1 - tau) * g * scale
+    return scale
+
+
 def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weights: list[float], cfg: UpdateSettings,
                 sums: dict[str, float]) -> None:
     """Forward + backward of one micro-batch; its weights already carry the mini-batch normalisation."""
     device = next(model.parameters()).device
-    logp, mask, entropy = completion_logprobs(model, [s.prompt_ids for s in micro], [s.completion_ids for s in micro],
-                                              cfg.temperature, with_entropy=True)
+    prompts, completions = [s.prompt_ids for s in micro], [s.completion_ids for s in micro]
+    logp, mask, entropy = completion_logprobs(model, prompts, completions, cfg.temperature, with_entropy=True)
     old_logp = logp.detach().clone()  # `None` = on-policy: ratio 1, gradient of the ratio intact
     for i, o in enumerate(old):
         if o is not None:  # rows are right-aligned (see completion_logprobs)
             old_logp[i, logp.shape[1] - len(o):] = o.to(device)
     adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=device)
-    token_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    pg_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    token_loss = pg_loss
+    beta = torch.tensor([cfg.kl_coef.get(s.role, 0.0) for s in micro], dtype=logp.dtype, device=device)
+    kl = None
+    if bool((beta > 0).any()):  # I1: only the named roles pay beta * KL(role || base), k3 estimator
+        with torch.no_grad(), use_adapter(model, None):
+            ref_logp, _, _ = completion_logprobs(model, prompts, completions, cfg.temperature)
+        log_r = ref_logp - logp
+        kl = (torch.exp(log_r) - log_r - 1) * mask
+        token_loss = token_loss + beta[:, None] * kl
     w = torch.tensor(weights, dtype=logp.dtype, device=device)[:, None]
     (token_loss * mask * w).sum().backward()
     with torch.no_grad():  # per-role token statistics, summed here and averaged per token at the end
@@ -239,7 +315,9 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
         for i, s in enumerate(micro):
             n = float(mask[i].sum())
             sums[f"{s.role}/tokens"] += n
-            sums[f"{s.role}/pg_loss_sum"] += float((token_loss[i] * mask[i]).sum())
+            sums[f"{s.role}/pg_loss_sum"] += float((pg_loss[i] * mask[i]).sum())
             sums[f"{s.role}/clip_frac_sum"] += float((clipped[i].float() * mask[i]).sum())
             sums[f"{s.role}/entropy_sum"] += float(entropy[i].sum())
             sums[f"{s.role}/approx_kl_sum"] += float((0.5 * log_ratio[i] ** 2).sum())
+            if kl is not None:
+                sums[f"{s.role}/kl_base_sum"] += float(kl[i].sum())

@@ -29,9 +29,44 @@ from tqdm import tqdm
 import tasks as T
 from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
 from policies import HFEngine, add_adapters, load_model, route_adapter, save_adapters
-from workflows import WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
+from workflows import ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
 
-ROLES = {"single": ["generator"]}  # role types of each workflow (the adapters IP creates)
+# `--cell Workflow-Policy-Scale-Task` (PAPER.md naming) -> the flags it stands for.
+CELL_WORKFLOWS = {"single": "single", "sa": "single", "voting": "voting", "evalopt": "evalopt",
+                  "orchworkers": "orchworkers"}
+CELL_MODELS = {"0.6b": "Qwen/Qwen3-0.6B", "1.7b": "Qwen/Qwen3-1.7B", "4b": "Qwen/Qwen3-4B",
+               "smollm2": "smollm2", "tiny": "tiny"}
+PAPER_HYPERPARAMETERS = dict(lr=2e-5, lora_rank=64, lora_alpha=32, tasks_per_step=64, n=8, warmup_steps=15,
+                             mini_batch_size=512, one_shot=False)
+
+
+def cell_defaults(cell: str) -> dict:
+    """Flags for a cell name such as `Voting-IP-1.7B-Math`: workflow, policy, model, task, and for Qwen3
+    scales the paper's hyperparameters (DAPO-Math / its response budget). Explicit flags still win."""
+    parts = cell.lower().replace("-rl", "").split("-")
+    if len(parts) != 4 or parts[0].replace("_", "") not in CELL_WORKFLOWS or parts[1] not in ("sp", "ip") \
+            or parts[2] not in CELL_MODELS or parts[3] not in ("math",):
+        raise SystemExit(f"error: bad --cell {cell!r}; expected Workflow-Policy-Scale-Task such as Voting-IP-1.7B-Math "
+                         f"(workflows {sorted(set(CELL_WORKFLOWS))}, policies SP/IP, scales {sorted(CELL_MODELS)}, task Math)")
+    out = dict(workflow=CELL_WORKFLOWS[parts[0].replace("_", "")], policy=parts[1], model=CELL_MODELS[parts[2]])
+    if parts[2] in ("0.6b", "1.7b", "4b"):
+        out.update(PAPER_HYPERPARAMETERS, task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en",
+                   max_new_tokens=5120, n_val=1412, dtype="bfloat16")
+    return out
+
+
+def parse_role_values(spec: str | None, flag: str) -> dict[str, float]:
+    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}, with a one-line error."""
+    if not spec:
+        return {}
+    out = {}
+    for item in spec.split(","):
+        role, _, value = item.partition("=")
+        try:
+            out[role.strip()] = float(value)
+        except ValueError:
+            raise SystemExit(f"error: {flag} expects role=value[,role=value...], got {spec!r}") from None
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # data
     p.add_argument("--task", default="math", choices=["math", "dapo"], help="math: built-in synthetic; dapo: --data file/hub id")
     p.add_argument("--data", default=None, help="DAPO-format jsonl/parquet or hub id (for --task dapo)")
+    p.add_argument("--data-config", default=None, help="hub dataset config (DAPO-Math-17k-Processed: en)")
     p.add_argument("--difficulty", type=int, default=0, help="synthetic math: 0 one op on 1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
     p.add_argument("--n-train", type=int, default=170, help="synthetic math: training problems (difficulty 0 has 243 in all)")
     p.add_argument("--n-val", type=int, default=64, help="validation problems (paper: 10%% held out)")
@@ -51,6 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="which workflow to train")
     p.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: final result to every call (paper)")
     p.add_argument("--no-one-shot", dest="one_shot", action="store_false", help="drop the solved example from prompts")
+    p.add_argument("--n-votes", type=int, default=3, help="Voting: parallel generators (paper: 3)")
+    p.add_argument("--max-iterations", type=int, default=None, help="Eval-Opt: evaluator calls at most (paper: math 3, code 2)")
+    p.add_argument("--max-subtasks", type=int, default=3, help="Orch-Workers: strategies / workers at most (paper: 3)")
+    p.add_argument("--cell", default=None, help="paper cell such as Voting-IP-1.7B-Math: sets workflow, policy, model, task "
+                   "and (Qwen3 scales) the paper's hyperparameters; explicit flags still win")
     # policy
     p.add_argument("--policy", default="sp", choices=["sp", "ip"], help="sp: one shared adapter; ip: one per role type")
     p.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (paper: 64)")
@@ -66,6 +107,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
     p.add_argument("--mini-batch-size", type=int, default=0, help="samples per optimizer step; 0 = episodes per step (paper: 512)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward (memory only)")
+    # mechanisms and interventions (PAPER.md findings 3-4, I1, I6)
+    p.add_argument("--merge-instance-steps", action="store_true",
+                   help="one optimizer step per adapter per training step (default: one per mini-batch, so IP "
+                        "parallel roles take one step per instance, as in the paper)")
+    p.add_argument("--role-weights", default=None, help="SP: target loss share per role, 'equal' or "
+                   "generator=2,aggregator=1 (default: the aggregation's implicit shares, as in the paper)")
+    p.add_argument("--diagnose-roles", action="store_true", help="log each role's own gradient norm and the "
+                   "cosine between roles' gradients (no extra backward: accumulation is ordered by role)")
+    p.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta*KL(role||base) (k3) for those roles")
+    p.add_argument("--coherence", default=None, help="I6 (IP): role=lambda,... scales the role's gradient by "
+                   "1 - lambda*clamp(cos(g, EMA g), 0, 1) before clipping (paper: lambda <= 0.3)")
+    p.add_argument("--coherence-window", type=int, default=10, help="I6: EMA window, tau = 1 - 1/window")
     # optimisation
     p.add_argument("--steps", type=int, default=10, help="training steps")
     p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (paper: 2e-5 at rank 64 on Qwen3)")
@@ -85,7 +138,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end); 0 = end only")
     p.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (needs wandb installed)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cell:  # the cell's values become defaults, then the command line is read again on top of them
+        p.set_defaults(**cell_defaults(args.cell))
+        args = p.parse_args(argv)
+    check_args(args)
+    return args
+
+
+def check_args(args) -> None:
+    """Contradictory or unknown settings stop here, with one line, before any model loads."""
+    roles = ROLES[args.workflow]
+    if args.max_iterations is None:
+        args.max_iterations = 3  # math (code: 2)
+    if args.role_weights == "equal":
+        args.role_weights = ",".join(f"{r}=1" for r in roles)
+    for flag in ("role_weights", "kl_coef", "coherence"):
+        values = parse_role_values(getattr(args, flag), "--" + flag.replace("_", "-"))
+        unknown = sorted(set(values) - set(roles))
+        if unknown:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} names {unknown}, not roles of {args.workflow} {roles}")
+        setattr(args, flag, values)
+    if args.role_weights and args.policy == "ip":
+        raise SystemExit("error: --role-weights sets shares inside one shared adapter; it needs --policy sp")
+    if args.coherence and args.policy == "sp":
+        raise SystemExit("error: --coherence acts on a role's own adapter gradient; it needs --policy ip")
 
 
 class NoLogger:
@@ -99,7 +176,7 @@ def load_tasks(args) -> tuple[list[T.Task], list[T.Task]]:
         return T.math_splits(args.n_train, args.n_val, args.difficulty, args.seed)
     if not args.data:
         raise SystemExit("error: --task dapo needs --data PATH_OR_HUB_ID")
-    rows = T.load_math(args.data)
+    rows = T.load_math(args.data, config=args.data_config)
     rng = random.Random(42)  # the paper holds out 10%; a fixed shuffle keeps the split stable across runs
     rng.shuffle(rows)
     n_val = min(args.n_val, len(rows) // 10 or 1)
@@ -146,11 +223,16 @@ def main(argv: list[str] | None = None) -> str:
     model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
     optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps)
     engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
-    opts = WorkflowOptions(one_shot=args.one_shot)
+    opts = WorkflowOptions(one_shot=args.one_shot, n_votes=args.n_votes, max_iterations=args.max_iterations,
+                           max_subtasks=args.max_subtasks)
     settings = UpdateSettings(
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
         agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
-        dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature)
+        dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
+        role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
+        diagnose_roles=args.diagnose_roles, kl_coef=args.kl_coef, coherence=args.coherence,
+        coherence_window=args.coherence_window)
+    grad_ema: dict = {}  # I6 state, carried across steps
     order = list(range(len(train_tasks)))
     random.Random(args.seed).shuffle(order)
     metrics_file = open(os.path.join(run_dir, "metrics.jsonl"), "a")
@@ -175,7 +257,7 @@ def main(argv: list[str] | None = None) -> str:
             c.advantage = a
             samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter))
         t1 = time.time()
-        m = update_policy(model, samples, optimizers, settings)
+        m = update_policy(model, samples, optimizers, settings, grad_ema)
         t_update = time.time() - t1
         gen_tokens = sum(len(c.completion_ids) for _, c in calls)
         train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)

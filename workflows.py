@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from policies import chat_prompt_ids, route_adapter
-from tasks import Task, grade
+from tasks import Task, grade, last_boxed
 
 # ---------------------------------------------------------------- records
 
@@ -41,6 +41,7 @@ class Call:
     reward: float = 0.0        # credit this call trains on
     advantage: float = 0.0
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format compliance ...
+    group: str = ""            # GRPO group name when it is not `name@turn` (Eval-Opt: all attempts share one)
 
     @property
     def role(self) -> str:
@@ -49,7 +50,7 @@ class Call:
 
     def group_key(self, task_id: str) -> tuple:
         """GRPO group: calls with the same key are compared with each other (PAPER: task, name, turn)."""
-        return (task_id, self.name, self.turn)
+        return (task_id, self.group) if self.group else (task_id, self.name, self.turn)
 
 
 @dataclass
@@ -64,11 +65,15 @@ class Episode:
 
 @dataclass
 class WorkflowOptions:
-    """What shapes the prompts (train.py fills it from flags)."""
+    """What shapes the prompts and the control flow (train.py fills it from flags)."""
     one_shot: bool = True       # prepend a solved example: small models (SmolLM2) only box answers with one
+    n_votes: int = 3            # Voting: parallel generators (paper: 3)
+    max_iterations: int = 3     # Eval-Opt: evaluator calls at most (paper: math 3, code 2)
+    max_subtasks: int = 3       # Orch-Workers: strategies, hence workers, at most (paper: 3)
 
 
 # ---------------------------------------------------------------- prompts
+# Our own wording of the reference's instructions (PAPER.md, "Workflows").
 
 MATH_INSTRUCTION = "Solve the problem. Show brief reasoning, then give the final answer in \\boxed{}."
 ONE_SHOT = [
@@ -77,10 +82,92 @@ ONE_SHOT = [
 ]
 
 
-def solver_messages(task: Task, opts: WorkflowOptions) -> list[dict]:
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def solver_messages(task: Task, opts: WorkflowOptions, strategy: str | None = None) -> list[dict]:
     """The prompt of a role that solves the task from scratch (single agent, generators, workers)."""
     shot = ONE_SHOT if opts.one_shot else []
-    return shot + [{"role": "user", "content": f"{MATH_INSTRUCTION}\n\nProblem: {task.question}"}]
+    hint = f"\n\nUse this strategy: {strategy}" if strategy else ""
+    return shot + [user(f"{MATH_INSTRUCTION}\n\nProblem: {task.question}{hint}")]
+
+
+def solutions_block(texts: list[str]) -> str:
+    return "\n\n".join(f"--- Solution {i} ---\n{t.strip()}" for i, t in enumerate(texts, 1))
+
+
+def aggregator_messages(task: Task, candidates: list[str]) -> list[dict]:
+    n = len(candidates)
+    return [user(f"Problem: {task.question}\n\nHere are {n} candidate solutions.\n\n{solutions_block(candidates)}\n\n"
+                 f"Which solution is correct? Compare their final answers and reasoning, then give only the number "
+                 f"of the best solution (1 to {n}) in \\boxed{{}}, for example \\boxed{{1}}.")]
+
+
+def evaluator_messages(task: Task, attempt: str) -> list[dict]:
+    return [user(f"Problem: {task.question}\n\nProposed solution:\n{attempt.strip()}\n\n"
+                 "Check whether this solution and its final answer are correct. Do not reveal the correct answer. "
+                 "Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}.")]
+
+
+def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: str) -> list[dict]:
+    """The generator's retry: its own previous attempt as an assistant turn, then the reviewer's feedback."""
+    return solver_messages(task, opts) + [
+        {"role": "assistant", "content": attempt.strip()},
+        user(f"A reviewer judged your solution incorrect. Feedback:\n{feedback.strip()}\n\n"
+             "Solve the problem again with a different approach, and give the final answer in \\boxed{}."),
+    ]
+
+
+def orchestrator_messages(task: Task, max_subtasks: int) -> list[dict]:
+    return [user(f"Problem: {task.question}\n\nDo not solve the problem. Propose up to {max_subtasks} distinct "
+                 f"strategies for solving it, one per line, written as\nSTRATEGY 1: ...\nSTRATEGY 2: ...")]
+
+
+def synthesizer_messages(task: Task, solutions: list[str]) -> list[dict]:
+    return [user(f"Problem: {task.question}\n\nWorkers solved it with different strategies.\n\n"
+                 f"{solutions_block(solutions)}\n\nCompare the solutions: answers that agree deserve more confidence. "
+                 "Decide on the final answer and give it in \\boxed{}.")]
+
+
+# ---------------------------------------------------------------- parsing
+
+_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
+_DIGIT = re.compile(r"(?<![\d.])([1-9])(?![\d.])")
+
+
+def parse_selection(text: str, n: int) -> tuple[int, str]:
+    """Aggregator's pick, 0-based, and how it was found: `boxed` (first \\boxed{i} in range),
+    `digit` (first standalone digit in range), `default` (candidate 1)."""
+    for m in _BOXED_INT.finditer(text):
+        if 1 <= int(m.group(1)) <= n:
+            return int(m.group(1)) - 1, "boxed"
+    for m in _DIGIT.finditer(text):
+        if 1 <= int(m.group(1)) <= n:
+            return int(m.group(1)) - 1, "digit"
+    return 0, "default"
+
+
+def parse_verdict(text: str) -> bool | None:
+    """Evaluator's verdict: True (Correct), False (Incorrect), None (unparseable: counts as not satisfied)."""
+    box = last_boxed(text)
+    word = re.sub(r"[^a-z]", "", (box or "").lower())
+    return {"correct": True, "incorrect": False}.get(word)
+
+
+_STRATEGY = re.compile(r"^\s*\**\s*strategy\s*\d+\s*\**\s*[:.)-]\s*(.+)$", re.I | re.M)
+_NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+(.+)$", re.M)
+
+
+def parse_strategies(text: str, k: int) -> tuple[list[str], str]:
+    """Up to k distinct strategies and the parser that found them: `strategy` lines, a `numbered` list,
+    non-empty `lines`, or the `whole` text as one strategy."""
+    for kind, found in (("strategy", _STRATEGY.findall(text)), ("numbered", _NUMBERED.findall(text)),
+                        ("lines", [ln for ln in text.splitlines() if ln.strip()])):
+        unique = list(dict.fromkeys(s.strip() for s in found if s.strip()))
+        if unique:
+            return unique[:k], kind
+    return [text.strip() or "Solve the problem directly."], "whole"
 
 
 # ---------------------------------------------------------------- workflows
@@ -97,6 +184,63 @@ def single_agent(ep: Episode, opts: WorkflowOptions) -> Stage:
     ep.final_answer, ep.correct = g.parsed, g.reward > 0
 
 
+def voting(ep: Episode, opts: WorkflowOptions) -> Stage:
+    """`n_votes` generators in parallel (each instance its own name, so its own GRPO group), then an
+    aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
+    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts)) for i in range(opts.n_votes)]
+    yield gens
+    grades = [grade_call(ep.task, c) for c in gens]
+    agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens]))
+    yield [agg]
+    pick, how = parse_selection(agg.text, len(gens))
+    ep.calls += gens + [agg]
+    ep.final_answer, ep.correct = grades[pick].parsed, grades[pick].reward > 0
+    agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
+    ep.metrics.update(any_correct=any(g.reward > 0 for g in grades), fallback=how if how != "boxed" else None)
+
+
+def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> Stage:
+    """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or `max_iterations` evaluator
+    calls. The final answer is the last attempt. Every generator call of a task shares one GRPO group (as in
+    the reference), and so does every evaluator call."""
+    attempt = Call("generator", 0, solver_messages(ep.task, opts), group="generator")
+    for it in range(opts.max_iterations):
+        yield [attempt]
+        g = grade_call(ep.task, attempt)
+        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text), group="evaluator")
+        yield [judge]
+        verdict = parse_verdict(judge.text)
+        judge.metrics.update(verdict=verdict, formatted=verdict is not None, correct=(verdict is True) == (g.reward > 0))
+        ep.calls += [attempt, judge]
+        if verdict is True or it == opts.max_iterations - 1:
+            break
+        feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
+        attempt = Call("generator", it + 1, refine_messages(ep.task, opts, attempt.text, feedback), group="generator")
+    attempts = [c for c in ep.calls if c.role == "generator"]
+    ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
+    ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],
+                      unparseable_verdicts=sum(c.metrics["verdict"] is None for c in ep.calls if c.role == "evaluator"))
+
+
+def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> Stage:
+    """orchestrator proposes strategies (without solving) -> one `worker` per strategy, in parallel, all in one
+    GRPO group -> synthesizer compares them and writes the final answer, which is graded."""
+    orch = Call("orchestrator", 0, orchestrator_messages(ep.task, opts.max_subtasks))
+    yield [orch]
+    strategies, how = parse_strategies(orch.text, opts.max_subtasks)
+    orch.metrics.update(parse=how, formatted=how == "strategy", strategies=len(strategies))
+    workers = [Call("worker", 0, solver_messages(ep.task, opts, s)) for s in strategies]
+    yield workers
+    for w in workers:
+        grade_call(ep.task, w)
+    synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers]))
+    yield [synth]
+    g = grade_call(ep.task, synth)
+    ep.calls += [orch, *workers, synth]
+    ep.final_answer, ep.correct = g.parsed, g.reward > 0
+    ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
+
+
 def grade_call(task: Task, call: Call):
     """Grade a call's own answer and keep what was parsed in its metrics (role accuracy, format compliance)."""
     g = grade(task, call.text)
@@ -106,6 +250,15 @@ def grade_call(task: Task, call: Call):
 
 WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], Stage]] = {
     "single": single_agent,
+    "voting": voting,
+    "evalopt": evaluator_optimizer,
+    "orchworkers": orchestrator_workers,
+}
+ROLES = {  # role types of each workflow: the adapters IP creates
+    "single": ["generator"],
+    "voting": ["generator", "aggregator"],
+    "evalopt": ["generator", "evaluator"],
+    "orchworkers": ["orchestrator", "worker", "synthesizer"],
 }
 
 
@@ -174,6 +327,11 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         fmt = [c for c in calls if "formatted" in c.metrics]
         if fmt:
             m[f"{role}/format_ok"] = sum(c.metrics["formatted"] for c in fmt) / len(fmt)
+        for how in ("digit", "default", "numbered", "lines", "whole"):  # parser fallbacks taken
+            used = sum(c.metrics.get("parse") == how for c in calls)
+            if used:
+                m[f"{role}/fallback_{how}"] = used / len(calls)
+    m.update(_workflow_metrics(episodes))
     per_task: dict[str, list[bool]] = {}
     for e in episodes:
         per_task.setdefault(e.task.id, []).append(e.correct)
@@ -182,4 +340,36 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     m["solve_none"] = sum(s == 0 for s in solved) / len(solved)
     m["solve_all"] = sum(s == k for s, k in zip(solved, sizes)) / len(solved)
     m["solve_partial"] = 1 - m["solve_none"] - m["solve_all"]
+    return m
+
+
+def _rate(events: list[bool]) -> float:
+    return sum(events) / len(events) if events else float("nan")
+
+
+def _workflow_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """The statistics each workflow's findings are read from (PAPER.md, findings 1-2)."""
+    m: dict[str, float] = {}
+    with_any = [e.metrics["any_correct"] for e in episodes if "any_correct" in e.metrics]
+    if with_any:  # Voting: could a perfect aggregator have been right? (pass@N of the generators)
+        m["any_correct"] = _rate(with_any)
+    evalopt = [e for e in episodes if "iterations" in e.metrics]
+    if evalopt:  # Eval-Opt: when does the evaluator ask for a retry, and does the retry help?
+        retried = [e.metrics["iterations"] > 1 for e in evalopt]
+        first = [e.metrics["first_correct"] for e in evalopt]
+        m["retry_rate"] = _rate(retried)
+        m["p_retry_first_wrong"] = _rate([r for r, f in zip(retried, first) if not f])
+        m["p_retry_first_right"] = _rate([r for r, f in zip(retried, first) if f])
+        m["fix_rate"] = _rate([e.correct for e, f in zip(evalopt, first) if not f])        # wrong -> right
+        m["break_rate"] = _rate([not e.correct for e, f in zip(evalopt, first) if f])      # right -> wrong
+        m["mean_iterations"] = sum(e.metrics["iterations"] for e in evalopt) / len(evalopt)
+        m["unparseable_verdicts"] = sum(e.metrics["unparseable_verdicts"] for e in evalopt) / len(evalopt)
+    orch = [e for e in episodes if "strategies" in e.metrics]
+    if orch:  # Orch-Workers: how many strategies were parsed, and did the parser need a fallback?
+        m["strategies"] = sum(e.metrics["strategies"] for e in orch) / len(orch)
+        workers = [c.metrics["correct"] for e in orch for c in e.calls if c.role == "worker"]
+        m["worker_success_rate"] = _rate(workers)
+    fallbacks = [e.metrics.get("fallback") is not None for e in episodes if "fallback" in e.metrics]
+    if fallbacks:
+        m["fallback_rate"] = _rate(fallbacks)
     return m
