@@ -319,5 +319,5 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
             sums[f"{s.role}/clip_frac_sum"] += float((clipped[i].float() * mask[i]).sum())
             sums[f"{s.role}/entropy_sum"] += float(entropy[i].sum())
             sums[f"{s.role}/approx_kl_sum"] += float((0.5 * log_ratio[i] ** 2).sum())
-            if kl is not None:
+            if s.role in cfg.kl_coef:
                 sums[f"{s.role}/kl_base_sum"] += float(kl[i].sum())

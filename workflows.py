@@ -155,7 +155,7 @@ def parse_verdict(text: str) -> bool | None:
     return {"correct": True, "incorrect": False}.get(word)
 
 
-_STRATEGY = re.compile(r"^\s*\**\s*strategy\s*\d+\s*\**\s*[:.)-]\s*(.+)$", re.I | re.M)
+_STRATEGY = re.compile(r"^\s*\**\s*strategy\s*\d+\s*\**\s*[:.)-]\s*\**\s*(.+)$", re.I | re.M)
 _NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+(.+)$", re.M)
 
 

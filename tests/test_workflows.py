@@ -1,0 +1,364 @@
+"""Workflow control flow, parsing, credit and group keys, pinned with a scripted engine (canned outputs).
+
+The scripted engine decodes each prompt, recognises the role from its wording,
+and answers with text a test chose, so every branch of every workflow is reached
+deterministically and no model is involved.
+"""
+import copy
+import json
+
+import pytest
+import torch
+
+import train
+from grpo import Sample, UpdateSettings, _coherence_scale, group_advantages, make_optimizers, minibatch_weights, \
+    role_shares, update_policy
+from policies import Generation, add_adapters, load_model, tiny_tokenizer
+from tasks import Task
+from workflows import (Call, WorkflowOptions, assign_rewards, episode_metrics, parse_selection, parse_strategies,
+                       parse_verdict, rollout)
+
+TOK = tiny_tokenizer()
+TASK = Task("t1", "What is 2 + 2?", "4", "math")
+
+
+def role_of(prompt: str) -> str:
+    if "candidate solutions" in prompt:
+        return "aggregator"
+    if "Proposed solution" in prompt:
+        return "evaluator"
+    if "Do not solve" in prompt:
+        return "orchestrator"
+    if "Workers solved" in prompt:
+        return "synthesizer"
+    if "reviewer judged" in prompt:
+        return "refine"
+    if "Use this strategy" in prompt:
+        return "worker"
+    return "generator"
+
+
+class ScriptedEngine:
+    """Answers each call from `script[role]`: a list consumed in order (per role), or a function of the prompt."""
+
+    def __init__(self, script: dict):
+        self.script = {k: (list(v) if isinstance(v, list) else v) for k, v in script.items()}
+        self.calls: list[tuple[str, str]] = []  # (role, adapter) of every row, in order
+        self.batches: list[int] = []            # rows per engine call
+
+    def generate(self, prompts, adapters):
+        self.batches.append(len(prompts))
+        out = []
+        for p, a in zip(prompts, adapters):
+            text = TOK.decode(p)
+            role = role_of(text.rsplit("<|im_start|>user", 1)[-1])
+            self.calls.append((role, a))
+            answer = self.script[role]
+            answer = answer(text) if callable(answer) else answer.pop(0)
+            out.append(Generation(TOK(answer).input_ids + [TOK.eos_token_id], answer, False))
+        return out
+
+
+def run(workflow, script, n=1, tasks=(TASK,), policy="ip", **opts):
+    engine = ScriptedEngine(script)
+    eps = rollout(list(tasks), n, workflow, engine, TOK, policy, WorkflowOptions(**opts))
+    return eps, engine
+
+
+# ---------------------------------------------------------------- parsing
+
+@pytest.mark.parametrize("text,n,expected", [
+    ("Solution 2 is right: \\boxed{2}", 3, (1, "boxed")),
+    ("\\boxed{7} no, \\boxed{3}", 3, (2, "boxed")),       # first *in range* box
+    ("\\boxed{9} I think solution 2", 3, (1, "digit")),     # box out of range -> standalone digit
+    ("pick 12 or 3.5 then 3", 3, (2, "digit")),             # 12 and 3.5 are not standalone digits 1-9
+    ("none of them", 3, (0, "default")),
+])
+def test_parse_selection(text, n, expected):
+    assert parse_selection(text, n) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Looks fine. \\boxed{Correct}", True),
+    ("Wrong sum. \\boxed{Incorrect}", False),
+    ("\\boxed{ correct. }", True),
+    ("\\boxed{Correct} wait \\boxed{Incorrect}", False),   # last box wins
+    ("I think it is correct", None),
+    ("\\boxed{4}", None),
+])
+def test_parse_verdict(text, expected):
+    assert parse_verdict(text) is expected if expected is None else parse_verdict(text) == expected
+
+
+@pytest.mark.parametrize("text,k,expected", [
+    ("STRATEGY 1: add tens\nSTRATEGY 2: count up\nSTRATEGY 3: use a number line\nSTRATEGY 4: x",
+     3, (["add tens", "count up", "use a number line"], "strategy")),
+    ("**Strategy 1:** add\nstrategy 2) add\nSTRATEGY 3: guess", 3, (["add", "guess"], "strategy")),  # deduplicated
+    ("Ideas:\n1. add directly\n2) count on fingers", 3, (["add directly", "count on fingers"], "numbered")),
+    ("add directly\n\ncount on fingers\n", 3, (["add directly", "count on fingers"], "lines")),
+    ("   ", 3, (["Solve the problem directly."], "whole")),
+])
+def test_parse_strategies(text, k, expected):
+    assert parse_strategies(text, k) == expected
+
+
+# ---------------------------------------------------------------- control flow
+
+def test_voting_selects_and_final_answer_is_selected_generators():
+    eps, engine = run("voting", {"generator": ["\\boxed{3}", "\\boxed{4}", "\\boxed{5}"], "aggregator": ["\\boxed{2}"]})
+    ep = eps[0]
+    assert [c.name for c in ep.calls] == ["generator0", "generator1", "generator2", "aggregator"]
+    assert ep.final_answer == "4" and ep.correct
+    assert ep.metrics["any_correct"] is True
+    assert [c.metrics["correct"] for c in ep.calls] == [False, True, False, True]  # aggregator: its pick was right
+    assert engine.batches == [3, 1]  # one stage = one engine call
+
+
+@pytest.mark.parametrize("agg_text,final,how", [("I like number 3", "5", "digit"), ("no idea", "3", "default")])
+def test_voting_fallbacks_are_taken_and_counted(agg_text, final, how):
+    eps, _ = run("voting", {"generator": ["\\boxed{3}", "\\boxed{4}", "\\boxed{5}"], "aggregator": [agg_text]})
+    assert eps[0].final_answer == final and not eps[0].correct
+    m = episode_metrics(eps)
+    assert m[f"aggregator/fallback_{how}"] == 1.0 and m["fallback_rate"] == 1.0 and m["aggregator/format_ok"] == 0.0
+
+
+def test_voting_stage_batches_all_tasks_and_samples():
+    tasks = [Task(f"t{i}", "What is 1 + 1?", "2", "math") for i in range(4)]
+    _, engine = run("voting", {"generator": lambda p: "\\boxed{2}", "aggregator": lambda p: "\\boxed{1}"},
+                    n=2, tasks=tasks)
+    assert engine.batches == [3 * 4 * 2, 4 * 2]
+
+
+def test_evalopt_stops_on_correct():
+    eps, engine = run("evalopt", {"generator": ["\\boxed{4}"], "evaluator": ["ok \\boxed{Correct}"]})
+    assert [c.name for c in eps[0].calls] == ["generator", "evaluator"]
+    assert eps[0].correct and eps[0].metrics["iterations"] == 1
+
+
+def test_evalopt_runs_to_budget_on_incorrect_and_last_attempt_is_final():
+    eps, engine = run("evalopt", {"generator": ["\\boxed{4}"], "refine": ["\\boxed{5}", "\\boxed{6}"],
+                                  "evaluator": ["\\boxed{Incorrect}"] * 3}, max_iterations=3)
+    ep = eps[0]
+    assert [(c.name, c.turn) for c in ep.calls] == [("generator", 0), ("evaluator", 0), ("generator", 1),
+                                                    ("evaluator", 1), ("generator", 2), ("evaluator", 2)]
+    assert ep.final_answer == "6" and not ep.correct  # first attempt was right: a "break"
+    judged = [c for c in ep.calls if c.role == "evaluator"]
+    assert [c.metrics["correct"] for c in judged] == [False, True, True]  # verdict vs truth of the judged attempt
+    # the refine prompt holds the previous attempt as an assistant turn and the feedback without the verdict box
+    refine = ep.calls[2].messages
+    assert refine[-2] == {"role": "assistant", "content": "\\boxed{4}"}
+    assert "Feedback" in refine[-1]["content"] and "\\boxed{Incorrect}" not in refine[-1]["content"]
+
+
+def test_evalopt_unparseable_verdict_continues_and_is_counted():
+    eps, _ = run("evalopt", {"generator": ["\\boxed{3}"], "refine": ["\\boxed{4}"],
+                             "evaluator": ["hmm, not sure", "\\boxed{Correct}"]})
+    assert eps[0].metrics["iterations"] == 2 and eps[0].correct and eps[0].metrics["unparseable_verdicts"] == 1
+
+
+def test_evalopt_retry_statistics_hand_computed():
+    # 4 episodes: (first, verdict seq, final): wrong->fixed, wrong->not retried, right->kept, right->broken
+    gens = iter(["\\boxed{3}", "\\boxed{3}", "\\boxed{4}", "\\boxed{4}"])
+    refines = iter(["\\boxed{4}", "\\boxed{9}"])
+    verdicts = iter(["\\boxed{Incorrect}", "\\boxed{Correct}", "\\boxed{Correct}", "\\boxed{Incorrect}",
+                     "\\boxed{Correct}", "\\boxed{Correct}"])
+    tasks = [Task(f"t{i}", "What is 2 + 2?", "4", "math") for i in range(4)]
+    eps, _ = run("evalopt", {"generator": lambda p: next(gens), "refine": lambda p: next(refines),
+                             "evaluator": lambda p: next(verdicts)}, tasks=tasks, max_iterations=2)
+    m = episode_metrics(eps)
+    assert [e.metrics["iterations"] for e in eps] == [2, 1, 1, 2]
+    assert m["retry_rate"] == 0.5
+    assert m["p_retry_first_wrong"] == 0.5 and m["p_retry_first_right"] == 0.5
+    assert m["fix_rate"] == 0.5 and m["break_rate"] == 0.5
+    assert m["mean_iterations"] == 1.5
+    # verdicts judged: ep0 Incorrect on wrong (ok), Correct on right (ok); ep1 Correct on wrong (bad);
+    # ep2 Correct on right (ok); ep3 Incorrect on right (bad), Correct on wrong (bad) -> 3/6
+    assert m["evaluator/acc"] == 0.5
+
+
+def test_orchworkers_flow_and_parse():
+    eps, engine = run("orchworkers", {"orchestrator": ["STRATEGY 1: add\nSTRATEGY 2: count"],
+                                      "worker": ["\\boxed{4}", "\\boxed{5}"], "synthesizer": ["\\boxed{4}"]})
+    ep = eps[0]
+    assert [c.name for c in ep.calls] == ["orchestrator", "worker", "worker", "synthesizer"]
+    assert "Use this strategy: count" in ep.calls[2].messages[-1]["content"]
+    assert ep.correct and ep.metrics["strategies"] == 2
+    m = episode_metrics(eps)
+    assert m["worker_success_rate"] == 0.5 and m["orchestrator/format_ok"] == 1.0
+    assert engine.batches == [1, 2, 1]
+
+
+# ---------------------------------------------------------------- credit and groups
+
+def test_credit_outcome_and_role():
+    eps, _ = run("voting", {"generator": ["\\boxed{3}", "\\boxed{4}", "\\boxed{5}"], "aggregator": ["\\boxed{1}"]})
+    assign_rewards(eps, "outcome")
+    assert [c.reward for c in eps[0].calls] == [0.0, 0.0, 0.0, 0.0]  # picked a wrong one: everybody gets 0
+    assign_rewards(eps, "role")
+    assert [c.reward for c in eps[0].calls] == [0.0, 1.0, 0.0, 0.0]  # generator1 was right on its own
+    eps, _ = run("evalopt", {"generator": ["\\boxed{3}"], "refine": ["\\boxed{4}"],
+                             "evaluator": ["\\boxed{Incorrect}", "\\boxed{Incorrect}"]}, max_iterations=2)
+    assign_rewards(eps, "role")  # evaluator: its verdict's accuracy; generator: its own answer
+    assert [(c.name, c.reward) for c in eps[0].calls] == [("generator", 0.0), ("evaluator", 1.0),
+                                                          ("generator", 1.0), ("evaluator", 0.0)]
+    assign_rewards(eps, "outcome")
+    assert [c.reward for c in eps[0].calls] == [1.0] * 4
+    with pytest.raises(ValueError):
+        assign_rewards(eps, "bogus")
+
+
+def test_group_keys_follow_the_reference():
+    eps, _ = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"}, n=2)
+    keys = {c.group_key(e.task.id) for e in eps for c in e.calls}
+    assert keys == {("t1", "generator0", 0), ("t1", "generator1", 0), ("t1", "generator2", 0), ("t1", "aggregator", 0)}
+    eps, _ = run("orchworkers", {"orchestrator": lambda p: "STRATEGY 1: a\nSTRATEGY 2: b\nSTRATEGY 3: c",
+                                 "worker": lambda p: "\\boxed{4}", "synthesizer": lambda p: "\\boxed{4}"}, n=2)
+    worker_keys = [c.group_key(e.task.id) for e in eps for c in e.calls if c.role == "worker"]
+    assert len(worker_keys) == 6 and set(worker_keys) == {("t1", "worker", 0)}  # one group of 6
+    eps, _ = run("evalopt", {"generator": lambda p: "\\boxed{3}", "refine": lambda p: "\\boxed{3}",
+                             "evaluator": lambda p: "\\boxed{Incorrect}"}, n=2)
+    gen_keys = [c.group_key(e.task.id) for e in eps for c in e.calls if c.role == "generator"]
+    assert len(gen_keys) == 6 and set(gen_keys) == {("t1", "generator")}
+
+
+def test_routing_sp_and_ip():
+    _, engine = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"}, policy="ip")
+    assert engine.calls == [("generator", "generator")] * 3 + [("aggregator", "aggregator")]
+    _, engine = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"}, policy="sp")
+    assert {a for _, a in engine.calls} == {"shared"}
+
+
+# ---------------------------------------------------------------- mechanisms with numbers
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = load_model("tiny")
+    return add_adapters(model, ["generator", "aggregator", "shared"], rank=4, alpha=8), tok
+
+
+def voting_samples(n_episodes: int, adapter_of=lambda role: role) -> list[Sample]:
+    torch.manual_seed(1)
+    out = []
+    for e in range(n_episodes):
+        for i in range(3):
+            out.append(Sample([1, 2, 3, 4 + e], [5 + i, 6, 7], (-1.0) ** (e + i), "generator", adapter_of("generator")))
+        out.append(Sample([1, 2, 3, 4 + e], [8, 9], (-1.0) ** e, "aggregator", adapter_of("aggregator")))
+    return out
+
+
+@pytest.mark.parametrize("merge,expected", [(False, (3, 1)), (True, (1, 1))])
+def test_ip_voting_optimizer_steps(tiny, merge, expected):
+    model, _ = tiny
+    opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-3, warmup_steps=1)
+    m = update_policy(model, voting_samples(4), opts, UpdateSettings(mini_batch_size=4, merge_instance_steps=merge))
+    assert (m["generator/opt_steps"], m["aggregator/opt_steps"]) == expected
+
+
+def test_sp_shares_hand_computed_and_equal_weights():
+    # 2 generator samples of 10 tokens, 1 aggregator sample of 2 tokens
+    s = [Sample([1], [0] * 10, 1.0, "generator", "shared")] * 2 + [Sample([1], [0] * 2, 1.0, "aggregator", "shared")]
+    w = minibatch_weights(s, UpdateSettings(agg="seq-mean-token-mean"))
+    assert role_shares(s, w) == pytest.approx({"generator": 2 / 3, "aggregator": 1 / 3})  # each sample 1/3
+    w = minibatch_weights(s, UpdateSettings(agg="token-mean"))
+    assert role_shares(s, w) == pytest.approx({"generator": 20 / 22, "aggregator": 2 / 22})  # each token 1/22
+    w = minibatch_weights(s, UpdateSettings(agg="token-mean", role_weights={"generator": 1, "aggregator": 1}))
+    assert role_shares(s, w) == pytest.approx({"generator": 0.5, "aggregator": 0.5})
+    assert sum(wi * len(x.completion_ids) for wi, x in zip(w, s)) == pytest.approx(1.0)  # total weight kept
+
+
+def test_sp_update_logs_shares_that_sum_to_one(tiny):
+    model, _ = tiny
+    opts = make_optimizers(model, ["shared"], lr=1e-3, warmup_steps=1)
+    m = update_policy(model, voting_samples(2, lambda r: "shared"), opts, UpdateSettings(mini_batch_size=8))
+    assert m["generator/grad_share"] + m["aggregator/grad_share"] == pytest.approx(1.0)
+    assert m["generator/grad_share"] == pytest.approx(0.75)  # 6 of 8 samples, every sample the same weight
+
+
+def test_kl_only_changes_the_named_role(tiny):
+    base, _ = tiny
+    with torch.no_grad():  # adapters that differ from the base, so KL(role || base) > 0
+        torch.manual_seed(3)
+        for n, p in base.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    samples = voting_samples(2)  # IP routing: generator and aggregator adapters
+    after = {}
+    for kl in ({}, {"aggregator": 0.5}):
+        model = copy.deepcopy(base)
+        opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-2, warmup_steps=1)
+        m = update_policy(model, samples, opts, UpdateSettings(mini_batch_size=8, kl_coef=kl))
+        after[bool(kl)] = (m, {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
+    (m0, w0), (m1, w1) = after[False], after[True]
+    assert m1["aggregator/kl_base"] > 0 and "generator/kl_base" not in m1
+    assert m1["generator/pg_loss"] == m0["generator/pg_loss"]
+    assert all(torch.equal(w0[n], w1[n]) for n in w0 if ".generator." in n)      # untouched role: bit-identical
+    assert any(not torch.equal(w0[n], w1[n]) for n in w0 if ".aggregator." in n)  # named role: moved
+
+
+@pytest.mark.parametrize("lam", [0.1, 0.3, 1.0])
+def test_coherence_scale_in_range(lam):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.zeros(50))
+    ema = {}
+    scales = []
+    base = torch.randn(50)
+    for step in range(6):
+        p.grad = base + 0.3 * torch.randn(50) if step % 2 == 0 else -base + 0.3 * torch.randn(50)
+        before = p.grad.clone()
+        scale = _coherence_scale([p], ema, "a", lam, window=4)
+        assert torch.allclose(p.grad, before * scale)
+        scales.append(scale)
+    assert scales[0] == 1.0  # no history yet
+    assert all(1 - lam - 1e-9 <= s <= 1.0 for s in scales)
+    assert min(scales) < 1.0  # the aligned steps were actually damped
+
+
+def test_group_advantages_for_a_voting_batch():
+    eps, _ = run("voting", {"generator": ["\\boxed{4}", "\\boxed{3}", "\\boxed{3}", "\\boxed{3}", "\\boxed{4}",
+                                          "\\boxed{3}"], "aggregator": ["\\boxed{1}", "\\boxed{1}"]}, n=2)
+    assign_rewards(eps, "role")
+    calls = [(e.task.id, c) for e in eps for c in e.calls]
+    adv = group_advantages([c.reward for _, c in calls], [c.group_key(t) for t, c in calls])
+    # generator0: rewards [1, 0] -> +-0.7071; generator1: [0, 1]; generator2: [0, 0] -> 0; aggregator [1, 0]
+    by_name = {}
+    for (t, c), a in zip(calls, adv):
+        by_name.setdefault(c.name, []).append(round(a, 4))
+    assert by_name == {"generator0": [0.7071, -0.7071], "generator1": [-0.7071, 0.7071],
+                       "generator2": [0.0, 0.0], "aggregator": [0.7071, -0.7071]}
+
+
+# ---------------------------------------------------------------- every cell trains
+
+@pytest.mark.parametrize("workflow", ["single", "voting", "evalopt", "orchworkers"])
+@pytest.mark.parametrize("policy", ["sp", "ip"])
+def test_every_cell_trains_two_steps(tmp_path, workflow, policy):
+    run_dir = tmp_path / "run"
+    train.main(["--model", "tiny", "--workflow", workflow, "--policy", policy, "--steps", "2", "--max-new-tokens", "6",
+                "--tasks-per-step", "2", "--n", "2", "--n-val", "2", "--val-every", "2", "--run-dir", str(run_dir)])
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    roles = train.ROLES[workflow]
+    for role in roles:
+        assert lines[-1][f"{role}/opt_steps"] >= 1
+    assert (run_dir / "checkpoints" / "step_000002" / "adapters").is_dir()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--policy", "ip", "--role-weights", "equal"], "needs --policy sp"),
+    (["--workflow", "voting", "--kl-coef", "evaluator=0.1"], "not roles of voting"),
+    (["--coherence", "generator=0.2"], "needs --policy ip"),
+    (["--role-weights", "generator=x"], "expects role=value"),
+    (["--cell", "Voting-XP-1.7B-Math"], "bad --cell"),
+])
+def test_bad_flags_stop_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(argv)
+    assert message in str(e.value)
+
+
+def test_cell_sets_workflow_policy_model_and_paper_hyperparameters():
+    a = train.parse_args(["--cell", "Voting-IP-1.7B-Math"])
+    assert (a.workflow, a.policy, a.model, a.task, a.lr, a.lora_rank, a.n, a.tasks_per_step) == \
+        ("voting", "ip", "Qwen/Qwen3-1.7B", "dapo", 2e-5, 64, 8, 64)
+    a = train.parse_args(["--cell", "EvalOpt-SP-SmolLM2-Math", "--lr", "1e-4"])
+    assert (a.workflow, a.policy, a.model, a.lr) == ("evalopt", "sp", "smollm2", 1e-4)
