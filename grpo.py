@@ -155,7 +155,7 @@ def role_shares(samples: list[Sample], weights: list[float]) -> dict[str, float]
     for s, w in zip(samples, weights):
         mass[s.role] += w * len(s.completion_ids)
     total = sum(mass.values())
-    return {r: m / total for r, m in mass.items()}
+    return {r: m / total if total else 0.0 for r, m in mass.items()}
 
 
 def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]:
@@ -166,7 +166,7 @@ def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]
         present = {r: cfg.role_weights.get(r, 0.0) for r in shares}
         norm = sum(present.values()) or 1.0
         # scale each role's tokens so its share becomes target / sum(targets of roles present)
-        w = [wi * (present[s.role] / norm) / shares[s.role] for s, wi in zip(samples, w)]
+        w = [wi * (present[s.role] / norm) / shares[s.role] if shares[s.role] else 0.0 for s, wi in zip(samples, w)]
     return w
 
 
@@ -221,6 +221,7 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
                 for role in {s.role for s in mb}:
                     sums[f"{role}/opt_steps"] += 1
                     stats[f"{role}/grad_norm"].append(grad_norm)
+            stats[f"{adapter}/lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
             sched.step()  # the schedule advances once per training step, as in verl
             model.eval()
     metrics = {k: sum(v) / len(v) for k, v in stats.items()}
@@ -231,7 +232,7 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
                 metrics[f"{role}/{name}"] = sums[f"{role}/{name}_sum"] / sums[k]
         metrics[f"{role}/opt_steps"] = sums[f"{role}/opt_steps"]
     metrics["nonfinite_steps"] = sums["nonfinite_steps"]
-    metrics["lr"] = next(iter(optimizers.values()))[1].get_last_lr()[0]
+    metrics["lr"] = next((v for k, v in metrics.items() if k.endswith("/lr")), 0.0)
     return metrics
 
 

@@ -1,0 +1,533 @@
+"""Tests for grpo.py: advantages, aggregation weights, the clipped loss, and the update.
+
+Run from the repo root: python -m pytest tests/test_grpo.py -q
+Every expected number is computed by hand in the test (arithmetic in the comments).
+The model tests use `policies.load_model("tiny")` (a 2-layer random Llama, built in code).
+"""
+import json
+import math
+import os
+from collections import defaultdict
+
+import pytest
+import torch
+
+import train
+from grpo import (AGGREGATIONS, Sample, UpdateSettings, _micro_step, aggregate, clipped_token_loss,
+                  group_advantages, make_optimizers, minibatch_weights, role_shares, token_weights, update_policy)
+from policies import (HFEngine, adapter_parameters, add_adapters, chat_prompt_ids, completion_logprobs, load_model,
+                      policy_logprobs, use_adapter)
+
+EPS = 1e-6
+
+
+# ---------------------------------------------------------------- group_advantages
+
+def test_group_advantages_mixed_group():
+    # mean = 0.5; unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.5773502691896258
+    adv = group_advantages([1, 0, 0, 1], ["g"] * 4)
+    a = 0.5 / (math.sqrt(1 / 3) + EPS)  # = 0.866024...
+    assert a == pytest.approx(0.8660239, abs=1e-6)
+    assert adv == pytest.approx([a, -a, -a, a], abs=1e-12)
+
+
+def test_group_advantages_all_equal_group_is_zero():
+    # std = 0 -> (r - mean) / (0 + eps) = 0 / eps = 0
+    assert group_advantages([1, 1, 1], ["g"] * 3) == [0.0, 0.0, 0.0]
+    assert group_advantages([0, 0], ["g"] * 2) == [0.0, 0.0]
+    assert group_advantages([0.3, 0.3], ["g"] * 2, scale_by_std=False) == [0.0, 0.0]
+
+
+def test_group_advantages_group_of_one_is_raw_reward():
+    # verl convention: a singleton group has mean 0, std 1 -> r / (1 + eps) = 0.7 / 1.000001 = 0.6999993
+    # (abs 1e-7: grpo builds the singleton's std as a float32 tensor, so 1 + eps is rounded to 1.00000095)
+    assert group_advantages([0.7], ["only"]) == pytest.approx([0.7 / (1 + EPS)], abs=1e-7)
+    assert group_advantages([0.7], ["only"])[0] == pytest.approx(0.7, abs=1e-6)
+    assert group_advantages([1.0], ["only"], scale_by_std=False) == [1.0]  # r - 0
+    assert group_advantages([0.0], ["only"]) == [0.0]
+
+
+def test_group_advantages_interleaved_keys_are_independent():
+    rewards = [1, 0, 3, 0, 1, 5]
+    keys = [("t1", "gen", 0), ("t2", "gen", 0), ("t1", "gen", 0), ("t2", "gen", 0), ("t1", "gen", 0), ("t1", "gen", 1)]
+    adv = group_advantages(rewards, keys)
+    # group t1/gen/0 = [1, 3, 1] (positions 0, 2, 4): mean 5/3, deviations -2/3, 4/3, -2/3,
+    #   unbiased var = (4/9 + 16/9 + 4/9) / 2 = 4/3, std = 1.1547005383792515
+    std = math.sqrt(4 / 3)
+    # group t2/gen/0 = [0, 0] -> 0; group t1/gen/1 = [5] (turn differs: its own group) -> 5 / (1 + eps)
+    expected = [(-2 / 3) / (std + EPS), 0.0, (4 / 3) / (std + EPS), 0.0, (-2 / 3) / (std + EPS), 5 / (1 + EPS)]
+    assert adv[:5] == pytest.approx(expected[:5], abs=1e-12)
+    assert adv[5] == pytest.approx(expected[5], abs=1e-6)  # 5 / 1.000001 (float32 eps rounding, see above)
+    assert adv[0] == pytest.approx(-0.57735, abs=1e-5) and adv[2] == pytest.approx(1.15470, abs=1e-5)
+
+
+def test_group_advantages_no_std_scale_is_r_minus_mean():
+    # Dr. GRPO: [1, 0, 0, 1] - 0.5; [1, 3, 1] - 5/3
+    assert group_advantages([1, 0, 0, 1], ["g"] * 4, scale_by_std=False) == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    adv = group_advantages([1, 3, 1, 7], ["a", "a", "a", "b"], scale_by_std=False)
+    assert adv == pytest.approx([-2 / 3, 4 / 3, -2 / 3, 7.0], abs=1e-12)
+
+
+# ---------------------------------------------------------------- token_weights / aggregate
+
+# token loss 1..12 as [3, 4]; right-aligned ragged mask with lengths 4, 2, 1 (as completion_logprobs returns)
+TOKEN_LOSS = torch.arange(1, 13, dtype=torch.float64).reshape(3, 4)
+MASK = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]], dtype=torch.float64)
+# masked-in values: row0 1+2+3+4 = 10 (4 tokens), row1 7+8 = 15 (2 tokens), row2 12 (1 token); total 37 over 7 tokens
+NORM_LEN = 8
+EXPECTED_AGG = {
+    "token-mean": 37 / 7,                               # sum / T
+    "seq-mean-token-mean": (10 / 4 + 15 / 2 + 12 / 1) / 3,  # (2.5 + 7.5 + 12) / 3 = 22/3
+    "seq-mean-token-sum": (10 + 15 + 12) / 3,           # 37/3
+    "seq-mean-token-sum-norm": 37 / (3 * NORM_LEN),     # 37/24
+}
+EXPECTED_WEIGHTS = {
+    "token-mean": [1 / 7] * 3,
+    "seq-mean-token-mean": [1 / 12, 1 / 6, 1 / 3],  # 1 / (3 * L_i) for L = 4, 2, 1
+    "seq-mean-token-sum": [1 / 3] * 3,
+    "seq-mean-token-sum-norm": [1 / 24] * 3,
+}
+
+
+def test_every_aggregation_is_covered():
+    assert set(EXPECTED_AGG) == set(AGGREGATIONS) == set(EXPECTED_WEIGHTS)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_token_weights_hand_computed(agg):
+    assert token_weights([4, 2, 1], agg, NORM_LEN) == pytest.approx(EXPECTED_WEIGHTS[agg], abs=1e-15)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_aggregate_hand_computed(agg):
+    out = aggregate(TOKEN_LOSS, MASK, agg, NORM_LEN)
+    assert out.item() == pytest.approx(EXPECTED_AGG[agg], abs=1e-12)
+    # the masked-out values (5, 6, 9, 10, 11) do not count: zeroing them changes nothing
+    assert aggregate(TOKEN_LOSS * MASK, MASK, agg, NORM_LEN).item() == pytest.approx(EXPECTED_AGG[agg], abs=1e-12)
+
+
+def test_aggregate_concrete_values():
+    assert EXPECTED_AGG["seq-mean-token-mean"] == pytest.approx(22 / 3)
+    assert aggregate(TOKEN_LOSS, MASK, "token-mean").item() == pytest.approx(5.285714285714286)
+    assert aggregate(TOKEN_LOSS, MASK, "seq-mean-token-sum-norm", norm_len=1).item() == pytest.approx(37 / 3)
+
+
+def test_unknown_aggregation_raises():
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        token_weights([1, 2], "seq-sum")
+    with pytest.raises(ValueError):
+        aggregate(TOKEN_LOSS, MASK, "mean")
+
+
+# ---------------------------------------------------------------- clipped_token_loss
+
+def _clip_case():
+    # row 0: A = +2, ratios 1.5, 1.1, 0.5, 10; row 1: A = -2, ratios 0.5, 1.1, 10, 2; row 2: A = 0
+    ratios = torch.tensor([[1.5, 1.1, 0.5, 10.0], [0.5, 1.1, 10.0, 2.0], [10.0, 1.0, 0.5, 1.1]], dtype=torch.float64)
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.7, -1.2, -4.0, -2.5], [-1.0, -1.0, -1.0, -1.0]],
+                       dtype=torch.float64)
+    logp = (old + ratios.log()).requires_grad_(True)
+    adv = torch.tensor([2.0, -2.0, 0.0], dtype=torch.float64)
+    return logp, old, adv
+
+
+def test_clipped_token_loss_values_flags_and_gradients():
+    logp, old, adv = _clip_case()
+    loss, clipped = clipped_token_loss(logp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    expected_loss = torch.tensor([
+        # A=+2: 1.5 > 1.28 -> -2*1.28 = -2.56 (clipped); 1.1 inside -> -2*1.1 = -2.2;
+        #       0.5 -> max(-2*0.5, -2*0.8) = -1.0 (unclipped: PPO never clips a worse-than-old ratio for A>0);
+        #       10 -> -2*1.28 = -2.56 (clipped; dual clip is for A<0 only)
+        [-2.56, -2.2, -1.0, -2.56],
+        # A=-2: 0.5 < 0.8 -> max(2*0.5, 2*0.8) = 1.6 = -A*0.8 (clipped); 1.1 inside -> 2.2;
+        #       10 -> min(max(20, 2.56), 3*2) = 6 = 3|A| (dual clip); 2 -> min(max(4, 2.56), 6) = 4 (unclipped)
+        [1.6, 2.2, 6.0, 4.0],
+        # A=0: everything 0, nothing clipped
+        [0.0, 0.0, 0.0, 0.0],
+    ], dtype=torch.float64)
+    torch.testing.assert_close(loss, expected_loss, atol=1e-12, rtol=0)
+    assert clipped.tolist() == [[True, False, False, True], [True, False, True, False], [False, False, False, False]]
+    # d loss / d logp = -A * ratio where the unclipped branch is active, 0 where clipped
+    loss.sum().backward()
+    expected_grad = torch.tensor([[0.0, -2.2, -1.0, 0.0], [0.0, 2.2, 0.0, 4.0], [0.0, 0.0, 0.0, 0.0]],
+                                 dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected_grad, atol=1e-12, rtol=0)
+
+
+def test_clipped_token_loss_respects_custom_clip_values():
+    # A = 1, ratio 1.5, clip_high 0.6 -> inside (1.5 < 1.6): loss -1.5; A = -1, ratio 5, dual clip 4 -> loss 4
+    old = torch.zeros(2, 1, dtype=torch.float64)
+    logp = torch.tensor([[math.log(1.5)], [math.log(5.0)]], dtype=torch.float64)
+    loss, clipped = clipped_token_loss(logp, old, torch.tensor([1.0, -1.0], dtype=torch.float64),
+                                       clip_low=0.2, clip_high=0.6, dual_clip=4.0)
+    assert loss[:, 0].tolist() == pytest.approx([-1.5, 4.0], abs=1e-12)
+    assert clipped[:, 0].tolist() == [False, True]
+
+
+def test_masked_tokens_contribute_nothing():
+    """The loss as _micro_step forms it, (token_loss * mask * w).sum(): masked logp values are irrelevant."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.float64)
+    w = torch.tensor([[0.125], [0.25]], dtype=torch.float64)  # seq-mean-token-mean for lengths 4, 2
+    old = -torch.rand(2, 4, dtype=torch.float64)
+    adv = torch.tensor([1.5, -0.5], dtype=torch.float64)
+    base = old + 0.1 * torch.randn(2, 4, dtype=torch.float64)
+
+    def loss_and_grad(logp_values):
+        logp = logp_values.clone().requires_grad_(True)
+        token_loss, _ = clipped_token_loss(logp, old, adv)
+        loss = (token_loss * mask * w).sum()
+        loss.backward()
+        return loss.item(), logp.grad
+
+    loss_a, grad_a = loss_and_grad(base)
+    changed = base.clone()
+    changed[1, :2] = torch.tensor([3.0, -7.0], dtype=torch.float64)  # ratios e^(3-old), e^(-7-old) at masked slots
+    loss_b, grad_b = loss_and_grad(changed)
+    assert loss_a == loss_b
+    assert torch.equal(grad_a, grad_b)
+    assert grad_a[1, :2].tolist() == [0.0, 0.0]
+    assert (grad_a[mask.bool()] != 0).all()  # the unmasked tokens do get a gradient (the test could fail)
+
+
+# ---------------------------------------------------------------- role_shares / minibatch_weights
+
+def _s(role, n_tokens, adapter="shared", prompt_len=3, adv=1.0):
+    return Sample(list(range(prompt_len)), [7] * n_tokens, adv, role, adapter)
+
+
+SHARE_BATCH = [_s("generator", 10), _s("generator", 10), _s("generator", 10), _s("aggregator", 2)]
+
+
+def test_role_shares_seq_mean_token_mean():
+    # weights 1/(4*10) = 1/40 (generators), 1/(4*2) = 1/8 (aggregator);
+    # mass: generator 3 * 10 / 40 = 0.75, aggregator 2 / 8 = 0.25 (each sample 1/4)
+    cfg = UpdateSettings(agg="seq-mean-token-mean")
+    w = minibatch_weights(SHARE_BATCH, cfg)
+    assert w == pytest.approx([1 / 40, 1 / 40, 1 / 40, 1 / 8], abs=1e-15)
+    shares = role_shares(SHARE_BATCH, w)
+    assert shares == pytest.approx({"generator": 0.75, "aggregator": 0.25}, abs=1e-12)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_role_shares_proportional_to_tokens(agg):
+    # token-mean: w = 1/32 -> 30/32 = 0.9375 vs 2/32; the token-sum modes: w constant -> same proportions
+    cfg = UpdateSettings(agg=agg, norm_len=16)
+    shares = role_shares(SHARE_BATCH, minibatch_weights(SHARE_BATCH, cfg))
+    assert shares == pytest.approx({"generator": 30 / 32, "aggregator": 2 / 32}, abs=1e-12)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_role_weights_equal_split():
+    cfg = UpdateSettings(agg="seq-mean-token-mean", role_weights={"generator": 1, "aggregator": 1})
+    w = minibatch_weights(SHARE_BATCH, cfg)
+    # generator: (1/40) * 0.5 / 0.75 = 1/60; aggregator: (1/8) * 0.5 / 0.25 = 1/4
+    assert w == pytest.approx([1 / 60, 1 / 60, 1 / 60, 1 / 4], abs=1e-15)
+    assert role_shares(SHARE_BATCH, w) == pytest.approx({"generator": 0.5, "aggregator": 0.5}, abs=1e-12)
+    # total mass is preserved: 3 * 10 / 60 + 2 / 4 = 1 (the seq-mean-token-mean total)
+    assert sum(wi * len(s.completion_ids) for wi, s in zip(w, SHARE_BATCH)) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_role_weights_two_to_one():
+    # absent roles in role_weights (evaluator) do not count in the normalisation: 2/(2+1), 1/(2+1)
+    for rw in ({"generator": 2, "aggregator": 1}, {"generator": 2, "aggregator": 1, "evaluator": 5}):
+        cfg = UpdateSettings(agg="seq-mean-token-mean", role_weights=rw)
+        w = minibatch_weights(SHARE_BATCH, cfg)
+        # generator: (1/40) * (2/3) / 0.75 = 1/45; aggregator: (1/8) * (1/3) / 0.25 = 1/6
+        assert w == pytest.approx([1 / 45, 1 / 45, 1 / 45, 1 / 6], abs=1e-15)
+        assert role_shares(SHARE_BATCH, w) == pytest.approx({"generator": 2 / 3, "aggregator": 1 / 3}, abs=1e-12)
+
+
+def test_role_weights_single_role_batch_unchanged():
+    # IP mini-batches hold one role: its share is already 1, so re-weighting is a no-op
+    batch = [_s("generator", 4), _s("generator", 2)]
+    cfg = UpdateSettings(agg="seq-mean-token-mean", role_weights={"generator": 2, "aggregator": 1})
+    assert minibatch_weights(batch, cfg) == pytest.approx([1 / 8, 1 / 4], abs=1e-15)  # 1/(2*4), 1/(2*2)
+
+
+# ---------------------------------------------------------------- micro-batch invariance (tiny model)
+
+PROMPT_LENS = [3, 7, 5, 9, 2, 6, 4, 8]
+COMPLETION_LENS = [1, 6, 3, 8, 2, 5, 7, 4]
+
+
+@pytest.fixture(scope="module")
+def lora_model():
+    """Tiny model + one LoRA adapter `shared` (rank 4) with random nonzero B, so lora_A gets gradients too."""
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["shared"], rank=4)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _synthetic_samples(roles=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    roles = roles or ["generator"] * len(PROMPT_LENS)
+    advs = torch.randn(len(PROMPT_LENS), generator=g).tolist()
+    return [Sample(torch.randint(0, 256, (lp,), generator=g).tolist(), torch.randint(0, 256, (lc,), generator=g).tolist(),
+                   a, r, "shared") for lp, lc, a, r in zip(PROMPT_LENS, COMPLETION_LENS, advs, roles)]
+
+
+def _old_logps(model, samples, temperature, seed=0):
+    """Old log-probs = current ones + noise (+-0.3 nats): some ratios leave [0.8, 1.28], so clipping is exercised."""
+    old = policy_logprobs(model, "shared", [s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                          micro_batch=8, temperature=temperature)
+    g = torch.Generator().manual_seed(seed + 100)
+    return [o + 0.3 * torch.randn(o.shape, generator=g) for o in old]
+
+
+def _accumulated_grads(model, samples, old, weights, cfg, micro):
+    params = adapter_parameters(model, "shared")
+    for p in params:
+        p.grad = None
+    sums = defaultdict(float)
+    with use_adapter(model, "shared"):
+        model.train()
+        for m in range(0, len(samples), micro):
+            _micro_step(model, samples[m:m + micro], old[m:m + micro], weights[m:m + micro], cfg, sums)
+        model.eval()
+    grads = [p.grad.detach().clone() for p in params]
+    for p in params:
+        p.grad = None
+    return grads, sums
+
+
+def _reference_grads(model, samples, old, cfg):
+    """Full batch through `aggregate` (the reference form of the weights), one backward."""
+    params = adapter_parameters(model, "shared")
+    for p in params:
+        p.grad = None
+    with use_adapter(model, "shared"):
+        logp, mask, _ = completion_logprobs(model, [s.prompt_ids for s in samples],
+                                            [s.completion_ids for s in samples], cfg.temperature)
+        old_logp = torch.zeros_like(logp)
+        for i, o in enumerate(old):
+            old_logp[i, logp.shape[1] - len(o):] = o
+        adv = torch.tensor([s.advantage for s in samples], dtype=logp.dtype)
+        token_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        aggregate(token_loss, mask, cfg.agg, cfg.norm_len).backward()
+    n_clipped = int((clipped.float() * mask).sum())
+    grads = [p.grad.detach().clone() for p in params]
+    for p in params:
+        p.grad = None
+    return grads, n_clipped
+
+
+def _max_diff(ga, gb):
+    return max(float((a - b).abs().max()) for a, b in zip(ga, gb))
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_micro_batch_invariance(lora_model, agg):
+    cfg = UpdateSettings(agg=agg, norm_len=8, temperature=0.7)
+    samples = _synthetic_samples()
+    old = _old_logps(lora_model, samples, cfg.temperature)
+    weights = minibatch_weights(samples, cfg)
+    assert weights == pytest.approx(token_weights(COMPLETION_LENS, agg, 8), abs=1e-15)
+    ref, n_clipped = _reference_grads(lora_model, samples, old, cfg)
+    assert 0 < n_clipped < sum(COMPLETION_LENS)  # both branches of the clipped loss are in play
+    assert max(float(g.abs().max()) for g in ref) > 1e-4  # a real, nonzero gradient
+    grads = {}
+    for micro in (8, 2, 1):
+        grads[micro], sums = _accumulated_grads(lora_model, samples, old, weights, cfg, micro)
+        assert sums["generator/tokens"] == sum(COMPLETION_LENS)  # 1+6+3+8+2+5+7+4 = 36
+        assert _max_diff(grads[micro], ref) < 1e-5, micro
+    assert _max_diff(grads[8], grads[2]) < 1e-5
+    assert _max_diff(grads[8], grads[1]) < 1e-5
+
+
+def test_micro_batch_invariance_with_role_weights(lora_model):
+    roles = ["generator", "aggregator"] * 4
+    cfg = UpdateSettings(agg="seq-mean-token-mean", temperature=0.7, role_weights={"generator": 2, "aggregator": 1})
+    samples = _synthetic_samples(roles, seed=3)
+    old = _old_logps(lora_model, samples, cfg.temperature, seed=3)
+    weights = minibatch_weights(samples, cfg)
+    assert role_shares(samples, weights) == pytest.approx({"generator": 2 / 3, "aggregator": 1 / 3}, abs=1e-12)
+    g8, _ = _accumulated_grads(lora_model, samples, old, weights, cfg, 8)
+    g1, _ = _accumulated_grads(lora_model, samples, old, weights, cfg, 1)
+    assert max(float(g.abs().max()) for g in g8) > 1e-4
+    assert _max_diff(g8, g1) < 1e-5
+    # the role weights matter: the implicit weights give a different gradient
+    g_plain, _ = _accumulated_grads(lora_model, samples, old, token_weights(COMPLETION_LENS, cfg.agg), cfg, 8)
+    assert _max_diff(g8, g_plain) > 1e-4
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_update_policy_micro_batch_invariance(lora_model, agg):
+    """Through update_policy itself: with plain SGD (lr 1) and no clipping, the step is exactly -gradient, so
+    the parameter change must not depend on micro_batch_size and must equal -grad of the `aggregate` loss."""
+    params = adapter_parameters(lora_model, "shared")
+    start = [p.detach().clone() for p in params]
+    samples = _synthetic_samples(seed=5)
+    cfg = UpdateSettings(mini_batch_size=8, agg=agg, temperature=0.7, max_grad_norm=1e9)
+    # old log-probs = current ones (update_policy computes them itself): ratio 1, nothing clipped
+    old = policy_logprobs(lora_model, "shared", [s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                          micro_batch=8, temperature=0.7)
+    ref, n_clipped = _reference_grads(lora_model, samples, old, cfg)
+    assert n_clipped == 0
+    deltas = {}
+    for micro in (8, 2, 1):
+        cfg.micro_batch_size = micro
+        opt = torch.optim.SGD(params, lr=1.0)
+        m = update_policy(lora_model, samples, {"shared": (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))},
+                          cfg)
+        assert m["generator/opt_steps"] == 1 and m["generator/clip_frac"] == 0.0
+        deltas[micro] = [p.detach() - s for p, s in zip(params, start)]
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+        assert _max_diff(deltas[micro], [-g for g in ref]) < 1e-5, micro
+    assert max(float(d.abs().max()) for d in deltas[8]) > 1e-4
+    assert _max_diff(deltas[8], deltas[2]) < 1e-5 and _max_diff(deltas[8], deltas[1]) < 1e-5
+
+
+# ---------------------------------------------------------------- training changes only LoRA weights
+
+def _peft_to_base_name(name):
+    # base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> model.layers.0.self_attn.q_proj.weight
+    return name.replace("base_model.model.", "", 1).replace(".base_layer", "")
+
+
+def test_two_update_steps_change_only_lora():
+    torch.manual_seed(0)
+    model, tok = load_model("tiny")
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model = add_adapters(model, ["shared"], rank=4)
+    opts = make_optimizers(model, ["shared"], lr=1e-2, warmup_steps=1)
+    engine = HFEngine(model, tok, max_new_tokens=8, temperature=0.7)
+    prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("1+1?", "What is 12 * 3?")]
+    gens = engine.generate(prompts * 2, ["shared"] * 4)
+    assert all(1 <= len(g.completion_ids) <= 8 for g in gens)
+    advs = [1.0, -1.0, 0.5, -0.5]
+    samples = [Sample(p, g.completion_ids, a, "generator", "shared") for p, g, a in zip(prompts * 2, gens, advs)]
+    cfg = UpdateSettings(mini_batch_size=4, micro_batch_size=2, temperature=0.7)
+    for _ in range(2):
+        m = update_policy(model, samples, opts, cfg)
+        assert m["generator/opt_steps"] == 1  # 4 samples, one mini-batch of 4
+        assert m["lr"] == pytest.approx(1e-2)  # warmup 1 step: min(1, (s+1)/1) = 1
+        assert m["nonfinite_steps"] == 0
+    n_base = 0
+    for n, p in model.named_parameters():
+        if "lora_" in n:
+            continue
+        n_base += 1
+        assert not p.requires_grad, n
+        assert torch.equal(p, base[_peft_to_base_name(n)]), n
+    assert n_base == len(base)  # every base tensor was compared (tied lm_head counted once)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert len(lora_b) == 2 * 7  # 2 layers x (q, k, v, o, gate, up, down)
+    assert any(float(p.detach().abs().max()) > 0 for p in lora_b)  # B starts at 0; training moved it
+
+
+def test_train_main_two_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    out = train.main(["--model", "tiny", "--steps", "2", "--max-new-tokens", "8", "--tasks-per-step", "2", "--n", "2",
+                      "--n-val", "2", "--val-every", "0", "--run-dir", str(run_dir), "--lr", "1e-2",
+                      "--warmup-steps", "1", "--difficulty", "1", "--n-train", "20", "--device", "cpu"])
+    assert out == str(run_dir)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # --val-every 0: no step-0 validation line
+    for step, line in enumerate(lines, start=1):
+        m = json.loads(line)
+        assert m["step"] == step
+        for key in ("reward", "success", "generator/opt_steps"):
+            assert key in m, key
+        assert m["generator/opt_steps"] == 1  # 2 tasks x 2 episodes = 4 samples = one mini-batch (default size)
+        assert 0.0 <= m["reward"] <= 1.0 and 0.0 <= m["success"] <= 1.0
+    ckpt = run_dir / "checkpoints" / "step_000002"
+    assert (ckpt / "adapters" / "shared" / "adapter_model.safetensors").is_file()
+    assert (ckpt / "adapters" / "shared" / "adapter_config.json").is_file()
+    assert (ckpt / "optim.pt").is_file()
+    assert json.loads((ckpt / "state.json").read_text()) == {"step": 2}
+    assert not (run_dir / "checkpoints" / "step_000001").exists()  # --save-every 10: only the final step
+    assert json.loads((run_dir / "args.json").read_text())["steps"] == 2
+
+
+# ---------------------------------------------------------------- IP stepping
+
+def test_ip_steps_per_role():
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["generator", "aggregator"], rank=4)
+    opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-3, warmup_steps=1)
+    g = torch.Generator().manual_seed(0)
+
+    def sample(role, i):
+        return Sample(torch.randint(0, 256, (4,), generator=g).tolist(), torch.randint(0, 256, (2 + i % 3,), generator=g).tolist(),
+                      1.0 if i % 2 else -1.0, role, role)
+
+    samples = [sample("generator", i) for i in range(6)] + [sample("aggregator", i) for i in range(2)]
+    samples.append(Sample([1, 2, 3], [], 1.0, "generator", "generator"))  # empty completion: skipped
+    m = update_policy(model, samples, opts, UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=0.7))
+    # generator: 6 samples / 2 per mini-batch = 3 steps; aggregator: 2 / 2 = 1 step
+    assert m["generator/opt_steps"] == 3
+    assert m["aggregator/opt_steps"] == 1
+    assert m["generator/grad_share"] == 1.0 and m["aggregator/grad_share"] == 1.0  # one role per adapter
+    # each optimizer stepped exactly that many times on its own adapter's tensors
+    for adapter, steps in (("generator", 3), ("aggregator", 1)):
+        opt = opts[adapter][0]
+        params = adapter_parameters(model, adapter)
+        assert len(params) == 2 * 2 * 7  # lora_A + lora_B on 14 linear layers
+        assert all(int(opt.state[p]["step"]) == steps for p in params)
+
+
+def test_ip_update_leaves_other_adapter_untouched():
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["generator", "aggregator"], rank=4)
+    opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-2, warmup_steps=1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    samples = [Sample([5, 6, 7], [8, 9, 10], a, "generator", "generator") for a in (1.0, -1.0)]
+    samples[1].completion_ids = [11, 12]
+    m = update_policy(model, samples, opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
+    assert m["generator/opt_steps"] == 1 and "aggregator/opt_steps" not in m
+    changed = {n for n, p in model.named_parameters() if "lora_" in n and not torch.equal(p, before[n])}
+    assert changed and all(".generator." in n for n in changed)
+    assert not opts["aggregator"][0].state  # the aggregator optimizer never stepped
+
+
+# ---------------------------------------------------------------- learning-rate schedule
+
+def _two_generator_samples():
+    return [Sample([1, 2, 3], [4, 5], 1.0, "generator", "generator"), Sample([1, 2, 3], [6], -1.0, "generator", "generator")]
+
+
+def test_warmup_lr_applied_on_first_step():
+    """lr 1e-2, warmup 4: step 1 uses lr * (0+1)/4 = 2.5e-3; step 4 onward the full 1e-2."""
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["generator"], rank=4)
+    opts = make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=4)
+    assert opts["generator"][0].param_groups[0]["lr"] == pytest.approx(2.5e-3)
+    update_policy(model, _two_generator_samples(), opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
+    # AdamW's first step moves each weight by lr * g / (|g| + 1e-8) ~= lr (B starts at 0, so decay adds nothing):
+    # the largest |B| after one step is the lr that was applied
+    max_b = max(float(p.detach().abs().max()) for n, p in model.named_parameters() if "lora_B" in n)
+    assert max_b == pytest.approx(2.5e-3, rel=1e-3)
+    lrs = []
+    for _ in range(3):
+        lrs.append(opts["generator"][0].param_groups[0]["lr"])
+        update_policy(model, _two_generator_samples(), opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
+    assert lrs == pytest.approx([5e-3, 7.5e-3, 1e-2])  # (s+1)/4 for s = 1, 2, 3
+    assert opts["generator"][0].param_groups[0]["lr"] == pytest.approx(1e-2)  # min(1, 5/4) = 1
+
+
+def test_logged_lr_is_the_lr_used():
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["generator"], rank=4)
+    opts = make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=4)
+    m = update_policy(model, _two_generator_samples(), opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
+    assert m["lr"] == pytest.approx(2.5e-3)  # the step used 1e-2 * 1/4, not the next step's 2/4
+
+
+def test_role_weights_without_the_batch_role_does_not_crash():
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["aggregator"], rank=4)
+    opts = make_optimizers(model, ["aggregator"], lr=1e-2, warmup_steps=1)
+    samples = [Sample([1, 2, 3], [4, 5], 1.0, "aggregator", "aggregator"),
+               Sample([1, 2, 3], [6], -1.0, "aggregator", "aggregator")]
+    cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, role_weights={"generator": 1})
+    m = update_policy(model, samples, opts, cfg)
+    assert m["aggregator/opt_steps"] == 1

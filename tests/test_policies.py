@@ -1,0 +1,355 @@
+"""Tests for policies.py: adapter routing, mixed-adapter generation, log-probs, adapter files, chat ids, tokenizer.
+
+Run from the repo root: python -m pytest tests/test_policies.py -q
+Only the tiny random model (`load_model("tiny")`, built in code) is used: nothing is downloaded.
+Adapter names avoid single letters such as "a": PEFT warns that a name contained in the prefix "lora_" may be
+re-initialised on loading.
+"""
+import os
+
+import peft
+import pytest
+import torch
+
+from policies import (BASE, CHATML, HFEngine, add_adapters, adapter_parameters, chat_prompt_ids, completion_logprobs,
+                      load_adapters, load_model, policy_logprobs, route_adapter, save_adapters, tiny_tokenizer,
+                      use_adapter)
+
+EOS = 257  # tiny tokenizer: 256 byte tokens (0..255), <|im_start|> = 256, <|im_end|> = 257 (EOS and pad)
+
+
+def _randomize_lora(model, seed, scale=0.3, names=("lora_A", "lora_B")):
+    """Give every LoRA tensor random values (B is 0 after init, so an untouched adapter equals the base)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if any(k in n for k in names):
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+
+
+def _prompt(tok, text):
+    return chat_prompt_ids(tok, [{"role": "user", "content": text}])
+
+
+# ---------------------------------------------------------------- routing
+
+def test_route_adapter_sp_is_shared():
+    for name in ("generator0", "generator", "aggregator", "worker", "evaluator3"):
+        assert route_adapter(name, "sp") == "shared"
+
+
+def test_route_adapter_ip_strips_instance_digits():
+    assert route_adapter("generator0", "ip") == "generator"
+    assert route_adapter("generator12", "ip") == "generator"
+    assert route_adapter("worker", "ip") == "worker"
+    assert route_adapter("aggregator", "ip") == "aggregator"
+    assert route_adapter("gen2x", "ip") == "gen2x"  # only *trailing* digits are stripped
+
+
+def test_route_adapter_bad_policy():
+    with pytest.raises(ValueError, match="unknown policy"):
+        route_adapter("generator0", "mixed")
+    with pytest.raises(ValueError):
+        route_adapter("generator0", "SP")
+
+
+# ---------------------------------------------------------------- tiny tokenizer / chat ids
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize("text", ["\\boxed{½}", "日本語 🙂 ñ é", "a . b , c 's n't", "  two leading, trailing  ",
+                                  "tabs\tand\nnewlines\r\n", "x", "\\frac{1}{2} = 0.5 ≠ ∞"])
+def test_tiny_tokenizer_round_trips_unicode(tok, text):
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert len(ids) == len(text.encode("utf-8"))  # byte-level, no merges: one token per UTF-8 byte
+    assert all(0 <= i < 256 for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_tiny_tokenizer_boxed_half(tok):
+    # "\boxed{½}": \ b o x e d { (7 bytes) + ½ (0xC2 0xBD, 2 bytes) + } = 10 tokens
+    ids = tok("\\boxed{½}", add_special_tokens=False).input_ids
+    assert len(ids) == 10
+    assert tok.decode(ids[7:9]) == "½"
+
+
+def test_tiny_tokenizer_specials(tok):
+    assert len(tok) == 258
+    # deliberate, like SmolLM2: pad IS eos, so loss masks must come from lengths, never from pad ids
+    assert tok.pad_token_id == tok.eos_token_id == EOS
+    assert tok("<|im_start|><|im_end|>", add_special_tokens=False).input_ids == [256, EOS]
+    assert tok.decode([65, EOS], skip_special_tokens=True) == "b"  # byte chars '!'..'~' are ids 0..93: 'b' = 98-33
+
+
+def test_chat_prompt_ids_tiny(tok):
+    ids = chat_prompt_ids(tok, [{"role": "user", "content": "What is 2+2?"}])
+    assert tok.decode(ids) == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    # assistant header: <|im_start|>=256, a=97-33=64, s=82, s=82, i=72, s=82, t=83, a=64, n=77, t=83, '\n'=198
+    header = [256, 64, 82, 82, 72, 82, 83, 64, 77, 83, 198]
+    assert ids[-len(header):] == header
+    assert tok("<|im_start|>assistant\n", add_special_tokens=False).input_ids == header
+    assert ids[0] == 256 and ids.count(EOS) == 1  # one message: one <|im_end|>
+
+
+class _FakeTokenizer:
+    """Records the keyword arguments chat_prompt_ids passes to the template."""
+
+    def __init__(self, template):
+        self.chat_template = template
+        self.kwargs = None
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+        assert tokenize is False and add_generation_prompt is True
+        self.kwargs = kwargs
+        return "text"
+
+    def __call__(self, text, add_special_tokens):
+        assert text == "text" and add_special_tokens is False
+
+        class Out:
+            input_ids = [1, 2, 3]
+        return Out()
+
+
+def test_chat_prompt_ids_enable_thinking_only_when_template_mentions_it():
+    msgs = [{"role": "user", "content": "hi"}]
+    for template in (CHATML, None):
+        fake = _FakeTokenizer(template)
+        assert chat_prompt_ids(fake, msgs, enable_thinking=True) == [1, 2, 3]
+        assert fake.kwargs == {}
+    fake = _FakeTokenizer(CHATML + "{% if enable_thinking %}x{% endif %}")
+    chat_prompt_ids(fake, msgs)
+    assert fake.kwargs == {"enable_thinking": False}  # non-thinking mode is the default
+    chat_prompt_ids(fake, msgs, enable_thinking=True)
+    assert fake.kwargs == {"enable_thinking": True}
+
+
+def test_chat_prompt_ids_real_thinking_template():
+    # a Qwen3-style template: non-thinking mode inserts an empty think block after the assistant header
+    tok = tiny_tokenizer()
+    tok.chat_template = CHATML + "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}" \
+                                 "{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.decode(chat_prompt_ids(tok, msgs)).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tok.decode(chat_prompt_ids(tok, msgs, enable_thinking=True)).endswith("<|im_start|>assistant\n")
+
+
+# ---------------------------------------------------------------- generation
+
+PROMPT_TEXTS = ["What is 2+2?", "hi", "Compute 17 * 23 and box it.", "½ + ½ = ?"]
+
+
+@pytest.fixture(scope="module")
+def two_adapter_model():
+    torch.manual_seed(0)
+    model, tok = load_model("tiny")
+    model = add_adapters(model, ["x", "y"], rank=4)
+    _randomize_lora(model, seed=1, names=("lora_B",))  # B of x and y random, different from each other and from 0
+    return model, tok
+
+
+def test_mixed_adapter_generation_equals_per_adapter(two_adapter_model):
+    model, tok = two_adapter_model
+    engine = HFEngine(model, tok, max_new_tokens=12, temperature=0)
+    prompts = [_prompt(tok, t) for t in PROMPT_TEXTS]
+    assert len({len(p) for p in prompts}) == 4  # different lengths: left padding is exercised
+    adapters = ["x", "y", BASE, "x"]
+    batched = engine.generate(prompts, adapters)
+    alone = [engine.generate([p], [a])[0] for p, a in zip(prompts, adapters)]
+    for b, s in zip(batched, alone):
+        assert b.completion_ids == s.completion_ids
+        assert b.text == s.text and b.truncated == s.truncated
+    # chunks of 2 (rows sorted by prompt length, then put back in the caller's order) give the same rows
+    chunked = HFEngine(model, tok, max_new_tokens=12, temperature=0, batch_size=2).generate(prompts, adapters)
+    assert [g.completion_ids for g in chunked] == [g.completion_ids for g in batched]
+    # the adapters really differ, so a routing mix-up would show: same prompt under x, y, base
+    same = engine.generate([prompts[0]] * 3, ["x", "y", BASE])
+    outs = [tuple(g.completion_ids) for g in same]
+    assert len(set(outs)) == 3, outs
+    assert outs[0] == tuple(alone[0].completion_ids)  # x on prompt 0
+    assert list(outs[2]) == engine.generate([prompts[0]], [None])[0].completion_ids  # None means base too
+
+
+def test_generation_truncation(two_adapter_model):
+    model, tok = two_adapter_model
+    engine = HFEngine(model, tok, max_new_tokens=5, temperature=0)
+    gens = engine.generate([_prompt(tok, t) for t in PROMPT_TEXTS], ["x", "y", BASE, "y"])
+    # the random tiny model never emits <|im_end|> in 5 greedy steps on these prompts: all rows hit the limit
+    assert [(len(g.completion_ids), g.truncated) for g in gens] == [(5, True)] * 4
+    assert all(EOS not in g.completion_ids for g in gens)
+    assert gens[2].completion_ids == [198] * 5 and gens[2].text == "\n" * 5  # the base model repeats '\n' (id 198)
+
+
+def test_generation_stops_at_first_eos_and_keeps_it():
+    """Every id of generation_config.eos_token_id stops a row; the stop token is kept, later tokens dropped."""
+    torch.manual_seed(0)
+    base, tok = load_model("tiny")
+    base.generation_config.eos_token_id = [198, EOS]  # '\n' counts as a stop token: the base model emits it first
+    model = add_adapters(base, ["x"], rank=4)
+    _randomize_lora(model, seed=1, names=("lora_B",))
+    engine = HFEngine(model, tok, max_new_tokens=12, temperature=0)
+    assert engine.eos_ids == {198, EOS}
+    p = _prompt(tok, PROMPT_TEXTS[0])
+    stopped, running = engine.generate([p, p], [BASE, "x"])
+    assert stopped.completion_ids == [198] and stopped.truncated is False and stopped.text == "\n"
+    # the x row does not stop with the base row (its rows are independent): 12 tokens, none a stop id
+    assert running.truncated is True and len(running.completion_ids) == 12
+    assert not {198, EOS} & set(running.completion_ids)
+
+
+def test_greedy_tokens_are_argmax(two_adapter_model):
+    """Greedy generation (batched, left-padded) picks the argmax of an unpadded forward at every step."""
+    model, tok = two_adapter_model
+    engine = HFEngine(model, tok, max_new_tokens=8, temperature=0)
+    prompts = [_prompt(tok, PROMPT_TEXTS[1]), _prompt(tok, PROMPT_TEXTS[2])]
+    gens = engine.generate(prompts, ["y", "y"])
+    with torch.no_grad(), use_adapter(model, "y"):
+        for p, g in zip(prompts, gens):
+            c = g.completion_ids
+            logits = model(input_ids=torch.tensor([p + c])).logits[0].float()
+            logp_all = torch.log_softmax(logits[len(p) - 1:len(p) - 1 + len(c)], dim=-1)  # predicts c[0..]
+            chosen = logp_all.gather(-1, torch.tensor(c)[:, None])[:, 0]
+            assert (chosen >= logp_all.max(-1).values - 1e-5).all()  # no other token is more likely
+            # completion_logprobs (temperature 1) returns exactly those chosen-token log-probs
+            logp, mask, _ = completion_logprobs(model, [p], [c], temperature=1.0)
+            torch.testing.assert_close(logp[0], chosen, atol=1e-5, rtol=0)
+            assert (logp[0] < 0).all()
+
+
+# ---------------------------------------------------------------- log-probs
+
+@pytest.fixture(scope="module")
+def lp_model():
+    torch.manual_seed(0)
+    model, tok = load_model("tiny")
+    model = add_adapters(model, ["shared"], rank=4)
+    _randomize_lora(model, seed=2, scale=0.1, names=("lora_B",))
+    return model, tok
+
+
+def _manual_logp(model, prompt, completion, temperature):
+    """Unpadded forward, no position tricks: log p(c_j | prompt, c_<j) at temperature, and the entropies."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float() / temperature
+    lp = torch.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + len(completion)], dim=-1)
+    chosen = lp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    return chosen, -(lp.exp() * lp).sum(-1)
+
+
+def test_completion_logprobs_padding_invariance(lp_model):
+    model, tok = lp_model
+    prompts = [[5, 6, 7], [10, 11, 12, 13, 14, 15, 16, 17, 18], [20], [30, 31, 32, 33, 34]]
+    # row 1 ends in EOS (== pad id): it must still be counted; row 3 has pad-id-like 0 tokens inside
+    completions = [[40, 41, 42, 43, 44, 45], [50, 51, EOS], [60], [0, 0, 70, 71]]
+    with use_adapter(model, "shared"):
+        logp, mask, ent = completion_logprobs(model, prompts, completions, temperature=0.7, with_entropy=True)
+        T = 6  # longest completion
+        assert logp.shape == mask.shape == ent.shape == (4, T)
+        assert mask.sum(-1).tolist() == [6.0, 3.0, 1.0, 4.0]  # = completion lengths, EOS included
+        assert mask[1].tolist() == [0, 0, 0, 1, 1, 1]  # right-aligned; the final EOS column is counted
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            L = len(c)
+            alone, _, ent_alone = completion_logprobs(model, [p], [c], temperature=0.7, with_entropy=True)
+            torch.testing.assert_close(logp[i, T - L:], alone[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(ent[i, T - L:], ent_alone[0], atol=1e-5, rtol=0)
+            ref, ref_ent = _manual_logp(model, p, c, 0.7)
+            torch.testing.assert_close(alone[0], ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ent_alone[0], ref_ent, atol=1e-5, rtol=0)
+            assert (logp[i, :T - L] == 0).all() and (ent[i, :T - L] == 0).all()  # padding: exactly 0
+            assert (logp[i, T - L:] < 0).all() and (ent[i, T - L:] > 0).all()
+        assert float(logp[1, -1].detach()) == pytest.approx(float(_manual_logp(model, prompts[1], completions[1], 0.7)[0][-1]),
+                                                   abs=1e-5)  # log p(EOS | ...) is a real term, not padding
+    # policy_logprobs: per-row vectors of the completion lengths, identical to the batched values
+    rows = policy_logprobs(model, "shared", prompts, completions, micro_batch=3, temperature=0.7)
+    assert [len(r) for r in rows] == [6, 3, 1, 4]
+    for i, r in enumerate(rows):
+        torch.testing.assert_close(r, logp[i, T - len(r):].detach(), atol=1e-5, rtol=0)
+
+
+def test_completion_logprobs_temperature_and_gradient(lp_model):
+    model, _ = lp_model
+    p, c = [3, 4, 5, 6], [7, 8, 9]
+    with use_adapter(model, "shared"):
+        for temp in (1.0, 0.5):
+            logp, _, _ = completion_logprobs(model, [p], [c], temperature=temp)
+            torch.testing.assert_close(logp[0].detach(), _manual_logp(model, p, c, temp)[0], atol=1e-5, rtol=0)
+        # gradients flow to the active adapter only
+        logp, _, _ = completion_logprobs(model, [p], [c])
+        logp.sum().backward()
+    grads = [q.grad for q in adapter_parameters(model, "shared")]
+    assert all(g is not None for g in grads) and any(float(g.abs().max()) > 0 for g in grads)
+    for q in model.parameters():
+        q.grad = None
+
+
+def test_use_adapter_base_disables_lora(lp_model):
+    model, _ = lp_model
+    p, c = [3, 4, 5, 6], [7, 8, 9]
+    with use_adapter(model, BASE):
+        base = completion_logprobs(model, [p], [c])[0][0].detach()
+    with use_adapter(model, None):
+        none = completion_logprobs(model, [p], [c])[0][0].detach()
+    with use_adapter(model, "shared"):
+        shared = completion_logprobs(model, [p], [c])[0][0].detach()
+    with model.disable_adapter():
+        ref = _manual_logp(model, p, c, 1.0)[0]
+    torch.testing.assert_close(base, ref, atol=1e-5, rtol=0)
+    assert torch.equal(base, none)
+    assert float((base - shared).abs().max()) > 1e-3  # the adapter changes the model
+
+
+# ---------------------------------------------------------------- save / load
+
+def _lora_state(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def test_adapter_save_load_is_exact(tmp_path):
+    torch.manual_seed(0)
+    base, _ = load_model("tiny")
+    model = add_adapters(base, ["generator", "aggregator"], rank=4)
+    _randomize_lora(model, seed=3)
+    save_adapters(model, str(tmp_path))
+    for name in ("generator", "aggregator"):
+        assert (tmp_path / name / "adapter_model.safetensors").is_file()
+        assert (tmp_path / name / "adapter_config.json").is_file()
+    saved = _lora_state(model)
+
+    torch.manual_seed(123)  # different LoRA init
+    fresh, _ = load_model("tiny")
+    fresh = add_adapters(fresh, ["generator", "aggregator"], rank=4)
+    before = _lora_state(fresh)
+    assert before.keys() == saved.keys() and len(saved) == 2 * 2 * 14  # 2 adapters x (A, B) x 14 linear layers
+    assert not any(torch.equal(before[n], saved[n]) for n in saved)  # nothing matches before loading
+    load_adapters(fresh, str(tmp_path))
+    after = _lora_state(fresh)
+    for n in saved:
+        assert torch.equal(after[n], saved[n]), n
+
+    # a standard PEFT folder: PeftModel.from_pretrained reads it into the same tensors and the same outputs
+    plain, _ = load_model("tiny")
+    loaded = peft.PeftModel.from_pretrained(plain, str(tmp_path / "generator"), adapter_name="generator")
+    ref = {n: p for n, p in _lora_state(loaded).items()}
+    gen = {n: p for n, p in saved.items() if ".generator." in n}
+    assert ref.keys() == gen.keys()
+    for n in gen:
+        assert torch.equal(ref[n], gen[n]), n
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad(), use_adapter(model, "generator"):
+        want = model(input_ids=ids).logits
+    with torch.no_grad():
+        got = loaded(input_ids=ids).logits
+    assert torch.equal(want, got)
+
+
+def test_load_adapters_missing_adapter_raises(tmp_path):
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["generator"], rank=4)
+    save_adapters(model, str(tmp_path))
+    other, _ = load_model("tiny")
+    other = add_adapters(other, ["generator", "evaluator"], rank=4)
+    with pytest.raises(FileNotFoundError, match="evaluator"):
+        load_adapters(other, str(tmp_path))
