@@ -213,13 +213,15 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
                     stats[f"{role}/coherence_scale"].append(_coherence_scale(params, grad_ema, adapter,
                                                                              cfg.coherence[role], cfg.coherence_window))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-                if math.isfinite(grad_norm):
+                # skip a non-finite step (counted), and an all-zero-weight one (a role weighted 0: weight
+                # decay and Adam's momentum would still move the adapter)
+                stepped = math.isfinite(grad_norm) and any(weights)
+                if stepped:
                     opt.step()
-                else:
-                    sums["nonfinite_steps"] += 1
+                sums["nonfinite_steps"] += not math.isfinite(grad_norm)
                 opt.zero_grad(set_to_none=True)
                 for role in {s.role for s in mb}:
-                    sums[f"{role}/opt_steps"] += 1
+                    sums[f"{role}/opt_steps"] += stepped
                     stats[f"{role}/grad_norm"].append(grad_norm)
             stats[f"{adapter}/lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
             sched.step()  # the schedule advances once per training step, as in verl

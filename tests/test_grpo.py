@@ -520,6 +520,8 @@ def test_logged_lr_is_the_lr_used():
     opts = make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=4)
     m = update_policy(model, _two_generator_samples(), opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
     assert m["lr"] == pytest.approx(2.5e-3)  # the step used 1e-2 * 1/4, not the next step's 2/4
+    assert m["generator/lr"] == pytest.approx(2.5e-3)  # the same, per adapter
+    assert opts["generator"][0].param_groups[0]["lr"] == pytest.approx(5e-3)  # next step: 2/4
 
 
 def test_role_weights_without_the_batch_role_does_not_crash():
@@ -530,4 +532,21 @@ def test_role_weights_without_the_batch_role_does_not_crash():
                Sample([1, 2, 3], [6], -1.0, "aggregator", "aggregator")]
     cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, role_weights={"generator": 1})
     m = update_policy(model, samples, opts, cfg)
-    assert m["aggregator/opt_steps"] == 1
+    assert m["aggregator/opt_steps"] == 0  # nothing to learn from: no optimizer step
+
+
+def test_role_weights_zero_mini_batch_under_sp():
+    # train.py allows this: --policy sp --role-weights generator=1 --mini-batch-size 2; the second mini-batch
+    # holds only aggregator calls, whose target share is 0 -> all its weights are 0 (no division by zero)
+    model, _ = load_model("tiny")
+    model = add_adapters(model, ["shared"], rank=4)
+    opts = make_optimizers(model, ["shared"], lr=1e-2, warmup_steps=1)
+    samples = [Sample([1, 2, 3], [4, 5], 1.0, "generator", "shared"), Sample([1, 2, 3], [6], -1.0, "generator", "shared"),
+               Sample([1, 2, 3], [7, 8], 1.0, "aggregator", "shared"), Sample([1, 2, 3], [9], -1.0, "aggregator", "shared")]
+    cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, role_weights={"generator": 1})
+    assert minibatch_weights(samples[2:], cfg) == [0.0, 0.0]
+    assert minibatch_weights(samples[:2], cfg) == pytest.approx([1 / 4, 1 / 2])  # 1/(2*2), 1/(2*1): one role, unchanged
+    m = update_policy(model, samples, opts, cfg)
+    assert m["generator/grad_share"] == 1.0 and m["aggregator/grad_share"] == 0.0
+    assert m["generator/opt_steps"] == 1 and m["aggregator/opt_steps"] == 0  # zero weights: step skipped
+    assert m["aggregator/grad_norm"] == 0.0  # zero weight: zero gradient

@@ -224,10 +224,20 @@ def test_seed_0_is_pinned():
     assert [(t.question, t.answer) for t in synthetic_math(2, difficulty=3, seed=0)] == PINNED_D3
 
 
-@pytest.mark.parametrize("bad", [0, 4, "1"])
+@pytest.mark.parametrize("bad", [-1, 4, "1"])
 def test_bad_difficulty(bad):
-    with pytest.raises(ValueError, match="difficulty must be 1, 2 or 3"):
+    with pytest.raises(ValueError, match="difficulty must be 0, 1, 2 or 3"):
         synthetic_math(5, difficulty=bad)
+
+
+def test_difficulty_0_is_one_op_on_digits_and_has_243_problems():
+    tasks = synthetic_math(243, difficulty=0, seed=0)  # 9 * 9 * 3 distinct questions: all of them
+    for t in tasks:
+        a, op, b = t.metadata["expression"].split()
+        assert 1 <= int(a) <= 9 and 1 <= int(b) <= 9 and op in "+-*"
+        assert t.answer == str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+    with pytest.raises(ValueError, match="could only draw 243"):
+        synthetic_math(244, difficulty=0, seed=0)
 
 
 def test_math_splits_are_disjoint_and_fixed():
