@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 import torch
+from tqdm import tqdm
 
 from policies import adapter_parameters, completion_logprobs, policy_logprobs, use_adapter
 
@@ -198,7 +199,7 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
                                   cfg.micro_batch_size, cfg.temperature)
         with use_adapter(model, adapter):
             model.train()
-            for start in range(0, len(group), step_size):
+            for start in tqdm(range(0, len(group), step_size), desc=f"update {adapter}", leave=False, disable=None):
                 mb = group[start:start + step_size]
                 mb_old = old[start:start + step_size] if old is not None else [None] * len(mb)
                 weights = minibatch_weights(mb, cfg)

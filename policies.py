@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -209,10 +210,10 @@ class HFEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], adapters: list[str | None]) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "generate") -> list[Generation]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         out: list[Generation | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.batch_size):
+        for start in tqdm(range(0, len(order), self.batch_size), desc=desc, leave=False, disable=None):
             chunk = order[start:start + self.batch_size]
             for i, g in zip(chunk, self._generate_chunk([prompts[i] for i in chunk], [adapters[i] for i in chunk])):
                 out[i] = g

@@ -190,7 +190,8 @@ def seed_everything(seed: int) -> None:
 
 
 def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
-    episodes = rollout(val_tasks, args.val_n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking)
+    episodes = rollout(val_tasks, args.val_n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
+                       desc="validate")
     return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
 

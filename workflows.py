@@ -265,7 +265,7 @@ ROLES = {  # role types of each workflow: the adapters IP creates
 # ---------------------------------------------------------------- driver
 
 def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy: str, opts: WorkflowOptions,
-            enable_thinking: bool = False, adapter_override: str | None = None) -> list[Episode]:
+            enable_thinking: bool = False, adapter_override: str | None = None, desc: str = "rollout") -> list[Episode]:
     """Run `n` episodes of `workflow` per task, stage by stage, all pending calls in one engine call.
 
     `adapter_override` routes every call to one adapter (None keeps SP/IP routing);
@@ -275,6 +275,7 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
         raise ValueError(f"unknown workflow {workflow!r}; expected one of {sorted(WORKFLOWS)}")
     episodes = [Episode(task, k) for task in tasks for k in range(n)]
     running = [WORKFLOWS[workflow](ep, opts) for ep in episodes]
+    stage_no = 0
     while running:
         pending: list[tuple[Stage, list[Call]]] = []
         for stage in running:
@@ -288,7 +289,9 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
         for c in calls:
             c.adapter = adapter_override or route_adapter(c.name, policy)
             c.prompt_ids = chat_prompt_ids(tokenizer, c.messages, enable_thinking)
-        for c, g in zip(calls, engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls])):
+        stage_no += 1
+        gens = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls], desc=f"{desc} stage {stage_no}")
+        for c, g in zip(calls, gens):
             c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
         running = [stage for stage, _ in pending]
     return episodes

@@ -46,7 +46,7 @@ class ScriptedEngine:
         self.calls: list[tuple[str, str]] = []  # (role, adapter) of every row, in order
         self.batches: list[int] = []            # rows per engine call
 
-    def generate(self, prompts, adapters):
+    def generate(self, prompts, adapters, desc=""):
         self.batches.append(len(prompts))
         out = []
         for p, a in zip(prompts, adapters):
