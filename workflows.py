@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from policies import chat_prompt_ids, route_adapter
-from tasks import Task, grade, last_boxed
+from tasks import Task, grade_many, last_boxed
 
 # ---------------------------------------------------------------- records
 
@@ -42,6 +42,7 @@ class Call:
     advantage: float = 0.0
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format compliance ...
     group: str = ""            # GRPO group name when it is not `name@turn` (Eval-Opt: all attempts share one)
+    is_answer: bool = False    # its text answers the task: the driver grades it (a whole stage at once)
 
     @property
     def role(self) -> str:
@@ -177,45 +178,44 @@ Stage = Iterator[list[Call]]
 
 def single_agent(ep: Episode, opts: WorkflowOptions) -> Stage:
     """One `generator` call; its answer is the episode's answer."""
-    call = Call("generator", 0, solver_messages(ep.task, opts))
+    call = Call("generator", 0, solver_messages(ep.task, opts), is_answer=True)
     yield [call]
     ep.calls.append(call)
-    g = grade_call(ep.task, call)
-    ep.final_answer, ep.correct = g.parsed, g.reward > 0
+    ep.final_answer, ep.correct = call.metrics["parsed"], call.metrics["correct"]
 
 
 def voting(ep: Episode, opts: WorkflowOptions) -> Stage:
     """`n_votes` generators in parallel (each instance its own name, so its own GRPO group), then an
     aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
-    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts)) for i in range(opts.n_votes)]
+    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True) for i in range(opts.n_votes)]
     yield gens
-    grades = [grade_call(ep.task, c) for c in gens]
     agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens]))
     yield [agg]
     pick, how = parse_selection(agg.text, len(gens))
     ep.calls += gens + [agg]
-    ep.final_answer, ep.correct = grades[pick].parsed, grades[pick].reward > 0
+    ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
     agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
-    ep.metrics.update(any_correct=any(g.reward > 0 for g in grades), fallback=how if how != "boxed" else None)
+    ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens), fallback=how if how != "boxed" else None)
 
 
 def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> Stage:
     """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or `max_iterations` evaluator
     calls. The final answer is the last attempt. Every generator call of a task shares one GRPO group (as in
     the reference), and so does every evaluator call."""
-    attempt = Call("generator", 0, solver_messages(ep.task, opts), group="generator")
+    attempt = Call("generator", 0, solver_messages(ep.task, opts), group="generator", is_answer=True)
     for it in range(opts.max_iterations):
         yield [attempt]
-        g = grade_call(ep.task, attempt)
         judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text), group="evaluator")
         yield [judge]
         verdict = parse_verdict(judge.text)
-        judge.metrics.update(verdict=verdict, formatted=verdict is not None, correct=(verdict is True) == (g.reward > 0))
+        judge.metrics.update(verdict=verdict, formatted=verdict is not None,
+                             correct=(verdict is True) == attempt.metrics["correct"])
         ep.calls += [attempt, judge]
         if verdict is True or it == opts.max_iterations - 1:
             break
         feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
-        attempt = Call("generator", it + 1, refine_messages(ep.task, opts, attempt.text, feedback), group="generator")
+        attempt = Call("generator", it + 1, refine_messages(ep.task, opts, attempt.text, feedback), group="generator",
+                       is_answer=True)
     attempts = [c for c in ep.calls if c.role == "generator"]
     ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
     ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],
@@ -229,23 +229,13 @@ def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> Stage:
     yield [orch]
     strategies, how = parse_strategies(orch.text, opts.max_subtasks)
     orch.metrics.update(parse=how, formatted=how == "strategy", strategies=len(strategies))
-    workers = [Call("worker", 0, solver_messages(ep.task, opts, s)) for s in strategies]
+    workers = [Call("worker", 0, solver_messages(ep.task, opts, s), is_answer=True) for s in strategies]
     yield workers
-    for w in workers:
-        grade_call(ep.task, w)
-    synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers]))
+    synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers]), is_answer=True)
     yield [synth]
-    g = grade_call(ep.task, synth)
     ep.calls += [orch, *workers, synth]
-    ep.final_answer, ep.correct = g.parsed, g.reward > 0
+    ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
     ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
-
-
-def grade_call(task: Task, call: Call):
-    """Grade a call's own answer and keep what was parsed in its metrics (role accuracy, format compliance)."""
-    g = grade(task, call.text)
-    call.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted, reason=g.reason)
-    return g
 
 
 WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], Stage]] = {
@@ -274,16 +264,16 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
     if workflow not in WORKFLOWS:
         raise ValueError(f"unknown workflow {workflow!r}; expected one of {sorted(WORKFLOWS)}")
     episodes = [Episode(task, k) for task in tasks for k in range(n)]
-    running = [WORKFLOWS[workflow](ep, opts) for ep in episodes]
+    running = [(ep, WORKFLOWS[workflow](ep, opts)) for ep in episodes]
     stage_no = 0
     while running:
-        pending: list[tuple[Stage, list[Call]]] = []
-        for stage in running:
+        pending: list[tuple[Episode, Stage, list[Call]]] = []
+        for ep, stage in running:
             try:
-                pending.append((stage, next(stage)))
+                pending.append((ep, stage, next(stage)))
             except StopIteration:
                 pass
-        calls = [c for _, cs in pending for c in cs]
+        calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break
         for c in calls:
@@ -293,7 +283,12 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
         gens = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls], desc=f"{desc} stage {stage_no}")
         for c, g in zip(calls, gens):
             c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
-        running = [stage for stage, _ in pending]
+        # grade every answer of the stage at once (code runs in parallel sandboxes); a role's own
+        # correctness and format compliance are kept before any credit is broadcast
+        answers = [(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer]
+        for (_, c), g in zip(answers, grade_many([t for t, _ in answers], [c.text for _, c in answers])):
+            c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted, reason=g.reason)
+        running = [(ep, stage) for ep, stage, _ in pending]
     return episodes
 
 
