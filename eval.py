@@ -66,7 +66,7 @@ def evaluate(run_dir: str, mode: str = "trained", step: int | None = None, n: in
     per_sample = [sum(e.correct for e in episodes if e.sample == k) / len(val_tasks) for k in range(n)]
     metrics = episode_metrics(episodes)
     return {"run": run_dir, "step": step, "mode": mode, "workflow": targs.workflow, "policy": targs.policy,
-            "dataset": f"{targs.task}-d{targs.difficulty}" if targs.task == "math" else targs.data,
+            "dataset": {"math": f"math-d{targs.difficulty}", "code": "humaneval"}.get(targs.task, targs.data),
             "n": n, "tasks": len(val_tasks), "temperature": temp,
             "accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample), **metrics}
 

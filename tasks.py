@@ -1463,10 +1463,16 @@ def grade_code(output: str, task: Task, timeout_s: float | None = None, wall_tim
 
 
 def grade_many(tasks: list[Task], outputs: list[str], max_workers: int | None = None) -> list[Grade]:
-    """grade(task, output) for each pair, concurrently (threads, each waiting on its own
-    sandbox process); ``max_workers`` defaults to the number of cores. Order is kept."""
+    """grade(task, output) for each pair, order kept. Code is graded concurrently (threads, each
+    waiting on its own sandbox process; ``max_workers`` defaults to the number of cores)."""
     if len(tasks) != len(outputs):
         raise ValueError(f"{len(tasks)} tasks but {len(outputs)} outputs")
-    workers = max(1, max_workers or os.cpu_count() or 1)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="codechk") as pool:
-        return list(pool.map(grade, tasks, outputs))
+    code = [i for i, t in enumerate(tasks) if t.kind == "code"]
+    # math is graded here, in the calling (main) thread: math-verify's time limit needs signal.alarm
+    grades: list[Grade | None] = [None if t.kind == "code" else grade(t, o) for t, o in zip(tasks, outputs)]
+    if code:
+        workers = max(1, max_workers or os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="codechk") as pool:
+            for i, g in zip(code, pool.map(grade, [tasks[i] for i in code], [outputs[i] for i in code])):
+                grades[i] = g
+    return grades  # type: ignore[return-value]

@@ -77,8 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
     # data
-    p.add_argument("--task", default="math", choices=["math", "dapo"], help="math: built-in synthetic; dapo: --data file/hub id")
-    p.add_argument("--data", default=None, help="DAPO-format jsonl/parquet or hub id (for --task dapo)")
+    p.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"],
+                   help="math: built-in synthetic; code: built-in HumanEval; dapo / deepcoder: --data file or hub id")
+    p.add_argument("--data", default=None, help="DAPO- or DeepCoder-format jsonl/parquet, or a hub id")
     p.add_argument("--data-config", default=None, help="hub dataset config (DAPO-Math-17k-Processed: en)")
     p.add_argument("--difficulty", type=int, default=0, help="synthetic math: 0 one op on 1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
     p.add_argument("--n-train", type=int, default=170, help="synthetic math: training problems (difficulty 0 has 243 in all)")
@@ -150,7 +151,7 @@ def check_args(args) -> None:
     """Contradictory or unknown settings stop here, with one line, before any model loads."""
     roles = ROLES[args.workflow]
     if args.max_iterations is None:
-        args.max_iterations = 3  # math (code: 2)
+        args.max_iterations = 2 if args.task in ("code", "deepcoder") else 3  # the paper's budgets
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in roles)
     for flag in ("role_weights", "kl_coef", "coherence"):
@@ -172,13 +173,21 @@ class NoLogger:
 
 
 def load_tasks(args) -> tuple[list[T.Task], list[T.Task]]:
+    """(train, validation) tasks. Loaded data is split by a fixed shuffle (seed 42, as the paper's
+    train_test_split), holding out --n-val problems but never more than 10%."""
     if args.task == "math":
         return T.math_splits(args.n_train, args.n_val, args.difficulty, args.seed)
-    if not args.data:
-        raise SystemExit("error: --task dapo needs --data PATH_OR_HUB_ID")
-    rows = T.load_math(args.data, config=args.data_config)
-    rng = random.Random(42)  # the paper holds out 10%; a fixed shuffle keeps the split stable across runs
-    rng.shuffle(rows)
+    if args.task == "code":
+        rows = T.humaneval_tasks()
+    elif not args.data:
+        raise SystemExit(f"error: --task {args.task} needs --data PATH_OR_HUB_ID")
+    else:
+        load = T.load_math if args.task == "dapo" else T.load_code
+        try:
+            rows = load(args.data, config=args.data_config)
+        except T.DataError as e:
+            raise SystemExit(f"error: {e}") from None
+    random.Random(42).shuffle(rows)
     n_val = min(args.n_val, len(rows) // 10 or 1)
     return rows[n_val:], rows[:n_val]
 

@@ -77,21 +77,32 @@ class WorkflowOptions:
 # Our own wording of the reference's instructions (PAPER.md, "Workflows").
 
 MATH_INSTRUCTION = "Solve the problem. Show brief reasoning, then give the final answer in \\boxed{}."
-ONE_SHOT = [
+ONE_SHOT = [  # math only: SmolLM2-135M boxes its answer only after seeing one boxed example
     {"role": "user", "content": f"{MATH_INSTRUCTION}\n\nProblem: What is 23 + 45?"},
     {"role": "assistant", "content": "23 + 45 = 68.\n\n\\boxed{68}"},
 ]
+# How an answer is written, per task kind: the one phrase in which the roles' prompts differ.
+ANSWER_FORMAT = {"math": "give the final answer in \\boxed{}",
+                 "code": "give the complete program in one ```python code block"}
 
 
 def user(text: str) -> dict:
     return {"role": "user", "content": text}
 
 
+def problem_text(task: Task) -> str:
+    if task.kind == "code" and task.metadata.get("entry_point"):  # HumanEval: a signature and docstring
+        return f"Complete this Python function (keep its signature and imports):\n\n{task.question}"
+    return f"Problem: {task.question}"
+
+
 def solver_messages(task: Task, opts: WorkflowOptions, strategy: str | None = None) -> list[dict]:
     """The prompt of a role that solves the task from scratch (single agent, generators, workers)."""
-    shot = ONE_SHOT if opts.one_shot else []
+    shot = ONE_SHOT if opts.one_shot and task.kind == "math" else []
     hint = f"\n\nUse this strategy: {strategy}" if strategy else ""
-    return shot + [user(f"{MATH_INSTRUCTION}\n\nProblem: {task.question}{hint}")]
+    instruction = MATH_INSTRUCTION if task.kind == "math" else \
+        f"Solve the programming task in Python. Reason briefly, then {ANSWER_FORMAT['code']}."
+    return shot + [user(f"{instruction}\n\n{problem_text(task)}{hint}")]
 
 
 def solutions_block(texts: list[str]) -> str:
@@ -100,15 +111,16 @@ def solutions_block(texts: list[str]) -> str:
 
 def aggregator_messages(task: Task, candidates: list[str]) -> list[dict]:
     n = len(candidates)
-    return [user(f"Problem: {task.question}\n\nHere are {n} candidate solutions.\n\n{solutions_block(candidates)}\n\n"
-                 f"Which solution is correct? Compare their final answers and reasoning, then give only the number "
+    return [user(f"{problem_text(task)}\n\nHere are {n} candidate solutions.\n\n{solutions_block(candidates)}\n\n"
+                 f"Which solution is correct? Compare their answers and reasoning, then give only the number "
                  f"of the best solution (1 to {n}) in \\boxed{{}}, for example \\boxed{{1}}.")]
 
 
 def evaluator_messages(task: Task, attempt: str) -> list[dict]:
-    return [user(f"Problem: {task.question}\n\nProposed solution:\n{attempt.strip()}\n\n"
-                 "Check whether this solution and its final answer are correct. Do not reveal the correct answer. "
-                 "Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}.")]
+    what = "Check the logic of this program without running it; do not write a corrected program." \
+        if task.kind == "code" else "Check whether this solution and its final answer are correct."
+    return [user(f"{problem_text(task)}\n\nProposed solution:\n{attempt.strip()}\n\n{what} Do not reveal the "
+                 "correct answer. Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}.")]
 
 
 def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: str) -> list[dict]:
@@ -116,19 +128,19 @@ def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: s
     return solver_messages(task, opts) + [
         {"role": "assistant", "content": attempt.strip()},
         user(f"A reviewer judged your solution incorrect. Feedback:\n{feedback.strip()}\n\n"
-             "Solve the problem again with a different approach, and give the final answer in \\boxed{}."),
+             f"Solve the problem again with a different approach, and {ANSWER_FORMAT[task.kind]}."),
     ]
 
 
 def orchestrator_messages(task: Task, max_subtasks: int) -> list[dict]:
-    return [user(f"Problem: {task.question}\n\nDo not solve the problem. Propose up to {max_subtasks} distinct "
+    return [user(f"{problem_text(task)}\n\nDo not solve the problem. Propose up to {max_subtasks} distinct "
                  f"strategies for solving it, one per line, written as\nSTRATEGY 1: ...\nSTRATEGY 2: ...")]
 
 
 def synthesizer_messages(task: Task, solutions: list[str]) -> list[dict]:
-    return [user(f"Problem: {task.question}\n\nWorkers solved it with different strategies.\n\n"
+    return [user(f"{problem_text(task)}\n\nWorkers solved it with different strategies.\n\n"
                  f"{solutions_block(solutions)}\n\nCompare the solutions: answers that agree deserve more confidence. "
-                 "Decide on the final answer and give it in \\boxed{}.")]
+                 f"Decide on the final answer and {ANSWER_FORMAT[task.kind]}.")]
 
 
 # ---------------------------------------------------------------- parsing

