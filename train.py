@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coherence-window", type=int, default=10, help="I6: EMA window, tau = 1 - 1/window")
     # optimisation
     p.add_argument("--steps", type=int, default=10, help="training steps")
-    p.add_argument("--lr", type=float, default=2e-4, help="AdamW learning rate (paper: 2e-5 at rank 64 on Qwen3)")
+    p.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64 on Qwen3)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (paper: 0.01)")
     p.add_argument("--warmup-steps", type=int, default=3, help="linear warmup, in training steps (paper: 15)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping per adapter (paper: 1.0)")
