@@ -1,92 +1,439 @@
-"""Evaluate a workflow: the base model, or a trained run's checkpoint, on the validation split.
+"""Evaluate a workflow (base model, trained checkpoints, or a single-agent adapter dropped into it) and plot runs.
 
-Paper: "Metrics the reference logs" in ../shared/PAPER.md (evaluation: mean
-accuracy over n samples per task, per checkpoint, for base and trained modes).
+Paper: "Metrics the reference logs" and findings 1-2 in ../shared/PAPER.md. Evaluation reports mean accuracy,
+unbiased pass@k, per checkpoint, in three modes:
 
-The run folder remembers how it was trained (RUN/args.json: model, workflow,
-policy, task), so evaluating a checkpoint needs only the folder:
+- `base`: adapters off, the model every run starts from (recorded as step 0: LoRA B = 0 at init);
+- `trained`: a run's checkpoint, each role routed to its own adapter as in training (SP: `shared`, IP: per role);
+- `sa-transfer`: the adapter of a single-agent run (`--sa-run`) used for *every* role of the `--run`'s workflow:
+  finding 1 compares trained workflows against SA-RL dropped into the same structure.
 
-    python eval.py --run runs/single-sp-... --mode base          # adapters off
-    python eval.py --run runs/single-sp-... --mode trained       # latest checkpoint
-    python eval.py --run runs/single-sp-... --step 10 --n 4      # one checkpoint, 4 samples per task
+The run folder remembers how it was trained (RUN/args.json: model, workflow, policy, task, workflow options),
+so the evaluated workflow, split and sampling settings always come from `--run`. To transfer an SA adapter into
+a workflow you have not trained, make an untrained run folder for it: `python train.py --workflow voting
+--steps 0 --val-every 0 --run-dir runs/voting-untrained`.
 
-Each evaluation appends one JSON line to RUN/eval.jsonl (or --out).
+    python eval.py --run runs/voting-ip --mode base --n 4                       # the base model, 4 samples per task
+    python eval.py --run runs/voting-ip --mode trained --step 10 --dump         # one checkpoint, trajectories kept
+    python eval.py --run runs/voting-ip --mode trained --every-checkpoint       # all saved steps not yet evaluated
+    python eval.py --run runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --n 4
+    python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]        # PNG curves from metrics.jsonl
+
+Outputs: one JSON line per evaluation appended to RUN/eval.jsonl (step, dataset, workflow, policy, mode, cell,
+metrics); with `--dump`, one JSON file per episode (every call's role, adapter, prompt, output, parsed answer,
+correctness, reward) as RUN/trajectories/<dataset>/<mode>-step_<N>/episode_<task-id>_<sample>.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import statistics
+import sys
+import time
 
 import torch
+from tqdm import tqdm
 
-from policies import BASE, HFEngine, add_adapters, load_adapters, load_model, route_adapter
-from train import load_tasks, seed_everything
-from workflows import ROLES, WorkflowOptions, episode_metrics, rollout
+from policies import BASE, HFEngine, add_adapters, load_adapters, load_model, read_adapters, route_adapter
+from train import checkpoint_folder, checkpoint_steps, load_tasks, seed_everything
+from workflows import ROLES, Episode, WorkflowOptions, assign_rewards, episode_metrics, rollout
+
+MODES = ("base", "trained", "sa-transfer")
+SA_ADAPTER = "sa"  # the one adapter every role samples with under sa-transfer (its name shows in dumps)
+
+# ---------------------------------------------------------------- run folders and their names
+
+WORKFLOW_NAMES = {"single": "Single", "voting": "Voting", "evalopt": "EvalOpt", "orchworkers": "OrchWorkers"}
+SCALE_NAMES = {"smollm2": "SmolLM2", "tiny": "Tiny"}
+TASK_NAMES = {"math": "Math", "dapo": "Math", "code": "Code", "deepcoder": "Code"}
 
 
-def checkpoint_steps(run_dir: str) -> list[int]:
-    """Saved steps of a run, ascending (folders checkpoints/step_NNNNNN with adapters inside)."""
-    folder = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(folder):
+def cell_name(run_args: dict) -> str:
+    """The paper's `{Workflow}-{Policy}-{Scale}-{Task}` label of a run, e.g. `Voting-IP-SmolLM2-Math`."""
+    model = run_args["model"]
+    size = re.search(r"(\d+(?:\.\d+)?)[bB]\b", model)  # Qwen/Qwen3-1.7B -> 1.7B
+    scale = SCALE_NAMES.get(model) or (f"{size.group(1)}B" if size else os.path.basename(model.rstrip("/")))
+    return "-".join([WORKFLOW_NAMES.get(run_args["workflow"], run_args["workflow"]), run_args["policy"].upper(),
+                     scale, TASK_NAMES.get(run_args["task"], run_args["task"])])
+
+
+def dataset_name(run_args: dict) -> str:
+    """Short name of the evaluated split: `math-d0`, `humaneval`, or the data file / hub dataset's name."""
+    if run_args["task"] == "math":
+        return f"math-d{run_args['difficulty']}"
+    if run_args["task"] == "code":
+        return "humaneval"
+    return re.sub(r"\.(jsonl|json|parquet)$", "", os.path.basename(str(run_args["data"]).rstrip("/")))
+
+
+def read_run_args(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "args.json")) as f:
+        return json.load(f)
+
+
+def adapters_folder(run_dir: str, step: int) -> str:
+    return os.path.join(checkpoint_folder(run_dir, step), "adapters")
+
+
+def checkpoint_source(run_dir: str, mode: str, sa_run: str | None) -> str:
+    """The run whose checkpoints a mode loads: the SA run under sa-transfer, else the run itself."""
+    if mode != "sa-transfer":
+        return run_dir
+    if not sa_run:
+        raise SystemExit("error: --mode sa-transfer needs --sa-run RUN (a single-agent run folder)")
+    return sa_run
+
+
+def resolve_step(run_dir: str, mode: str, step: int | None, sa_run: str | None) -> int:
+    """0 for base; else the requested (or latest) checkpoint of the run whose adapters are loaded."""
+    if mode == "base":
+        return 0
+    source = checkpoint_source(run_dir, mode, sa_run)
+    steps = checkpoint_steps(source)
+    if not steps:
+        raise SystemExit(f"error: {source} has no checkpoints")
+    if step is not None and step not in steps:
+        raise SystemExit(f"error: {source} has no checkpoint for step {step} (have {steps})")
+    return steps[-1] if step is None else step
+
+
+# ---------------------------------------------------------------- metrics (pure)
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021),
+    computed as a product so large n never overflows."""
+    if n - c < k:  # every draw of k samples holds a correct one
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def pass_at_k_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """`pass@k` for k = 1, 2, 4, ... up to the samples per task, computed per task and then averaged."""
+    per_task: dict[str, list[bool]] = {}
+    for e in episodes:
+        per_task.setdefault(e.task.id, []).append(e.correct)
+    n = min(len(v) for v in per_task.values())
+    ks = [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
+    return {f"pass@{k}": statistics.mean(pass_at_k(len(v), sum(v), k) for v in per_task.values()) for k in ks}
+
+
+def evaluation_metrics(episodes: list[Episode]) -> dict[str, float | None]:
+    """Everything one evaluation reports: accuracy and its std over the sample indices (each index is one full
+    pass over the tasks), pass@k, and workflows.episode_metrics (per-role accuracy regraded from each role's own
+    answer, format compliance, response length, any_correct, Eval-Opt retry/fix/break, fallbacks).
+    Undefined rates (NaN, e.g. fix_rate when no first attempt was wrong) become None, so the JSON is standard."""
+    samples = sorted({e.sample for e in episodes})
+    per_sample = [statistics.mean(float(e.correct) for e in episodes if e.sample == k) for k in samples]
+    m: dict[str, float | None] = {"accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample)}
+    m.update(pass_at_k_metrics(episodes))
+    m.update(episode_metrics(episodes))
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
+
+
+# ---------------------------------------------------------------- model and engine per mode
+
+def mode_adapter_override(mode: str) -> str | None:
+    """What `rollout(adapter_override=...)` gets: adapters off, the run's own SP/IP routing, or the SA adapter."""
+    return {"base": BASE, "trained": None, "sa-transfer": SA_ADAPTER}[mode]
+
+
+def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
+    """(model, tokenizer) for a mode: the plain base model (`base`), the run's adapters (`trained`), or one
+    adapter shaped like the SA run's (`sa-transfer`). Checkpoint weights are loaded by `load_step`."""
+    model, tokenizer = load_model(run_args["model"], getattr(torch, run_args["dtype"]), device, run_args["seed"])
+    if mode == "trained":
+        adapters = sorted({route_adapter(r, run_args["policy"]) for r in ROLES[run_args["workflow"]]})
+        model = add_adapters(model, adapters, run_args["lora_rank"], run_args["lora_alpha"])
+    elif mode == "sa-transfer":
+        model = add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"], sa_args["lora_alpha"])
+    return model, tokenizer
+
+
+def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None, step: int) -> None:
+    """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter as `sa`."""
+    if mode == "trained":
+        load_adapters(model, adapters_folder(run_dir, step))
+    elif mode == "sa-transfer":  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
+        saved = route_adapter("generator", sa_args["policy"])
+        weights = read_adapters(adapters_folder(sa_run, step), [saved], str(model.device))
+        load_adapters(model, "", {SA_ADAPTER: weights[saved]})
+
+
+def check_sa_run(run_args: dict, sa_run: str) -> dict:
+    """The SA run's args, after checking it is a single-agent run on the same model and task."""
+    sa_args = read_run_args(sa_run)
+    if sa_args["workflow"] != "single":
+        raise SystemExit(f"error: --sa-run {sa_run} trained workflow {sa_args['workflow']!r}, not 'single'")
+    for key in ("model", "task"):
+        if sa_args[key] != run_args[key]:
+            raise SystemExit(f"error: --sa-run {sa_run} has {key} {sa_args[key]!r} but --run has {run_args[key]!r}")
+    return sa_args
+
+
+def run_episodes(tasks, n: int, run_args: dict, engine, tokenizer, override: str | None,
+                 desc: str = "eval") -> list[Episode]:
+    """n episodes per task, stage-batched as in training, rewarded with the run's credit (for the dumps)."""
+    opts = WorkflowOptions(run_args["one_shot"], run_args["n_votes"], run_args["max_iterations"],
+                           run_args["max_subtasks"])
+    episodes = rollout(tasks, n, run_args["workflow"], engine, tokenizer, run_args["policy"], opts,
+                       run_args["enable_thinking"], adapter_override=override, desc=desc,
+                       max_prompt_tokens=run_args.get("max_prompt_tokens"))  # as the run trained (absent: no limit)
+    assign_rewards(episodes, run_args["credit"])
+    return episodes
+
+
+# ---------------------------------------------------------------- trajectories
+
+def episode_record(ep: Episode) -> dict:
+    """One episode as a reader wants it: the task, the outcome, then every call in order."""
+    return {
+        "task": {"id": ep.task.id, "question": ep.task.question, "answer": ep.task.answer},
+        "sample": ep.sample, "final_answer": ep.final_answer, "correct": ep.correct, "metrics": ep.metrics,
+        "calls": [{"name": c.name, "role": c.role, "adapter": c.adapter, "turn": c.turn, "messages": c.messages,
+                   "output": c.text, "parsed": c.metrics.get("parsed"), "correct": c.metrics.get("correct"),
+                   "reward": c.reward, "truncated": c.truncated, "response_tokens": len(c.completion_ids),
+                   "metrics": {k: v for k, v in c.metrics.items() if k not in ("parsed", "correct")}}
+                  for c in ep.calls],
+    }
+
+
+def trajectory_folder(run_dir: str, dataset: str, mode: str, step: int, sa_run: str | None = None) -> str:
+    """RUN/trajectories/<dataset>/<mode>-step_<N>: one folder per evaluated checkpoint and mode (base: step 0;
+    sa-transfer: `sa-transfer-<SA run folder name>-step_<N>`, since several SA runs may go into one workflow)."""
+    if mode == "sa-transfer":
+        mode = f"sa-transfer-{os.path.basename(os.path.normpath(sa_run or 'sa'))}"
+    return os.path.join(run_dir, "trajectories", dataset, f"{mode}-step_{step:06d}")
+
+
+def dump_trajectories(episodes: list[Episode], folder: str) -> list[str]:
+    """One readable JSON file per episode, `episode_<task-id>_<sample>.json`; returns the paths."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for ep in episodes:
+        path = os.path.join(folder, f"episode_{re.sub(r'[^A-Za-z0-9_.-]', '-', ep.task.id)}_{ep.sample}.json")
+        with open(path, "w") as f:
+            json.dump(episode_record(ep), f, indent=1, default=str)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- results file
+
+def read_results(path: str) -> list[dict]:
+    if not os.path.exists(path):
         return []
-    return sorted(int(d.split("_")[1]) for d in os.listdir(folder)
-                  if d.startswith("step_") and os.path.isdir(os.path.join(folder, d, "adapters")))
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def result_key(mode: str, step: int, dataset: str, n: int, sa_run: str | None = None) -> tuple:
+    """Two evaluations with the same key measured the same thing; `--every-checkpoint` skips done keys."""
+    return mode, step, dataset, n, os.path.normpath(sa_run) if sa_run else None
+
+
+def done_keys(results_path: str) -> set[tuple]:
+    return {result_key(r["mode"], r["step"], r["dataset"], r["n"], r.get("sa_run")) for r in read_results(results_path)}
+
+
+# ---------------------------------------------------------------- evaluate
+
+def evaluate_steps(run_dir: str, mode: str, steps: list[int], n: int = 1, temperature: float | None = None,
+                   seed: int = 0, sa_run: str | None = None, dump: bool = False, device: str = "auto",
+                   results_path: str | None = None) -> list[dict]:
+    """Evaluate each step (ignored for `base`) of one mode, loading the model once; one result record each,
+    appended to `results_path` as soon as it is done (so an interrupted --every-checkpoint resumes)."""
+    if mode not in MODES:
+        raise SystemExit(f"error: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+    if not steps:  # nothing left to evaluate: do not even load the model
+        return []
+    run_args = read_run_args(run_dir)
+    sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run)) if mode == "sa-transfer" else None
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    _, val_tasks = load_tasks(argparse.Namespace(**run_args))
+    model, tokenizer = build_model(run_args, mode, sa_args, device)
+    temp = run_args["temperature"] if temperature is None else temperature
+    engine = HFEngine(model, tokenizer, run_args["max_new_tokens"], temp, run_args["top_p"], run_args["gen_batch_size"])
+    dataset = dataset_name(run_args)
+    records = []
+    for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
+        load_step(model, mode, run_dir, sa_run, sa_args, step)
+        seed_everything(seed)  # every checkpoint samples with the same seed: differences are the weights'
+        start = time.time()
+        episodes = run_episodes(val_tasks, n, run_args, engine, tokenizer, mode_adapter_override(mode),
+                                desc=f"eval {mode} step {step}")
+        record = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
+                  "workflow": run_args["workflow"], "policy": run_args["policy"], "mode": mode, "n": n,
+                  "tasks": len(val_tasks), "temperature": temp, "seed": seed, "time_s": round(time.time() - start, 1),
+                  "metrics": evaluation_metrics(episodes)}
+        if mode == "sa-transfer":
+            record.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
+        if dump:
+            record["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, sa_run)
+            dump_trajectories(episodes, record["trajectories"])
+        if results_path:
+            with open(results_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        m = record["metrics"]
+        tqdm.write(f"{record['cell']} {mode} step {step}: accuracy {m['accuracy']:.3f} (std {m['accuracy_std']:.3f} "
+                   f"over {n} samples x {len(val_tasks)} tasks), "
+                   + ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("pass@")))
+        records.append(record)
+    return records
 
 
 def evaluate(run_dir: str, mode: str = "trained", step: int | None = None, n: int = 1,
-             temperature: float | None = None, seed: int = 0) -> dict:
-    """Accuracy of the run's workflow on its validation split; returns one result record."""
-    with open(os.path.join(run_dir, "args.json")) as f:
-        targs = argparse.Namespace(**json.load(f))
-    seed_everything(seed)
-    _, val_tasks = load_tasks(targs)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(targs.model, getattr(torch, targs.dtype), device, targs.seed)
-    adapters = sorted({route_adapter(r, targs.policy) for r in ROLES[targs.workflow]})
-    model = add_adapters(model, adapters, targs.lora_rank, targs.lora_alpha, targs.lora_dropout)
-    override = None
-    if mode == "base":
-        override, step = BASE, None
-    elif mode == "trained":
-        steps = checkpoint_steps(run_dir)
-        if not steps:
-            raise SystemExit(f"error: {run_dir} has no checkpoints")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise SystemExit(f"error: {run_dir} has no checkpoint for step {step} (have {steps})")
-        load_adapters(model, os.path.join(run_dir, "checkpoints", f"step_{step:06d}", "adapters"))
-    else:
-        raise SystemExit(f"error: unknown mode {mode!r} (expected base or trained)")
-    temp = targs.temperature if temperature is None else temperature
-    engine = HFEngine(model, tokenizer, targs.max_new_tokens, temp, targs.top_p, targs.gen_batch_size)
-    episodes = rollout(val_tasks, n, targs.workflow, engine, tokenizer, targs.policy,
-                       WorkflowOptions(targs.one_shot, targs.n_votes, targs.max_iterations, targs.max_subtasks), targs.enable_thinking, adapter_override=override)
-    per_sample = [sum(e.correct for e in episodes if e.sample == k) / len(val_tasks) for k in range(n)]
-    metrics = episode_metrics(episodes)
-    return {"run": run_dir, "step": step, "mode": mode, "workflow": targs.workflow, "policy": targs.policy,
-            "dataset": {"math": f"math-d{targs.difficulty}", "code": "humaneval"}.get(targs.task, targs.data),
-            "n": n, "tasks": len(val_tasks), "temperature": temp,
-            "accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample), **metrics}
+             temperature: float | None = None, seed: int = 0, sa_run: str | None = None, dump: bool = False,
+             device: str = "auto") -> dict:
+    """One evaluation record (see `evaluate_steps`); `step` defaults to the latest checkpoint."""
+    return evaluate_steps(run_dir, mode, [resolve_step(run_dir, mode, step, sa_run)], n, temperature, seed, sa_run,
+                          dump, device)[0]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="run folder written by train.py")
-    p.add_argument("--mode", default="trained", choices=["base", "trained"], help="base: adapters off")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--n", type=int, default=1, help="samples per task; accuracy is their mean")
-    p.add_argument("--temperature", type=float, default=None, help="default: the run's sampling temperature")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="JSONL to append to (default RUN/eval.jsonl)")
+# ---------------------------------------------------------------- plots
+
+ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"), ("response_len", "response length (tokens)"),
+               ("grad_share", "gradient share")]
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """RUN/metrics.jsonl as a list of step records (train.py writes NaN for undefined rates; json reads it)."""
+    return read_results(os.path.join(run_dir, "metrics.jsonl"))
+
+
+def run_labels(run_dirs: list[str]) -> list[str]:
+    """Cell names; where two runs share one, the folder name is added so the legend tells them apart."""
+    cells = [cell_name(read_run_args(r)) for r in run_dirs]
+    return [f"{c} ({os.path.basename(os.path.normpath(r))})" if cells.count(c) > 1 else c
+            for c, r in zip(cells, run_dirs)]
+
+
+def base_accuracy(run_dir: str) -> float | None:
+    """The base model's accuracy for a run's workflow: an eval.jsonl `base` record, else the step-0 validation."""
+    base = [r for r in read_results(os.path.join(run_dir, "eval.jsonl")) if r["mode"] == "base"]
+    if base:
+        return base[-1]["metrics"]["accuracy"]
+    return next((m["val/success"] for m in read_metrics(run_dir) if m["step"] == 0 and "val/success" in m), None)
+
+
+def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
+    """Two PNGs: validation accuracy against training step (one line per run, a dashed base line per distinct
+    workflow/model/task), and a 2x2 per-role panel of training metrics (one line per run and role).
+    Returns {"val_accuracy": (figure, path), "roles": (figure, path)}."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    os.makedirs(out_dir, exist_ok=True)
+    labels = run_labels(run_dirs)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig_acc, ax = plt.subplots(figsize=(7, 4.5))
+    bases: dict[tuple, tuple[float, str, str]] = {}  # one base line per (workflow, model, data): they differ
+    for i, (run, label) in enumerate(zip(run_dirs, labels)):
+        args, metrics = read_run_args(run), read_metrics(run)
+        val = [(m["step"], m["val/success"]) for m in metrics if "val/success" in m]
+        if val:
+            ax.plot(*zip(*val), marker="o", color=colors[i % len(colors)], label=label)
+        key = (args["workflow"], args["model"], dataset_name(args))
+        if key not in bases and base_accuracy(run) is not None:
+            cell = cell_name(args).split("-")
+            bases[key] = (base_accuracy(run), "-".join(cell[:1] + cell[2:]), colors[i % len(colors)])  # no policy
+    for value, name, color in bases.values():
+        if len(bases) == 1:
+            ax.axhline(value, color="gray", linestyle="--", label="base")
+        else:  # several workflows or models: each base line in the colour of its first run
+            ax.axhline(value, color=color, linestyle="--", alpha=0.7, label=f"base ({name})")
+    ax.set(xlabel="training step", ylabel="validation accuracy", title="Validation accuracy (step 0: before training)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig_acc.tight_layout()
+
+    fig_roles, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    styles = ["-", "--", ":", "-."]
+    for i, (run, label) in enumerate(zip(run_dirs, labels)):
+        train_lines = [m for m in read_metrics(run) if m["step"] > 0]
+        for j, role in enumerate(ROLES[read_run_args(run)["workflow"]]):
+            for panel, (key, _) in zip(axes.flat, ROLE_PANELS):
+                points = [(m["step"], m[f"{role}/{key}"]) for m in train_lines if f"{role}/{key}" in m]
+                if points:
+                    panel.plot(*zip(*points), color=colors[i % len(colors)], linestyle=styles[j % len(styles)],
+                               label=f"{label} {role}")
+    for panel, (_, title) in zip(axes.flat, ROLE_PANELS):
+        panel.set(xlabel="training step", title=title)
+        panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+        panel.grid(alpha=0.3)
+    axes.flat[3].set_ylim(0, 1.05)  # a share of the adapter's gradient (IP: always 1)
+    axes.flat[0].legend(fontsize=7)
+    fig_roles.suptitle("Per-role training metrics (colour: run, line style: role)")
+    fig_roles.tight_layout()
+
+    out = {}
+    for name, fig in (("val_accuracy", fig_acc), ("roles", fig_roles)):
+        path = os.path.join(out_dir, f"{name}.png")
+        fig.savefig(path, dpi=120)
+        out[name] = (fig, path)
+    return out
+
+
+# ---------------------------------------------------------------- command line
+
+def plot_main(argv: list[str]) -> dict[str, tuple]:
+    p = argparse.ArgumentParser(prog="eval.py plot", description="Plot validation accuracy and per-role training "
+                                "metrics of one or more runs (PNG).")
+    p.add_argument("runs", nargs="+", help="run folders written by train.py (each with args.json, metrics.jsonl)")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: plots/ beside the first run)")
     args = p.parse_args(argv)
-    result = evaluate(args.run, args.mode, args.step, args.n, args.temperature, args.seed)
-    with open(args.out or os.path.join(args.run, "eval.jsonl"), "a") as f:
-        f.write(json.dumps(result) + "\n")
-    print(f"{args.mode} step {result['step']}: accuracy {result['accuracy']:.3f} "
-          f"(std {result['accuracy_std']:.3f} over {args.n} samples x {result['tasks']} tasks)")
-    return result
+    out_dir = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
+    figures = plot_runs(args.runs, out_dir)
+    for _, path in figures.values():
+        print(f"wrote {path}")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plot"]:
+        plot_main(argv[1:])
+        return []
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run folder written by train.py: the workflow, split and sampling "
+                   "settings evaluated (and, for trained, the checkpoints)")
+    p.add_argument("--mode", default="trained", choices=MODES, help="base: adapters off; trained: the run's "
+                   "adapters, each role routed as in training; sa-transfer: --sa-run's adapter for every role")
+    p.add_argument("--sa-run", default=None, help="sa-transfer: a single-agent run folder (same model and task)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step, of --sa-run under sa-transfer "
+                   "(default: the latest)")
+    p.add_argument("--every-checkpoint", action="store_true", help="evaluate every saved step, skipping those "
+                   "already in the results file with the same mode, dataset and --n")
+    p.add_argument("--n", type=int, default=1, help="samples per task: accuracy is their mean, pass@k for "
+                   "k = 1, 2, 4... <= n (paper: 8)")
+    p.add_argument("--temperature", type=float, default=None, help="default: the run's sampling temperature")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every checkpoint")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dump", action="store_true", help="write one JSON file per episode under "
+                   "RUN/trajectories/<dataset>/<mode>-step_<N>/ (off by default: it is large)")
+    p.add_argument("--out", default=None, help="JSONL to append results to (default RUN/eval.jsonl)")
+    args = p.parse_args(argv)
+    out = args.out or os.path.join(args.run, "eval.jsonl")
+    sa_run = args.sa_run if args.mode == "sa-transfer" else None
+    if args.every_checkpoint:
+        if args.mode == "base":
+            raise SystemExit("error: --every-checkpoint needs --mode trained or sa-transfer (base has no checkpoints)")
+        dataset, done = dataset_name(read_run_args(args.run)), done_keys(out)
+        steps = [s for s in checkpoint_steps(checkpoint_source(args.run, args.mode, sa_run))
+                 if result_key(args.mode, s, dataset, args.n, sa_run) not in done]
+        print(f"{len(steps)} checkpoint(s) to evaluate: {steps}")
+    else:
+        steps = [resolve_step(args.run, args.mode, args.step, sa_run)]
+    return evaluate_steps(args.run, args.mode, steps, args.n, args.temperature, args.seed, sa_run, args.dump,
+                          args.device, results_path=out)
 
 
 if __name__ == "__main__":

@@ -166,13 +166,22 @@ def save_adapters(model: PeftModel, folder: str) -> None:
         model.save_pretrained(folder, selected_adapters=[name])
 
 
-def load_adapters(model: PeftModel, folder: str) -> None:
-    """Load every adapter saved by `save_adapters` into an already-wrapped model, bit-exact."""
-    for name in model.peft_config:
+def read_adapters(folder: str, names: list[str], device: str = "cpu") -> dict[str, dict[str, torch.Tensor]]:
+    """The tensors of adapters saved by `save_adapters`, read fully before anything is applied."""
+    out = {}
+    for name in names:
         path = os.path.join(folder, name)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{folder}: no saved adapter {name!r}")
-        set_peft_model_state_dict(model, load_peft_weights(path, device=str(model.device)), adapter_name=name)
+        out[name] = load_peft_weights(path, device=device)
+    return out
+
+
+def load_adapters(model: PeftModel, folder: str, weights: dict | None = None) -> None:
+    """Load every adapter saved by `save_adapters` into an already-wrapped model, bit-exact."""
+    weights = weights or read_adapters(folder, list(model.peft_config), str(model.device))
+    for name, state in weights.items():
+        set_peft_model_state_dict(model, state, adapter_name=name)
 
 
 # ---------------------------------------------------------------- generation

@@ -20,6 +20,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import signal
 import time
 
 import numpy as np
@@ -28,7 +30,7 @@ from tqdm import tqdm
 
 import tasks as T
 from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
-from policies import HFEngine, add_adapters, load_model, route_adapter, save_adapters
+from policies import HFEngine, add_adapters, load_adapters, load_model, read_adapters, route_adapter, save_adapters
 from workflows import ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
 
 # `--cell Workflow-Policy-Scale-Task` (PAPER.md naming) -> the flags it stands for.
@@ -132,14 +134,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (paper: 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (paper: math 5120, code 2048)")
     p.add_argument("--gen-batch-size", type=int, default=64, help="rows per generate() call (memory only)")
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="longer prompts keep their last N tokens "
+                   "(counted as <role>/prompt_truncated) (paper: math 15-30k, code 4-10k)")
     # logging
     p.add_argument("--run-dir", default=None, help="run folder (default runs/<workflow>-<policy>-<time>)")
     p.add_argument("--val-every", type=int, default=5, help="validate every N steps (and before step 1); 0 = never")
     p.add_argument("--val-n", type=int, default=1, help="samples per validation task (accuracy = mean over them)")
     p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end); 0 = end only")
+    p.add_argument("--keep-last", type=int, default=0, help="keep only the newest N checkpoints; 0 = keep all")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest complete "
+                   "checkpoint, with its saved flags (only --steps may be changed, to extend it)")
+    p.add_argument("--max-nonfinite-steps", type=int, default=3,
+                   help="stop after this many training steps in a row with a non-finite loss or gradient")
     p.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (needs wandb installed)")
     args = p.parse_args(argv)
+    if args.resume:  # the run's own flags, so a resumed run is the same run; --steps may extend it
+        saved = os.path.join(args.resume, "args.json")
+        if not os.path.isfile(saved):
+            raise SystemExit(f"error: --resume {args.resume}: no args.json there (not a run folder)")
+        run_dir, steps = args.resume, (args.steps if args.steps != p.get_default("steps") else None)
+        with open(saved) as f:
+            args = argparse.Namespace(**json.load(f))
+        args.resume = args.run_dir = run_dir
+        args.steps = steps or args.steps
+        return args
     if args.cell:  # the cell's values become defaults, then the command line is read again on top of them
         p.set_defaults(**cell_defaults(args.cell))
         args = p.parse_args(argv)
@@ -204,23 +223,133 @@ def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
     return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
-def save_checkpoint(run_dir: str, step: int, model, optimizers) -> str:
-    folder = os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
-    save_adapters(model, os.path.join(folder, "adapters"))
-    torch.save({a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()}, os.path.join(folder, "optim.pt"))
-    with open(os.path.join(folder, "state.json"), "w") as f:
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_folder(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
+
+
+def save_checkpoint(run_dir: str, step: int, model, optimizers, grad_ema: dict, keep_last: int = 0) -> str:
+    """Everything a resumed run needs, written atomically: into step_N.tmp, flushed, then renamed.
+
+    adapters/ (PEFT folders), state.pt (optimizer and schedule of each adapter, I6 state, the random
+    states of python, numpy and torch) and state.json (the step). The data order is a function of
+    the seed and the step, so nothing more is needed to continue exactly.
+    """
+    final = checkpoint_folder(run_dir, step)
+    tmp = final + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapters(model, os.path.join(tmp, "adapters"))
+    torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()},
+                "grad_ema": grad_ema, "rng": rng_state()}, os.path.join(tmp, "state.pt"))
+    with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({"step": step}, f)
-    return folder
+    for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    if keep_last > 0:
+        for old in checkpoint_steps(run_dir)[:-keep_last]:
+            shutil.rmtree(checkpoint_folder(run_dir, old), ignore_errors=True)
+    return final
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """Steps of the complete checkpoints of a run (renamed into place), ascending; partial ones are reported."""
+    folder = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    steps = []
+    for d in sorted(os.listdir(folder)):
+        if d.endswith(".tmp"):
+            print(f"warning: ignoring partial checkpoint {os.path.join(folder, d)} (a save was interrupted)")
+        elif d.startswith("step_") and os.path.isfile(os.path.join(folder, d, "state.json")):
+            steps.append(int(d[len("step_"):]))
+    return steps
+
+
+def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict) -> int:
+    """Load the newest checkpoint that reads back whole; an unreadable one is skipped with a warning.
+    Returns its step (0 if there is none). Everything is read before anything is applied."""
+    for step in reversed(checkpoint_steps(run_dir)):
+        folder = checkpoint_folder(run_dir, step)
+        try:
+            weights = read_adapters(os.path.join(folder, "adapters"), list(optimizers))
+            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)  # our own file: it holds rng tuples
+        except Exception as e:  # a truncated or corrupted file: fall back to the previous checkpoint
+            print(f"warning: checkpoint {folder} is unreadable ({type(e).__name__}: {e}); trying the previous one")
+            continue
+        load_adapters(model, "", weights)
+        for a, (opt, sched) in optimizers.items():
+            opt.load_state_dict(state["optimizers"][a][0])
+            sched.load_state_dict(state["optimizers"][a][1])
+        grad_ema.update(state["grad_ema"])
+        set_rng_state(state["rng"])
+        print(f"resumed {run_dir} from step {step}")
+        return step
+    print(f"warning: {run_dir} has no readable checkpoint; starting from step 0")
+    return 0
+
+
+def keep_metrics_until(path: str, step: int) -> None:
+    """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(lines)
+    os.replace(path + ".tmp", path)
+
+
+class GracefulStop:
+    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once
+    (the last checkpoint on disk is still complete: saves are atomic)."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
+
+
+def check_run_dir(run_dir: str) -> None:
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, ".write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write run folder {run_dir}: {e.strerror or e}") from None
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     run_dir = args.run_dir or os.path.join("runs", f"{args.workflow}-{args.policy}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(run_dir, exist_ok=True)
+    args.run_dir = run_dir
+    check_run_dir(run_dir)
     print("config:", json.dumps(vars(args), sort_keys=True))
     with open(os.path.join(run_dir, "args.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
+        json.dump({**vars(args), "resume": None}, f, indent=1)
     logger = NoLogger()
     if args.wandb:
         import wandb
@@ -245,18 +374,25 @@ def main(argv: list[str] | None = None) -> str:
     grad_ema: dict = {}  # I6 state, carried across steps
     order = list(range(len(train_tasks)))
     random.Random(args.seed).shuffle(order)
-    metrics_file = open(os.path.join(run_dir, "metrics.jsonl"), "a")
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    start = 0
+    if args.resume:
+        start = resume_from_checkpoint(run_dir, model, optimizers, grad_ema)
+        keep_metrics_until(metrics_path, start)
+    metrics_file = open(metrics_path, "a")
+    stop, bad_steps = GracefulStop(), 0
 
-    if args.val_every:
+    if args.val_every and start == 0:
         m = validate(val_tasks, args, engine, tokenizer, opts)
         print(f"step 0 | val acc {m['val/success']:.3f}")
         metrics_file.write(json.dumps({"step": 0, **m}) + "\n")
         metrics_file.flush()
-    for step in tqdm(range(1, args.steps + 1), desc="train", disable=None):
+    for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
         t0 = time.time()
         pos = (step - 1) * args.tasks_per_step
         batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
-        episodes = rollout(batch, args.n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking)
+        episodes = rollout(batch, args.n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
+                           max_prompt_tokens=args.max_prompt_tokens)
         t_rollout = time.time() - t0
         assign_rewards(episodes, args.credit)
         calls = [(e.task.id, c) for e in episodes for c in e.calls]
@@ -282,8 +418,15 @@ def main(argv: list[str] | None = None) -> str:
         metrics_file.write(json.dumps(m) + "\n")
         metrics_file.flush()
         logger.log(m, step=step)
-        if (args.save_every and step % args.save_every == 0) or step == args.steps:
-            save_checkpoint(run_dir, step, model, optimizers)
+        if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
+            save_checkpoint(run_dir, step, model, optimizers, grad_ema, args.keep_last)
+        bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
+        if bad_steps >= args.max_nonfinite_steps:
+            raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite loss or gradient (their "
+                             f"optimizer steps were skipped); stopping at step {step}. Lower --lr or check the data.")
+        if stop.requested:
+            print(f"stopped after step {step}; continue with: python train.py --resume {run_dir}")
+            break
     metrics_file.close()
     print(f"run folder: {run_dir}")
     return run_dir

@@ -267,7 +267,8 @@ ROLES = {  # role types of each workflow: the adapters IP creates
 # ---------------------------------------------------------------- driver
 
 def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy: str, opts: WorkflowOptions,
-            enable_thinking: bool = False, adapter_override: str | None = None, desc: str = "rollout") -> list[Episode]:
+            enable_thinking: bool = False, adapter_override: str | None = None, desc: str = "rollout",
+            max_prompt_tokens: int | None = None) -> list[Episode]:
     """Run `n` episodes of `workflow` per task, stage by stage, all pending calls in one engine call.
 
     `adapter_override` routes every call to one adapter (None keeps SP/IP routing);
@@ -291,6 +292,9 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
         for c in calls:
             c.adapter = adapter_override or route_adapter(c.name, policy)
             c.prompt_ids = chat_prompt_ids(tokenizer, c.messages, enable_thinking)
+            if max_prompt_tokens and len(c.prompt_ids) > max_prompt_tokens:
+                # keep the end (the question and the assistant header); counted, never a crash mid-step
+                c.prompt_ids, c.metrics["prompt_truncated"] = c.prompt_ids[-max_prompt_tokens:], True
         stage_no += 1
         gens = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls], desc=f"{desc} stage {stage_no}")
         for c, g in zip(calls, gens):
@@ -331,6 +335,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         m[f"{role}/count"] = len(calls)
         m[f"{role}/response_len"] = sum(len(c.completion_ids) for c in calls) / len(calls)
         m[f"{role}/truncated"] = sum(c.truncated for c in calls) / len(calls)
+        m[f"{role}/prompt_truncated"] = sum(c.metrics.get("prompt_truncated", False) for c in calls) / len(calls)
         graded = [c for c in calls if "correct" in c.metrics]
         if graded:
             m[f"{role}/acc"] = sum(c.metrics["correct"] for c in graded) / len(graded)

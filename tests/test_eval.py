@@ -1,0 +1,227 @@
+"""Evaluation: pass@k by hand, mode routing and per-role regrading with a scripted engine, trajectory dumps,
+--every-checkpoint on real tiny runs, and the plot command's figures."""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import eval as E
+import train
+from tasks import Task
+from test_workflows import TOK, ScriptedEngine  # the scripted engine: canned outputs per role, no model
+
+TASK = Task("t1", "What is 2 + 2?", "4", "math")
+
+
+# ---------------------------------------------------------------- pass@k
+
+@pytest.mark.parametrize("c,k,expected", [
+    (0, 1, 0.0), (0, 2, 0.0), (0, 4, 0.0),
+    (1, 1, 0.25), (1, 2, 0.5), (1, 4, 1.0),   # 1 - C(3,k)/C(4,k): 1 - 3/4, 1 - 3/6, 1 - 0/1
+    (4, 1, 1.0), (4, 2, 1.0), (4, 4, 1.0),
+])
+def test_pass_at_k_hand_worked(c, k, expected):
+    assert E.pass_at_k(4, c, k) == pytest.approx(expected)
+    assert E.pass_at_k(4, c, k) == pytest.approx(1 - math.comb(4 - c, k) / math.comb(4, k))  # closed form
+
+
+def test_pass_at_k_metrics_average_tasks_and_stop_at_n():
+    from workflows import Episode
+    tasks = [Task("a", "q", "1", "math"), Task("b", "q", "1", "math")]
+    eps = []
+    for task, pattern in zip(tasks, ([True, False, False, False], [True] * 4)):  # c = 1 and c = 4 of n = 4
+        for k, ok in enumerate(pattern):
+            eps.append(Episode(task, k, correct=ok))
+    m = E.pass_at_k_metrics(eps)
+    assert m == pytest.approx({"pass@1": (0.25 + 1) / 2, "pass@2": (0.5 + 1) / 2, "pass@4": 1.0})
+
+
+def test_cell_and_dataset_names():
+    base = dict(workflow="voting", policy="ip", model="smollm2", task="math", difficulty=0, data=None)
+    assert E.cell_name(base) == "Voting-IP-SmolLM2-Math"
+    assert E.cell_name({**base, "workflow": "evalopt", "policy": "sp", "model": "Qwen/Qwen3-1.7B", "task": "dapo"}) \
+        == "EvalOpt-SP-1.7B-Math"
+    assert E.cell_name({**base, "workflow": "orchworkers", "model": "tiny", "task": "code"}) == "OrchWorkers-IP-Tiny-Code"
+    assert E.cell_name({**base, "workflow": "single", "model": "Qwen/Qwen3-0.6B"}) == "Single-IP-0.6B-Math"
+    assert E.dataset_name(base) == "math-d0"
+    assert E.dataset_name({**base, "task": "code"}) == "humaneval"
+    assert E.dataset_name({**base, "task": "dapo", "data": "data/dapo_test.jsonl"}) == "dapo_test"
+    assert E.dataset_name({**base, "task": "dapo", "data": "open-r1/DAPO-Math-17k-Processed"}) == \
+        "DAPO-Math-17k-Processed"
+
+
+# ---------------------------------------------------------------- routing and regrading (scripted engine)
+
+def run_args(workflow: str, policy: str = "ip") -> dict:
+    return vars(train.parse_args(["--workflow", workflow, "--policy", policy]))
+
+
+SCRIPTS = {
+    "voting": {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"},
+    "evalopt": {"generator": lambda p: "\\boxed{3}", "refine": lambda p: "\\boxed{4}",
+                "evaluator": lambda p: "\\boxed{Incorrect}"},
+    "orchworkers": {"orchestrator": lambda p: "STRATEGY 1: a\nSTRATEGY 2: b", "worker": lambda p: "\\boxed{4}",
+                    "synthesizer": lambda p: "\\boxed{4}"},
+}
+
+
+@pytest.mark.parametrize("workflow", ["voting", "evalopt", "orchworkers"])
+@pytest.mark.parametrize("policy", ["sp", "ip"])
+def test_modes_route_adapters(workflow, policy):
+    routed = {}
+    for mode in E.MODES:
+        engine = ScriptedEngine(SCRIPTS[workflow])
+        eps = E.run_episodes([TASK], 2, run_args(workflow, policy), engine, TOK, E.mode_adapter_override(mode))
+        routed[mode] = {a for _, a in engine.calls}
+        assert routed[mode] == {c.adapter for e in eps for c in e.calls}
+    assert routed["sa-transfer"] == {"sa"}            # one adapter for every role of the workflow
+    assert routed["base"] == {"__base__"}             # adapters off
+    assert routed["trained"] == ({"shared"} if policy == "sp" else set(train.ROLES[workflow]))
+
+
+def voting_episodes():
+    """One task, 3 samples. Generators (answer 4 is right): [4,4,4], [3,3,3], [5,4,6]; the aggregator picks
+    2 (right), 1 (wrong), and writes 'solution 3' without a box (digit fallback, picks 6: wrong)."""
+    gens = iter(["\\boxed{4}"] * 3 + ["\\boxed{3}"] * 3 + ["\\boxed{5}", "\\boxed{4}", "\\boxed{6}"])
+    picks = iter(["\\boxed{2}", "\\boxed{1}", "solution 3 looks best"])
+    engine = ScriptedEngine({"generator": lambda p: next(gens), "aggregator": lambda p: next(picks)})
+    return E.run_episodes([TASK], 3, run_args("voting", "ip"), engine, TOK, E.mode_adapter_override("trained"))
+
+
+def test_per_role_regrading_and_evaluation_metrics():
+    m = E.evaluation_metrics(voting_episodes())
+    assert m["accuracy"] == pytest.approx(1 / 3)
+    assert m["accuracy_std"] == pytest.approx(math.sqrt(2) / 3)  # per-sample accuracies 1, 0, 0
+    assert m["pass@1"] == pytest.approx(1 / 3) and m["pass@2"] == pytest.approx(2 / 3)  # n = 3, c = 1
+    assert "pass@4" not in m
+    assert m["generator/acc"] == pytest.approx(4 / 9)        # each generator graded on its own answer
+    assert m["aggregator/acc"] == pytest.approx(1 / 3)       # its selection was right once
+    assert m["any_correct"] == pytest.approx(2 / 3)          # samples 0 and 2 had a right generator
+    assert m["aggregator/format_ok"] == pytest.approx(2 / 3) and m["generator/format_ok"] == 1.0
+    assert m["aggregator/fallback_digit"] == pytest.approx(1 / 3) and m["fallback_rate"] == pytest.approx(1 / 3)
+    assert m["generator/response_len"] == 10                 # 9 bytes of \boxed{4} + EOS
+
+
+def test_undefined_rates_are_null_in_results():
+    engine = ScriptedEngine({"generator": lambda p: "\\boxed{4}", "evaluator": lambda p: "\\boxed{Correct}"})
+    eps = E.run_episodes([TASK], 2, run_args("evalopt"), engine, TOK, None)
+    m = E.evaluation_metrics(eps)
+    assert m["fix_rate"] is None and m["p_retry_first_wrong"] is None  # no first attempt was wrong
+    assert m["break_rate"] == 0.0 and m["retry_rate"] == 0.0 and m["evaluator/acc"] == 1.0
+    json.loads(json.dumps(m, allow_nan=False))  # standard JSON
+
+
+def test_trajectory_dump_layout_and_content(tmp_path):
+    eps = voting_episodes()
+    folder = E.trajectory_folder(str(tmp_path), "math-d0", "trained", 3)
+    paths = E.dump_trajectories(eps, folder)
+    assert folder == os.path.join(str(tmp_path), "trajectories", "math-d0", "trained-step_000003")
+    assert sorted(os.listdir(folder)) == ["episode_t1_0.json", "episode_t1_1.json", "episode_t1_2.json"]
+    assert len(paths) == 3
+    with open(os.path.join(folder, "episode_t1_2.json")) as f:
+        ep = json.load(f)
+    assert ep["task"] == {"id": "t1", "question": "What is 2 + 2?", "answer": "4"}
+    assert (ep["sample"], ep["final_answer"], ep["correct"]) == (2, "6", False)
+    calls = ep["calls"]
+    assert [(c["name"], c["role"], c["adapter"]) for c in calls] == [
+        ("generator0", "generator", "generator"), ("generator1", "generator", "generator"),
+        ("generator2", "generator", "generator"), ("aggregator", "aggregator", "aggregator")]
+    assert [(c["output"], c["parsed"], c["correct"], c["reward"]) for c in calls[:3]] == [
+        ("\\boxed{5}", "5", False, 0.0), ("\\boxed{4}", "4", True, 0.0), ("\\boxed{6}", "6", False, 0.0)]
+    assert calls[3]["metrics"]["parse"] == "digit" and calls[3]["correct"] is False
+    assert "Solution 3" in calls[3]["messages"][-1]["content"]
+    # task ids with a slash (HumanEval/0) still make one flat file name
+    E.dump_trajectories(eps[:1], str(tmp_path / "x"))
+    eps[0].task = Task("HumanEval/0", "q", "", "code")
+    assert os.path.basename(E.dump_trajectories(eps[:1], str(tmp_path / "x"))[0]) == "episode_HumanEval-0_0.json"
+
+
+# ---------------------------------------------------------------- real tiny runs
+
+TINY = ["--model", "tiny", "--max-new-tokens", "6", "--tasks-per-step", "2", "--n", "2", "--n-val", "2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A single-agent run (1 step) and two Voting runs (IP, SP; 2 steps, validated and saved every step)."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, extra in (("sa", ["--workflow", "single", "--steps", "1", "--val-every", "0"]),
+                        ("voting_ip", ["--workflow", "voting", "--policy", "ip", "--steps", "2", "--val-every", "1"]),
+                        ("voting_sp", ["--workflow", "voting", "--policy", "sp", "--steps", "2", "--val-every", "1"])):
+        out[name] = train.main(TINY + extra + ["--save-every", "1", "--run-dir", str(root / name)])
+    return out
+
+
+def test_every_checkpoint_skips_done_steps(runs):
+    run = runs["voting_ip"]
+    first = E.main(["--run", run, "--mode", "trained", "--step", "1"])
+    assert [(r["step"], r["mode"], r["cell"], r["dataset"], r["n"]) for r in first] == \
+        [(1, "trained", "Voting-IP-Tiny-Math", "math-d0", 1)]
+    assert [r["step"] for r in E.main(["--run", run, "--mode", "trained", "--every-checkpoint"])] == [2]
+    assert [r["step"] for r in E.read_results(os.path.join(run, "eval.jsonl"))] == [1, 2]
+    assert E.main(["--run", run, "--mode", "trained", "--every-checkpoint"]) == []       # nothing left to do
+    record = E.read_results(os.path.join(run, "eval.jsonl"))[-1]
+    assert {"accuracy", "accuracy_std", "pass@1", "generator/acc", "aggregator/acc", "any_correct"} <= set(record["metrics"])
+
+
+def test_base_mode_is_step_zero_without_adapters(runs):
+    (record,) = E.main(["--run", runs["voting_sp"], "--mode", "base", "--n", "2", "--dump"])
+    assert (record["step"], record["mode"], record["tasks"]) == (0, "base", 2)
+    assert set(record["metrics"]) >= {"pass@1", "pass@2"}
+    folder = os.path.join(runs["voting_sp"], "trajectories", "math-d0", "base-step_000000")
+    assert record["trajectories"] == folder and len(os.listdir(folder)) == 2 * 2  # 2 tasks x 2 samples
+    with open(os.path.join(folder, sorted(os.listdir(folder))[0])) as f:
+        assert {c["adapter"] for c in json.load(f)["calls"]} == {"__base__"}
+
+
+def test_sa_transfer_loads_the_sa_adapter_into_every_role(runs, tmp_path):
+    from peft.utils import load_peft_weights
+    sa_args, voting_args = E.read_run_args(runs["sa"]), E.read_run_args(runs["voting_ip"])
+    torch.manual_seed(123)  # a fresh adapter init that differs from the saved one
+    model, _ = E.build_model(voting_args, "sa-transfer", sa_args, "cpu")
+    assert list(model.peft_config) == ["sa"]
+    saved = load_peft_weights(os.path.join(runs["sa"], "checkpoints", "step_000001", "adapters", "shared"))
+    live = {n: p for n, p in model.named_parameters() if "lora_A" in n}
+    assert not all(torch.equal(live[k.replace(".weight", ".sa.weight")], v) for k, v in saved.items() if "lora_A" in k)
+    E.load_step(model, "sa-transfer", runs["voting_ip"], runs["sa"], sa_args, 1)
+    assert all(torch.equal(live[k.replace(".weight", ".sa.weight")], v) for k, v in saved.items() if "lora_A" in k)
+
+    out = str(tmp_path / "results.jsonl")
+    (record,) = E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run", runs["sa"], "--dump",
+                        "--out", out])
+    assert (record["mode"], record["step"], record["workflow"], record["sa_cell"]) == \
+        ("sa-transfer", 1, "voting", "Single-SP-Tiny-Math")
+    calls = []
+    for name in os.listdir(record["trajectories"]):
+        with open(os.path.join(record["trajectories"], name)) as f:
+            calls += json.load(f)["calls"]
+    assert {c["adapter"] for c in calls} == {"sa"} and {c["role"] for c in calls} == {"generator", "aggregator"}
+    assert E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run", runs["sa"] + "/",
+                   "--every-checkpoint", "--out", out]) == []  # the SA run's one checkpoint is done
+    with pytest.raises(SystemExit, match="needs --sa-run"):
+        E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer"])
+    with pytest.raises(SystemExit, match="not 'single'"):
+        E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run", runs["voting_sp"]])
+
+
+def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
+    run_dirs = [runs["voting_ip"], runs["voting_sp"]]
+    figures = E.plot_main(run_dirs + ["--out", str(tmp_path / "plots")])
+    for _, path in figures.values():
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    ax = figures["val_accuracy"][0].axes[0]
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["Voting-IP-Tiny-Math", "Voting-SP-Tiny-Math", "base"]
+    for line, run in zip(lines, run_dirs):
+        val = [(m["step"], m["val/success"]) for m in E.read_metrics(run) if "val/success" in m]
+        assert list(line.get_xdata()) == [0, 1, 2] and list(line.get_ydata()) == [v for _, v in val]
+    step0 = E.read_metrics(runs["voting_ip"])[0]  # no base record in its eval.jsonl: the step-0 validation
+    assert list(lines[2].get_ydata()) == [step0["val/success"]] * 2 and lines[2].get_linestyle() == "--"
+    panels = figures["roles"][0].axes
+    assert [p.get_title() for p in panels] == ["gradient norm", "entropy", "response length (tokens)",
+                                               "gradient share"]
+    assert len(panels[0].get_lines()) == 2 * 2  # two runs x (generator, aggregator)

@@ -1,0 +1,162 @@
+"""Runs that survive: exact resume after SIGKILL, atomic checkpoints with fallback, guarded numerics,
+and one-line errors for bad flags and bad data (issue: runs that survive)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpo
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--model", "tiny", "--tasks-per-step", "3", "--n", "2", "--max-new-tokens", "24", "--val-every", "0",
+        "--save-every", "1", "--lr", "1e-2", "--warmup-steps", "1", "--difficulty", "1", "--n-train", "40",
+        "--n-val", "4"]
+TIMING = ("time_rollout", "time_update", "rollout_tok_s", "update_tok_s")
+
+
+# A random tiny model never boxes a right answer, so every advantage would be 0 and nothing would train:
+# the subprocess runs train.py with a learnable stand-in reward (even-length outputs win).
+PARITY_TRAIN = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+import tasks, train, workflows
+workflows.grade_many = lambda ts, outs: [tasks.Grade(float(len(o) % 2 == 0), o[:8], True, "parity") for o in outs]
+train.main(sys.argv[1:])
+"""
+
+
+def run_train(args, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # same threads in every run: same floats
+    return subprocess.Popen([sys.executable, "-c", PARITY_TRAIN, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(ln).items() if k not in TIMING} for ln in f]
+
+
+def adapter_tensors(run_dir, step):
+    return load_file(os.path.join(run_dir, "checkpoints", f"step_{step:06d}", "adapters", "shared",
+                                  "adapter_model.safetensors"))
+
+
+def test_sigkill_during_step_3_then_resume_equals_uninterrupted(tmp_path):
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    p = run_train([*TINY, "--steps", "4", "--run-dir", full])
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    p = run_train([*TINY, "--steps", "4", "--run-dir", cut])
+    marker = os.path.join(cut, "checkpoints", "step_000002", "state.json")
+    deadline = time.time() + 300
+    while not os.path.exists(marker) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)  # mid step 3: step 2's checkpoint is complete, step 3's is not
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+    assert not os.path.exists(os.path.join(cut, "checkpoints", "step_000004"))
+    p = run_train(["--resume", cut])
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert "resumed" in out and ("from step 2" in out or "from step 3" in out)
+    assert metrics(cut) == metrics(full)
+    assert [m["step"] for m in metrics(cut)] == [1, 2, 3, 4]
+    a, b = adapter_tensors(full, 4), adapter_tensors(cut, 4)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(float(t.abs().max()) > 0 for k, t in a.items() if "lora_B" in k)  # it did train
+
+
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    train.main([*TINY, "--steps", "2", "--run-dir", run_dir])
+    newest = os.path.join(run_dir, "checkpoints", "step_000002", "adapters", "shared", "adapter_model.safetensors")
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)
+    os.makedirs(os.path.join(run_dir, "checkpoints", "step_000003.tmp"))  # a save cut short by a crash
+    capsys.readouterr()
+    train.main(["--resume", run_dir, "--steps", "3"])
+    out = capsys.readouterr().out
+    assert "warning: ignoring partial checkpoint" in out and "step_000003.tmp" in out
+    assert "warning: checkpoint" in out and "step_000002 is unreadable" in out
+    assert "resumed" in out and "from step 1" in out
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]  # step 2 was redone from step 1's state
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    run_dir = str(tmp_path / "run")
+    train.main([*TINY, "--steps", "3", "--keep-last", "2", "--run-dir", run_dir])
+    assert train.checkpoint_steps(run_dir) == [2, 3]
+
+
+def test_nan_loss_skips_the_step_and_repeated_nans_stop_the_run(tmp_path, monkeypatch, capsys):
+    real = grpo.clipped_token_loss
+    calls = {"n": 0}
+
+    def nan_first_step(*a, **k):  # the first micro-batches of step 1 produce a NaN loss
+        calls["n"] += 1
+        loss, clipped = real(*a, **k)
+        return (loss * float("nan"), clipped) if calls["n"] <= 1 else (loss, clipped)
+
+    monkeypatch.setattr(grpo, "clipped_token_loss", nan_first_step)
+    run_dir = str(tmp_path / "one")
+    train.main([*TINY, "--steps", "2", "--micro-batch-size", "64", "--run-dir", run_dir])
+    m = metrics(run_dir)
+    assert m[0]["nonfinite_steps"] == 1 and m[0]["generator/opt_steps"] == 0  # skipped and counted
+    assert m[1]["nonfinite_steps"] == 0 and m[1]["generator/opt_steps"] == 1
+    monkeypatch.setattr(grpo, "clipped_token_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]))
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, "--steps", "5", "--run-dir", str(tmp_path / "many")])
+    assert "3 training steps in a row had a non-finite loss or gradient" in str(e.value)
+    assert "stopping at step 3" in str(e.value)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workflow", "debate"], "invalid choice: 'debate'"),
+    (["--task", "chess"], "invalid choice: 'chess'"),
+    (["--policy", "xp"], "invalid choice: 'xp'"),
+    (["--engine", "tgi"], "invalid choice: 'tgi'"),
+])
+def test_unknown_names_are_one_line_errors(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1]
+
+
+def test_unwritable_run_folder_and_bad_resume(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, "--steps", "1", "--run-dir", str(blocker / "run")])
+    assert str(e.value).startswith("error: cannot write run folder")
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--resume", str(tmp_path)])
+    assert "no args.json there" in str(e.value)
+
+
+@pytest.mark.parametrize("task,row,message", [
+    ("dapo", {"prompt": "What is 1+1?", "solution": ""}, "row 1: missing or empty field"),
+    ("dapo", {"solution": "2"}, "row 1: missing or empty field 'prompt'"),
+    ("deepcoder", {"problem": "Print 2.", "tests": "not json"}, "row 1"),
+])
+def test_malformed_data_rows_name_file_and_row(tmp_path, task, row, message):
+    path = tmp_path / "data.jsonl"
+    good = {"prompt": "What is 2+2?", "solution": "4"} if task == "dapo" else \
+        {"problem": "Print 1.", "tests": json.dumps([{"input": "", "output": "1", "testtype": "stdin_stdout"}])}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "tiny", "--task", task, "--data", str(path), "--run-dir", str(tmp_path / "run")])
+    assert str(e.value).startswith("error: ") and str(path) in str(e.value) and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_overlong_prompts_are_truncated_and_counted(tmp_path):
+    run_dir = str(tmp_path / "run")
+    train.main([*TINY, "--steps", "1", "--max-prompt-tokens", "40", "--run-dir", run_dir])
+    assert metrics(run_dir)[0]["generator/prompt_truncated"] == 1.0
