@@ -219,7 +219,7 @@ def seed_everything(seed: int) -> None:
 
 def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
     episodes = rollout(val_tasks, args.val_n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
-                       desc="validate")
+                       desc="validate", max_prompt_tokens=args.max_prompt_tokens)
     return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
