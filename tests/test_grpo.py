@@ -442,7 +442,7 @@ def test_train_main_two_steps(tmp_path):
     ckpt = run_dir / "checkpoints" / "step_000002"
     assert (ckpt / "adapters" / "shared" / "adapter_model.safetensors").is_file()
     assert (ckpt / "adapters" / "shared" / "adapter_config.json").is_file()
-    assert (ckpt / "optim.pt").is_file()
+    assert (ckpt / "state.pt").is_file()  # optimizer, schedule, rng and I6 state
     assert json.loads((ckpt / "state.json").read_text()) == {"step": 2}
     assert not (run_dir / "checkpoints" / "step_000001").exists()  # --save-every 10: only the final step
     assert json.loads((run_dir / "args.json").read_text())["steps"] == 2
