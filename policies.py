@@ -233,13 +233,18 @@ class HFEngine:
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0) if self.temperature > 0 \
             else dict(do_sample=False)
-        routing = {}
-        if isinstance(self.model, PeftModel):  # every row names its adapter; `__base__` = adapters off
-            routing["adapter_names"] = [BASE if a is None else a for a in adapters]
+        routing, only = {}, None
+        if isinstance(self.model, PeftModel):
+            names = [BASE if a is None else a for a in adapters]
+            if len(set(names)) == 1:  # one adapter for the whole chunk: activate it, skip per-row routing
+                only = names[0]
+            else:  # every row names its adapter (PEFT mixed-adapter batch); `__base__` = adapters off
+                routing["adapter_names"] = names
         self.model.eval()
-        seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
-                                   pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
-                                   **sampling, **routing)
+        with use_adapter(self.model, only) if only else contextlib.nullcontext():
+            seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                                       pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
+                                       **sampling, **routing)
         results = []
         for row in seqs[:, ids.shape[1]:].tolist():
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
