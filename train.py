@@ -321,7 +321,10 @@ class GracefulStop:
 
     def __init__(self):
         self.requested = False
-        signal.signal(signal.SIGINT, self._handle)
+        self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self.previous)
 
     def _handle(self, signum, frame):
         if self.requested:
@@ -428,6 +431,7 @@ def main(argv: list[str] | None = None) -> str:
             print(f"stopped after step {step}; continue with: python train.py --resume {run_dir}")
             break
     metrics_file.close()
+    stop.restore()
     print(f"run folder: {run_dir}")
     return run_dir
 
