@@ -160,3 +160,22 @@ def test_overlong_prompts_are_truncated_and_counted(tmp_path):
     run_dir = str(tmp_path / "run")
     train.main([*TINY, "--steps", "1", "--max-prompt-tokens", "40", "--run-dir", run_dir])
     assert metrics(run_dir)[0]["generator/prompt_truncated"] == 1.0
+
+
+def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path):
+    run_dir = str(tmp_path / "run")
+    p = run_train([*TINY, "--steps", "50", "--save-every", "0", "--run-dir", run_dir])
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while (not os.path.exists(metrics_path) or not open(metrics_path).read().strip()) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)  # during step 2 (or later): that step is finished, saved, then the run stops
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    done = [m["step"] for m in metrics(run_dir)]
+    assert "stopped after step" in out and done[-1] < 50
+    assert train.checkpoint_steps(run_dir) == [done[-1]]  # --save-every 0 saves only on the way out
+    p = run_train(["--resume", run_dir, "--steps", str(done[-1] + 1)])
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and f"from step {done[-1]}" in out, out
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, done[-1] + 2))
