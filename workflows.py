@@ -14,7 +14,12 @@ role type and adapter, the turn, the prompt messages and ids, the completion);
 an `Episode` is one run of the workflow on one task (its calls, final answer,
 correctness). GRPO then trains on the calls (grpo.py).
 
-    python -c "import workflows; print(workflows.solver_messages(...))"
+Every role's prompt is built from clean messages. The reference's Eval-Opt keeps one
+shared conversation in which the evaluator's prompt is dropped; we do not reproduce
+that quirk: the evaluator sees the problem and the attempt, and a retry sees its own
+attempt as an assistant turn followed by the evaluator's feedback.
+
+    python -m pytest tests/test_workflows.py   # every workflow's control flow, with a scripted engine
 """
 from __future__ import annotations
 
