@@ -1,4 +1,4 @@
-r"""Tasks and rewards: what the agents are asked, and how their answers are scored.
+"""Tasks and rewards: what the agents are asked, and how their answers are scored.
 
 GRPO learns only from a scalar outcome reward, so the grader *is* the training
 signal: a lenient grader rewards sloppy or copied answers, a brittle one gives
@@ -6,7 +6,7 @@ zeros for right answers and starves the group of variance. Here:
 
 - tasks: seeded synthetic arithmetic (offline, any size) and a loader for
   DAPO-style math data (hub id, or local .jsonl/.json/.parquet);
-- reward: the LAST balanced \boxed{...} after </think> is the answer, compared
+- reward: the LAST balanced \\boxed{...} after </think> is the answer, compared
   to the ground truth by exact string, then symbolically by math-verify.
 - code (section "code" below): HumanEval (offline) and DeepCoder-format tasks;
   the LAST fenced python block is run in a sandbox against the tests.
@@ -17,7 +17,7 @@ Follows PAPER.md "Rewards and credit" (math) and "Data used by the paper"
 Usage:
     from tasks import math_splits, load_math, grade
     train, val = math_splits(n_train=2000, n_val=200, difficulty=2, seed=0)
-    grade(train[0], r"... so \boxed{7/2}")   # Grade(reward, parsed, formatted, reason)
+    grade(train[0], r"... so \\boxed{7/2}")   # Grade(reward, parsed, formatted, reason)
     dapo = load_math("dapo.parquet", limit=100)  # or a hub id, when online
 Tests: python -m pytest tests/test_tasks.py -q
 """
