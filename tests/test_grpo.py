@@ -6,7 +6,6 @@ The model tests use `policies.load_model("tiny")` (a 2-layer random Llama, built
 """
 import json
 import math
-import os
 from collections import defaultdict
 
 import pytest

@@ -5,7 +5,6 @@ Only the tiny random model (`load_model("tiny")`, built in code) is used: nothin
 Adapter names avoid single letters such as "a": PEFT warns that a name contained in the prefix "lora_" may be
 re-initialised on loading.
 """
-import os
 
 import peft
 import pytest

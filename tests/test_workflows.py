@@ -15,7 +15,7 @@ from grpo import Sample, UpdateSettings, _coherence_scale, group_advantages, mak
     role_shares, update_policy
 from policies import Generation, add_adapters, load_model, tiny_tokenizer
 from tasks import Task
-from workflows import (Call, WorkflowOptions, assign_rewards, episode_metrics, parse_selection, parse_strategies,
+from workflows import (WorkflowOptions, assign_rewards, episode_metrics, parse_selection, parse_strategies,
                        parse_verdict, rollout)
 
 TOK = tiny_tokenizer()
