@@ -171,6 +171,20 @@ def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]
     return w
 
 
+def old_logprobs(model, adapter: str, group: list[Sample], step_size: int,
+                 cfg: UpdateSettings) -> list[torch.Tensor | None]:
+    """Log-probs of each sample under the adapter as it is *before* this training step (None = use the
+    current ones, detached). The first mini-batch is scored before the adapter's first optimizer step,
+    so its current log-probs are the old ones and its ratio is exactly 1: only the later mini-batches
+    (IP parallel instances, or a batch larger than `mini_batch_size`) need this extra no-grad forward."""
+    later = group[step_size:]
+    if not later:
+        return [None] * len(group)
+    return [None] * step_size + policy_logprobs(model, adapter, [s.prompt_ids for s in later],
+                                                [s.completion_ids for s in later], cfg.micro_batch_size,
+                                                cfg.temperature)
+
+
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step over all adapters; returns per-role metrics (`role/name`) and totals.
@@ -191,17 +205,12 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
         opt, sched = optimizers[adapter]
         params = adapter_parameters(model, adapter)
         step_size = len(group) if cfg.merge_instance_steps else cfg.mini_batch_size
-        # Old log-probs are only needed if this adapter takes more than one step: in a single
-        # on-policy step the ratio is exactly 1, so the current log-probs (detached) are the old ones.
-        old = None
-        if len(group) > step_size:
-            old = policy_logprobs(model, adapter, [s.prompt_ids for s in group], [s.completion_ids for s in group],
-                                  cfg.micro_batch_size, cfg.temperature)
+        old = old_logprobs(model, adapter, group, step_size, cfg)
         with use_adapter(model, adapter):
             model.train()
             for start in tqdm(range(0, len(group), step_size), desc=f"update {adapter}", leave=False, disable=None):
                 mb = group[start:start + step_size]
-                mb_old = old[start:start + step_size] if old is not None else [None] * len(mb)
+                mb_old = old[start:start + step_size]
                 weights = minibatch_weights(mb, cfg)
                 for role, share in role_shares(mb, weights).items():
                     stats[f"{role}/grad_share"].append(share)

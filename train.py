@@ -217,6 +217,53 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def build_trainer(args, device: str = "cpu"):
+    """The model with its adapters (SP: `shared`; IP: one per role type), one optimizer per adapter, the
+    generation engine and the workflow/update settings, all from the flags."""
+    model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
+    adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
+    model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
+    optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps)
+    engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
+    opts = WorkflowOptions(one_shot=args.one_shot, n_votes=args.n_votes, max_iterations=args.max_iterations,
+                           max_subtasks=args.max_subtasks)
+    settings = UpdateSettings(
+        mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
+        agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
+        dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
+        role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
+        diagnose_roles=args.diagnose_roles, kl_coef=args.kl_coef, coherence=args.coherence,
+        coherence_window=args.coherence_window)
+    return model, tokenizer, optimizers, engine, opts, settings
+
+
+def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimizers, settings,
+               grad_ema: dict) -> dict[str, float]:
+    """One GRPO step: `args.n` episodes per task (stage-batched rollout), rewards per call, group
+    advantages, one update of every adapter. Returns the step's metrics (timings included)."""
+    t0 = time.time()
+    episodes = rollout(batch, args.n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
+                       max_prompt_tokens=args.max_prompt_tokens)
+    t_rollout = time.time() - t0
+    assign_rewards(episodes, args.credit)
+    calls = [(e.task.id, c) for e in episodes for c in e.calls]
+    advantages = group_advantages([c.reward for _, c in calls], [c.group_key(tid) for tid, c in calls],
+                                  args.std_scale)
+    samples = []
+    for (_, c), a in zip(calls, advantages):
+        c.advantage = a
+        samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter))
+    t1 = time.time()
+    m = update_policy(model, samples, optimizers, settings, grad_ema)
+    t_update = time.time() - t1
+    gen_tokens = sum(len(c.completion_ids) for _, c in calls)
+    train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    m.update(episode_metrics(episodes))
+    m.update(reward=sum(c.reward for _, c in calls) / len(calls), time_rollout=t_rollout, time_update=t_update,
+             rollout_tok_s=gen_tokens / t_rollout, update_tok_s=train_tokens / t_update)
+    return m
+
+
 def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
     episodes = rollout(val_tasks, args.val_n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
                        desc="validate", max_prompt_tokens=args.max_prompt_tokens)
@@ -360,20 +407,7 @@ def main(argv: list[str] | None = None) -> str:
 
     seed_everything(args.seed)
     train_tasks, val_tasks = load_tasks(args)
-    model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
-    adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
-    model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
-    optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps)
-    engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
-    opts = WorkflowOptions(one_shot=args.one_shot, n_votes=args.n_votes, max_iterations=args.max_iterations,
-                           max_subtasks=args.max_subtasks)
-    settings = UpdateSettings(
-        mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
-        agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
-        dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
-        role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
-        diagnose_roles=args.diagnose_roles, kl_coef=args.kl_coef, coherence=args.coherence,
-        coherence_window=args.coherence_window)
+    model, tokenizer, optimizers, engine, opts, settings = build_trainer(args, device)
     grad_ema: dict = {}  # I6 state, carried across steps
     order = list(range(len(train_tasks)))
     random.Random(args.seed).shuffle(order)
@@ -391,33 +425,14 @@ def main(argv: list[str] | None = None) -> str:
         metrics_file.write(json.dumps({"step": 0, **m}) + "\n")
         metrics_file.flush()
     for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
-        t0 = time.time()
         pos = (step - 1) * args.tasks_per_step
         batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
-        episodes = rollout(batch, args.n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
-                           max_prompt_tokens=args.max_prompt_tokens)
-        t_rollout = time.time() - t0
-        assign_rewards(episodes, args.credit)
-        calls = [(e.task.id, c) for e in episodes for c in e.calls]
-        advantages = group_advantages([c.reward for _, c in calls], [c.group_key(tid) for tid, c in calls],
-                                      args.std_scale)
-        samples = []
-        for (_, c), a in zip(calls, advantages):
-            c.advantage = a
-            samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter))
-        t1 = time.time()
-        m = update_policy(model, samples, optimizers, settings, grad_ema)
-        t_update = time.time() - t1
-        gen_tokens = sum(len(c.completion_ids) for _, c in calls)
-        train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-        m.update(episode_metrics(episodes))
-        m.update(step=step, reward=sum(c.reward for _, c in calls) / len(calls), time_rollout=t_rollout,
-                 time_update=t_update, rollout_tok_s=gen_tokens / t_rollout, update_tok_s=train_tokens / t_update)
+        m = {"step": step, **train_step(batch, args, model, tokenizer, engine, opts, optimizers, settings, grad_ema)}
         if args.val_every and step % args.val_every == 0:
             m.update(validate(val_tasks, args, engine, tokenizer, opts))
         tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
                    + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
-                   + f" | rollout {t_rollout:.1f}s update {t_update:.1f}s")
+                   + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
         metrics_file.write(json.dumps(m) + "\n")
         metrics_file.flush()
         logger.log(m, step=step)

@@ -385,6 +385,45 @@ def test_update_policy_micro_batch_invariance(lora_model, agg):
     assert _max_diff(deltas[8], deltas[2]) < 1e-5 and _max_diff(deltas[8], deltas[1]) < 1e-5
 
 
+# ---------------------------------------------------------------- optimisation: skipped old-log-prob forwards
+
+@pytest.mark.parametrize("mini_batch", [8, 3])  # one step (all rows on-policy) | three steps (3 + 3 + 2 rows)
+def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_batch):
+    """`old_logprobs` scores only the mini-batches after the first (the first is on-policy: ratio exactly 1).
+    Scoring every row, as an unoptimised trainer does, must give the same losses, clip fractions and
+    final weights; with 3 steps the later mini-batches are off-policy and really use their old log-probs."""
+    import grpo
+    params = adapter_parameters(lora_model, "shared")
+    start = [p.detach().clone() for p in params]
+    samples = _synthetic_samples(seed=7)
+    cfg = UpdateSettings(mini_batch_size=mini_batch, micro_batch_size=2, temperature=0.7)
+    scored = []
+
+    def run():
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+        opts = make_optimizers(lora_model, ["shared"], lr=0.05, warmup_steps=1)
+        m = update_policy(lora_model, samples, opts, cfg)
+        return m, [p.detach().clone() for p in params]
+
+    real_old_logprobs = grpo.old_logprobs
+    monkeypatch.setattr(grpo, "old_logprobs", lambda *a: scored.append(real_old_logprobs(*a)) or scored[-1])
+    m_fast, w_fast = run()
+    # unoptimised: every row scored by a separate no-grad forward before any step
+    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, group, step_size, cfg: policy_logprobs(
+        model, adapter, [s.prompt_ids for s in group], [s.completion_ids for s in group], 2, cfg.temperature))
+    m_full, w_full = run()
+    assert sum(o is None for o in scored[0]) == mini_batch  # only the first mini-batch skipped its forward
+    assert m_fast["generator/opt_steps"] == m_full["generator/opt_steps"] == -(-len(samples) // mini_batch)
+    for key in ("generator/pg_loss", "generator/clip_frac", "generator/approx_kl", "generator/grad_norm"):
+        assert m_fast[key] == pytest.approx(m_full[key], abs=1e-6), key
+    assert _max_diff(w_fast, start) > 1e-3  # the weights really moved
+    assert _max_diff(w_fast, w_full) < 1e-6
+    if mini_batch == 3:  # later mini-batches ran off-policy: ratios moved away from 1
+        assert m_fast["generator/approx_kl"] > 1e-6
+
+
 # ---------------------------------------------------------------- training changes only LoRA weights
 
 def _peft_to_base_name(name):
