@@ -252,17 +252,20 @@ def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: 
                 cfg: UpdateSettings, sums: dict[str, float]) -> dict[str, torch.Tensor]:
     """Backward over one mini-batch in micro-batches. With `diagnose_roles`, micro-batches are formed role by
     role and the gradient is snapshotted after each role: role gradients for free, since the loss is a sum."""
-    if not cfg.diagnose_roles:
-        for m in range(0, len(mb), cfg.micro_batch_size):
-            sl = slice(m, m + cfg.micro_batch_size)
-            _micro_step(model, mb[sl], old[sl], weights[sl], cfg, sums)
-        return {}
-    role_grads, before = {}, _flat_grad(params)
-    for role in sorted({s.role for s in mb}):
-        idx = [i for i, s in enumerate(mb) if s.role == role]
+    def backward(idx: list[int]) -> None:
+        # rows sorted by length, so each micro-batch pads to rows of about its own length (SP mixes short
+        # generator rows with long aggregator rows); the loss is a sum, so the order changes nothing else
+        idx = sorted(idx, key=lambda i: len(mb[i].prompt_ids) + len(mb[i].completion_ids))
         for m in range(0, len(idx), cfg.micro_batch_size):
             part = idx[m:m + cfg.micro_batch_size]
             _micro_step(model, [mb[i] for i in part], [old[i] for i in part], [weights[i] for i in part], cfg, sums)
+
+    if not cfg.diagnose_roles:
+        backward(list(range(len(mb))))
+        return {}
+    role_grads, before = {}, _flat_grad(params)
+    for role in sorted({s.role for s in mb}):
+        backward([i for i, s in enumerate(mb) if s.role == role])
         after = _flat_grad(params)
         role_grads[role], before = after - before, after
     return role_grads
