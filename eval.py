@@ -18,6 +18,7 @@ a workflow you have not trained, make an untrained run folder for it: `python tr
     python eval.py --run runs/voting-ip --mode trained --every-checkpoint       # all saved steps not yet evaluated
     python eval.py --run runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --n 4
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]        # PNG curves from metrics.jsonl
+    python eval.py table runs/voting-ip runs/voting-sp                          # their eval.jsonl as one table
 
 Outputs: one JSON line per evaluation appended to RUN/eval.jsonl (step, dataset, workflow, policy, mode, cell,
 metrics); with `--dump`, one JSON file per episode (every call's role, adapter, prompt, output, parsed answer,
@@ -382,6 +383,43 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
     return out
 
 
+# ---------------------------------------------------------------- results table
+
+TABLE_METRICS = ["accuracy", "pass@2", "any_correct", "generator/acc", "aggregator/acc", "aggregator/format_ok",
+                 "fallback_rate"]
+
+
+def results_table(records: list[dict]) -> str:
+    """A markdown table of evaluation records (one row each, in order): the columns of TABLE_METRICS that
+    some record has; accuracy with its std over the samples; `-` where a metric does not apply."""
+    columns = [k for k in TABLE_METRICS if any(r["metrics"].get(k) is not None for r in records)]
+    lines = ["| cell | mode | step | samples | " + " | ".join(columns) + " |",
+             "|---|---|---|---|" + "---|" * len(columns)]
+    for r in records:
+        m = r["metrics"]
+        mode = f"sa-transfer ({r['sa_cell']})" if r["mode"] == "sa-transfer" else r["mode"]
+        cells = [f"{m['accuracy']:.3f} ± {m['accuracy_std']:.3f}" if k == "accuracy"
+                 else "-" if m.get(k) is None else f"{m[k]:.3f}" for k in columns]
+        lines.append(f"| {r['cell']} | {mode} | {r['step']} | {r['n']} x {r['tasks']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_main(argv: list[str]) -> str:
+    p = argparse.ArgumentParser(prog="eval.py table", description="Print the evaluation results of one or more "
+                                "runs (their eval.jsonl) as one markdown table.")
+    p.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
+    args = p.parse_args(argv)
+    records = []
+    for path in args.results:
+        path = os.path.join(path, "eval.jsonl") if os.path.isdir(path) else path
+        if not os.path.exists(path):
+            raise SystemExit(f"error: no results at {path} (run `python eval.py --run RUN` first)")
+        records += read_results(path)
+    table = results_table(records)
+    print(table)
+    return table
+
+
 # ---------------------------------------------------------------- command line
 
 def plot_main(argv: list[str]) -> dict[str, tuple]:
@@ -401,6 +439,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:
         plot_main(argv[1:])
+        return []
+    if argv[:1] == ["table"]:
+        table_main(argv[1:])
         return []
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run folder written by train.py: the workflow, split and sampling "

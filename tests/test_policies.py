@@ -6,13 +6,16 @@ Adapter names avoid single letters such as "a": PEFT warns that a name contained
 re-initialised on loading.
 """
 
+import json
+import sys
+
 import peft
 import pytest
 import torch
 
-from policies import (BASE, CHATML, HFEngine, add_adapters, adapter_parameters, chat_prompt_ids, completion_logprobs,
-                      load_adapters, load_model, policy_logprobs, route_adapter, save_adapters, tiny_tokenizer,
-                      use_adapter)
+from policies import (BASE, CHATML, HFEngine, VLLMEngine, add_adapters, adapter_parameters, chat_prompt_ids,
+                      completion_logprobs, load_adapters, load_model, policy_logprobs, route_adapter, save_adapters,
+                      tiny_tokenizer, use_adapter)
 
 EOS = 257  # tiny tokenizer: 256 byte tokens (0..255), <|im_start|> = 256, <|im_end|> = 257 (EOS and pad)
 
@@ -352,3 +355,25 @@ def test_load_adapters_missing_adapter_raises(tmp_path):
     other = add_adapters(other, ["generator", "evaluator"], rank=4)
     with pytest.raises(FileNotFoundError, match="evaluator"):
         load_adapters(other, str(tmp_path))
+
+
+# ---------------------------------------------------------------- vLLM engine without vLLM
+
+def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed: `import vllm` fails
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine sets it; keep the test's env unchanged
+    with pytest.raises(SystemExit) as e:
+        VLLMEngine("unused-folder", None, None)  # the import is checked before anything else is touched
+    assert str(e.value).startswith("error: --engine vllm needs vLLM") and "pip install vllm" in str(e.value)
+    assert "README" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_drop_quantization_config_strips_only_that_key(tmp_path):
+    """A folder converted from GGUF must not claim GGUF quantization: TRL refuses to train it, vLLM to load it."""
+    from policies import drop_quantization_config
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 576, "quantization_config": {"quant_method": "gguf"}}))
+    drop_quantization_config(str(path))
+    assert json.loads(path.read_text()) == {"hidden_size": 576}
+    drop_quantization_config(str(path))  # already clean: unchanged
+    assert json.loads(path.read_text()) == {"hidden_size": 576}

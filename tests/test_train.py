@@ -129,6 +129,14 @@ def test_unknown_names_are_one_line_errors(argv, message, capsys):
     assert message in err[-1]
 
 
+def test_engine_vllm_without_vllm_is_a_one_line_install_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed: `import vllm` fails
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--engine", "vllm"])  # stops before any model loads
+    assert str(e.value).startswith("error: --engine vllm needs vLLM") and "pip install vllm" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_unwritable_run_folder_and_bad_resume(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
