@@ -391,14 +391,15 @@ TABLE_METRICS = ["accuracy", "pass@2", "any_correct", "generator/acc", "aggregat
 
 def results_table(records: list[dict]) -> str:
     """A markdown table of evaluation records (one row each, in order): the columns of TABLE_METRICS that
-    some record has; accuracy with its std over the samples; `-` where a metric does not apply."""
+    some record has; accuracy with its std over the samples (n > 1); `-` where a metric does not apply."""
     columns = [k for k in TABLE_METRICS if any(r["metrics"].get(k) is not None for r in records)]
     lines = ["| cell | mode | step | samples | " + " | ".join(columns) + " |",
              "|---|---|---|---|" + "---|" * len(columns)]
     for r in records:
         m = r["metrics"]
         mode = f"sa-transfer ({r['sa_cell']})" if r["mode"] == "sa-transfer" else r["mode"]
-        cells = [f"{m['accuracy']:.3f} ± {m['accuracy_std']:.3f}" if k == "accuracy"
+        accuracy = f"{m['accuracy']:.3f}" + (f" ± {m['accuracy_std']:.3f}" if r["n"] > 1 else "")  # std needs n > 1
+        cells = [accuracy if k == "accuracy"
                  else "-" if m.get(k) is None else f"{m[k]:.3f}" for k in columns]
         lines.append(f"| {r['cell']} | {mode} | {r['step']} | {r['n']} x {r['tasks']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

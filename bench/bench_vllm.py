@@ -12,7 +12,7 @@ the GPU result goes in the README section "vLLM engine". Also printed: how many 
 completed identically (all of them in fp32 on CPU; fewer in bf16, where the kernels round differently).
 
     python bench/bench_vllm.py          # GPU, in a venv with vllm + requirements.txt (a few minutes)
-    VLLM_CPU_KVCACHE_SPACE=1 /work/vllm-venv/bin/python bench/bench_vllm.py --small   # CPU smoke test
+    VLLM_CPU_KVCACHE_SPACE=1 $VENV/bin/python bench/bench_vllm.py --small   # CPU smoke test (README: vLLM venv)
 """
 from __future__ import annotations
 
