@@ -5,7 +5,11 @@ prompt of synthetic math, chat template applied by each side), the same group
 size, max completion length, LoRA settings (all linear layers), sampling
 temperature, loss aggregation (seq-mean-token-mean = TRL's `loss_type="grpo"`),
 clip range, rows per forward pass and reward (tasks.grade). One step is
-rollout + reward + advantages + one optimizer step on both sides.
+rollout + reward + advantages + one optimizer step on both sides. TRL's
+gradient checkpointing and bf16 autocast (both on by default in GRPOConfig)
+are turned off: we train in fp32 without checkpointing, so both sides compute
+the same thing (on a CPU without bf16 matmul kernels, TRL's defaults are many
+times slower still).
 
 The two alternate step by step in one process: a TRL callback runs one of our
 steps after each TRL step, so machine noise hits both alike. We print the
@@ -102,6 +106,8 @@ def main() -> None:
         def on_step_end(self, *_, **__):
             trl_times.append(time.perf_counter() - self.t)
             ours_step()
+            print(f"step {len(trl_times)}/{total_steps}: TRL {trl_times[-1]:.1f} s, ours {ours_times[-1]:.1f} s",
+                  flush=True)
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
@@ -110,6 +116,7 @@ def main() -> None:
             num_generations=args.n, max_completion_length=args.new_tokens, temperature=ours_args.temperature,
             top_p=ours_args.top_p, top_k=0, loss_type="grpo", epsilon=0.2, epsilon_high=0.28, beta=0.0,
             learning_rate=5e-4, warmup_steps=0, max_grad_norm=ours_args.max_grad_norm, shuffle_dataset=False,
+            gradient_checkpointing=False, bf16=False,  # TRL's defaults are on; we train in fp32, no checkpointing
             generation_kwargs=None if args.free_length else {"min_new_tokens": args.new_tokens}, seed=0)
         trainer = GRPOTrainer(model=trl_model, reward_funcs=math_reward, args=config, processing_class=tokenizer,
                               train_dataset=Dataset.from_list(prompt_rows), callbacks=[Alternate()],
