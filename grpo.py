@@ -137,6 +137,9 @@ class UpdateSettings:
     kl_coef: dict[str, float] = field(default_factory=dict)     # I1: role -> beta of KL(role || base), k3
     coherence: dict[str, float] = field(default_factory=dict)   # I6: role -> lambda
     coherence_window: int = 10         # I6: EMA of the gradient with tau = 1 - 1/window
+    skip_zero_advantage: bool = False  # no forward/backward for rows with advantage 0 (and no KL term): their
+    #                                    gradient is exactly 0 and weights are set over all rows, so the step is
+    #                                    unchanged; per-token stats (entropy, clip_frac...) then cover trained rows
 
 
 def make_optimizers(model, adapters: list[str], lr: float = 2e-5, weight_decay: float = 0.01,
@@ -242,8 +245,11 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
         for name in ("pg_loss", "clip_frac", "entropy", "approx_kl", "kl_base"):
             if f"{role}/{name}_sum" in sums:
                 metrics[f"{role}/{name}"] = sums[f"{role}/{name}_sum"] / sums[k]
-        metrics[f"{role}/opt_steps"] = sums[f"{role}/opt_steps"]
+    for k in [k for k in sums if k.endswith("/opt_steps")]:  # also for a role whose rows were all skipped
+        metrics[k] = sums[k]
     metrics["nonfinite_steps"] = sums["nonfinite_steps"]
+    if cfg.skip_zero_advantage:
+        metrics["skipped_rows"] = sums["skipped_rows"]
     metrics["lr"] = next((v for k, v in metrics.items() if k.endswith("/lr")), 0.0)
     return metrics
 
@@ -253,6 +259,10 @@ def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: 
     """Backward over one mini-batch in micro-batches. With `diagnose_roles`, micro-batches are formed role by
     role and the gradient is snapshotted after each role: role gradients for free, since the loss is a sum."""
     def backward(idx: list[int]) -> None:
+        if cfg.skip_zero_advantage:  # their loss is 0 * ratio: no gradient (a KL term would still have one)
+            kept = [i for i in idx if mb[i].advantage != 0.0 or cfg.kl_coef.get(mb[i].role, 0.0) > 0]
+            sums["skipped_rows"] += len(idx) - len(kept)
+            idx = kept
         # rows sorted by length, so each micro-batch pads to rows of about its own length (SP mixes short
         # generator rows with long aggregator rows); the loss is a sum, so the order changes nothing else
         idx = sorted(idx, key=lambda i: len(mb[i].prompt_ids) + len(mb[i].completion_ids))
@@ -262,13 +272,23 @@ def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: 
 
     if not cfg.diagnose_roles:
         backward(list(range(len(mb))))
+        _zero_missing_grads(params)
         return {}
     role_grads, before = {}, _flat_grad(params)
     for role in sorted({s.role for s in mb}):
         backward([i for i, s in enumerate(mb) if s.role == role])
         after = _flat_grad(params)
         role_grads[role], before = after - before, after
+    _zero_missing_grads(params)
     return role_grads
+
+
+def _zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
+    """A parameter no row reached (all skipped) gets a zero gradient, not None: AdamW skips None-grad
+    parameters entirely, but must still apply momentum and weight decay as if the zero rows had run."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:

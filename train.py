@@ -118,6 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "parallel roles take one step per instance, as in the paper)")
     p.add_argument("--role-weights", default=None, help="SP: target loss share per role, 'equal' or "
                    "generator=2,aggregator=1 (default: the aggregation's implicit shares, as in the paper)")
+    p.add_argument("--skip-zero-advantage", action="store_true", help="no forward/backward for calls whose "
+                   "advantage is 0 (groups whose rewards are all equal): the same step, less work; logs skipped_rows, "
+                   "and entropy / clip_frac then cover the trained calls only")
     p.add_argument("--diagnose-roles", action="store_true", help="log each role's own gradient norm and the "
                    "cosine between roles' gradients (no extra backward: accumulation is ordered by role)")
     p.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta*KL(role||base) (k3) for those roles")
@@ -251,7 +254,7 @@ def build_trainer(args, device: str = "cpu"):
         dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
         role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
         diagnose_roles=args.diagnose_roles, kl_coef=args.kl_coef, coherence=args.coherence,
-        coherence_window=args.coherence_window)
+        coherence_window=args.coherence_window, skip_zero_advantage=args.skip_zero_advantage)
     return model, tokenizer, optimizers, engine, opts, settings
 
 

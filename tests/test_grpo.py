@@ -426,6 +426,39 @@ def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_bat
         assert m_fast["generator/approx_kl"] > 1e-6
 
 
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_skip_zero_advantage_is_exact(lora_model, agg):
+    """--skip-zero-advantage runs no forward/backward for rows with advantage 0 and must leave every step
+    unchanged: the same grad norms and weights after (1) a step where 3 of 8 rows have advantage 0 and
+    (2) a step where all do, which must still move the weights through Adam's momentum and weight decay."""
+    params = adapter_parameters(lora_model, "shared")
+    start = [p.detach().clone() for p in params]
+    first = _synthetic_samples(seed=11)
+    for i in (1, 4, 6):
+        first[i].advantage = 0.0
+    second = [Sample(s.prompt_ids, s.completion_ids, 0.0, s.role, s.adapter) for s in _synthetic_samples(seed=12)]
+
+    def run(skip: bool):
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+        opts = make_optimizers(lora_model, ["shared"], lr=0.05, warmup_steps=1)
+        cfg = UpdateSettings(mini_batch_size=8, micro_batch_size=1, agg=agg, temperature=0.7, skip_zero_advantage=skip)
+        m1 = update_policy(lora_model, first, opts, cfg)
+        after_first = [p.detach().clone() for p in params]
+        m2 = update_policy(lora_model, second, opts, cfg)
+        return m1, m2, after_first, [p.detach().clone() for p in params]
+
+    m1_full, m2_full, w1_full, w2_full = run(skip=False)
+    m1_skip, m2_skip, w1_skip, w2_skip = run(skip=True)
+    assert (m1_skip["skipped_rows"], m2_skip["skipped_rows"]) == (3, 8) and "skipped_rows" not in m1_full
+    assert m1_skip["generator/grad_norm"] == pytest.approx(m1_full["generator/grad_norm"], abs=1e-7)
+    assert m2_skip["generator/grad_norm"] == m2_full["generator/grad_norm"] == 0.0
+    assert m2_skip["generator/opt_steps"] == m2_full["generator/opt_steps"] == 1
+    assert _max_diff(w1_skip, w1_full) < 1e-7 and _max_diff(w2_skip, w2_full) < 1e-7
+    assert _max_diff(w2_full, w1_full) > 1e-4  # the all-zero step still moved the weights (momentum)
+
+
 # ---------------------------------------------------------------- training changes only LoRA weights
 
 def _peft_to_base_name(name):

@@ -170,6 +170,16 @@ def test_overlong_prompts_are_truncated_and_counted(tmp_path):
     assert metrics(run_dir)[0]["generator/prompt_truncated"] == 1.0
 
 
+def test_skip_zero_advantage_flag_counts_skipped_calls(tmp_path):
+    """The random tiny model never earns a reward, so every group is all-zero: with the flag every call of the
+    step is skipped (and counted), and the optimizer still steps once, as it does without the flag."""
+    run_dir = str(tmp_path / "run")
+    train.main([*TINY, "--steps", "1", "--skip-zero-advantage", "--run-dir", run_dir])
+    m = metrics(run_dir)[0]
+    assert m["reward"] == 0.0 and m["generator/opt_steps"] == 1
+    assert m["skipped_rows"] == 3 * 2  # --tasks-per-step 3 x --n 2 single-agent calls
+
+
 def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path):
     run_dir = str(tmp_path / "run")
     p = run_train([*TINY, "--steps", "50", "--save-every", "0", "--run-dir", run_dir])
