@@ -284,10 +284,9 @@ def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimi
     if args.engine == "vllm":
         engine.wake_up()
         engine.sync_adapters(model, sorted({s.adapter for s in samples}))  # new versions of the updated adapters
-    m.update(drift)
     gen_tokens = sum(len(c.completion_ids) for _, c in calls)
     train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    m.update(episode_metrics(episodes))
+    m.update(episode_metrics(episodes), **drift)
     m.update(reward=sum(c.reward for _, c in calls) / len(calls), time_rollout=t_rollout, time_update=t_update,
              rollout_tok_s=gen_tokens / t_rollout, update_tok_s=train_tokens / t_update)
     return m
