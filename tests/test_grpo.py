@@ -459,6 +459,54 @@ def test_skip_zero_advantage_is_exact(lora_model, agg):
     assert _max_diff(w2_full, w1_full) > 1e-4  # the all-zero step still moved the weights (momentum)
 
 
+# ---------------------------------------------------------------- optimisation: shared prompt passes
+
+def test_shared_prompt_update_equals_full_passes(lora_model):
+    """GRPO rows come in groups that share a prompt. With `share_prompts` each micro-batch runs a prompt once and
+    its rows continue from its KV cache. Over two optimizer steps (mini-batches of 6 + 3 rows, so the second uses
+    old log-probs from a shared no-grad pass) with a KL term (the base model's log-probs, shared too), the losses,
+    clip fractions, KLs, entropies, grad norms and final weights equal one full pass per row up to float
+    rounding, and the update runs the hand-counted number of token positions."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (23, 17, 30)]
+    samples = [Sample(prompts[k], torch.randint(0, 256, (n,), generator=g).tolist(), float(torch.randn(1, generator=g)),
+                      "generator", "shared") for k in (0, 1, 2) for n in (3, 5, 2)]
+    params = adapter_parameters(lora_model, "shared")
+    start = [p.detach().clone() for p in params]
+    positions = []
+    handle = lora_model.get_input_embeddings().register_forward_hook(lambda _m, i, _o: positions.append(i[0].numel()))
+
+    def run(share: bool):
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+        opts = make_optimizers(lora_model, ["shared"], lr=0.01, warmup_steps=1)
+        cfg = UpdateSettings(mini_batch_size=6, micro_batch_size=3, temperature=0.7, kl_coef={"generator": 0.1},
+                             share_prompts=share)
+        positions.clear()
+        m = update_policy(lora_model, samples, opts, cfg)
+        return m, [p.detach().clone() for p in params], sum(positions)
+
+    try:
+        m_full, w_full, n_full = run(share=False)
+        m_shared, w_shared, n_shared = run(share=True)
+    finally:
+        handle.remove()
+    assert m_shared["generator/opt_steps"] == m_full["generator/opt_steps"] == 2
+    for key in ("pg_loss", "clip_frac", "approx_kl", "kl_base", "entropy", "grad_norm"):
+        assert m_shared[f"generator/{key}"] == pytest.approx(m_full[f"generator/{key}"], rel=1e-4, abs=1e-6), key
+    assert m_full["generator/approx_kl"] > 1e-6 and m_full["generator/kl_base"] > 1e-6  # both paths really ran
+    assert _max_diff(w_full, start) > 1e-3
+    # Adam moves each entry by about lr per step whatever its gradient's size, so the rounding noise of an
+    # entry whose gradient is near 0 can show at ~1e-5; 1e-4 is 0.5% of the two steps' reach (2 x lr = 0.02)
+    assert _max_diff(w_shared, w_full) < 1e-4
+    # micro-batches = the three groups (prompt lengths 17, 23 | 30), completions 3, 5, 2 (width 5). Full: each
+    # row pads to P + 5; shared: one prefix of P - 1, then 3 rows x (1 + 5). The groups of the first mini-batch
+    # run twice (policy + base for the KL), the last group three times (old log-probs, policy, base).
+    assert n_full == 3 * (2 * (17 + 5) + 2 * (23 + 5) + 3 * (30 + 5))
+    assert n_shared == 2 * (16 + 18) + 2 * (22 + 18) + 3 * (29 + 18)
+
+
 # ---------------------------------------------------------------- training changes only LoRA weights
 
 def _peft_to_base_name(name):

@@ -15,7 +15,7 @@ import torch
 
 from policies import (BASE, CHATML, HFEngine, VLLMEngine, add_adapters, adapter_parameters, chat_prompt_ids,
                       completion_logprobs, load_adapters, load_model, policy_logprobs, route_adapter, save_adapters,
-                      tiny_tokenizer, use_adapter)
+                      shared_prompt_cache, tiny_tokenizer, use_adapter)
 
 EOS = 257  # tiny tokenizer: 256 byte tokens (0..255), <|im_start|> = 256, <|im_end|> = 257 (EOS and pad)
 
@@ -285,6 +285,81 @@ def test_completion_logprobs_temperature_and_gradient(lp_model):
     assert all(g is not None for g in grads) and any(float(g.abs().max()) > 0 for g in grads)
     for q in model.parameters():
         q.grad = None
+
+
+# ---------------------------------------------------------------- shared prompts
+
+def _count_embedded_tokens(model):
+    """A forward hook on the token embedding: a list whose sum is the number of token positions run so far."""
+    seen = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda _m, inp, _o: seen.append(inp[0].numel()))
+    return seen, handle
+
+
+def test_shared_prompt_logprobs_and_gradients_equal_full_passes(lp_model):
+    """Three prompts of different lengths, each continued by 2-3 rows: one pass per distinct prompt plus
+    [last prompt token + completion] per row gives the log-probs, entropies and LoRA gradients of a full
+    pass per row, and runs exactly the hand-counted number of token positions."""
+    model, _ = lp_model
+    P = {"a": [5, 6, 7, 8, 9, 10, 11], "b": [20, 21, 22, 23], "c": [30, 31, 32, 33, 34, 35, 36, 37, 38, 39]}
+    rows = [("a", [40, 41, 42]), ("b", [50]), ("a", [43, EOS]), ("c", [60, 61, 62, 63, 64]), ("b", [51, 52, 0, 53]),
+            ("c", [65, 66]), ("a", [44, 45, 46, 47]), ("c", [67])]
+    prompts, completions = [P[k] for k, _ in rows], [c for _, c in rows]
+    params = adapter_parameters(model, "shared")
+    results = {}
+    with use_adapter(model, "shared"):
+        for share in (False, True):
+            seen, handle = _count_embedded_tokens(model)
+            logp, mask, ent = completion_logprobs(model, prompts, completions, 0.7, with_entropy=True, share_prompts=share)
+            handle.remove()
+            (logp * torch.arange(1.0, 1 + logp.shape[0])[:, None]).sum().backward()  # rows weighted differently
+            results[share] = (logp.detach(), mask, ent, [q.grad.clone() for q in params], sum(seen))
+            for q in params:
+                q.grad = None
+    (lp0, m0, e0, g0, n0), (lp1, m1, e1, g1, n1) = results[False], results[True]
+    assert torch.equal(m0, m1)
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(e1, e0, atol=1e-5, rtol=0)
+    for a, b in zip(g1, g0):  # float rounding only: within 1e-5 of each tensor's largest entry (up to ~30)
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (float((a - b).abs().max()), float(b.abs().max()))
+    assert any(float(g.abs().max()) > 1e-3 for g in g0)  # the gradients compared are not all zero
+    # full: 8 rows x (longest prompt 10 + longest completion 5); shared: 3 prefixes x 9 + 8 rows x (1 + 5)
+    assert (n0, n1) == (8 * 15, 3 * 9 + 8 * 6)
+
+
+def test_shared_prompt_cache_needs_a_repeat(lp_model):
+    model, _ = lp_model
+    with torch.no_grad():
+        assert shared_prompt_cache(model, [[1, 2, 3], [4, 5, 6]], pad_id=0) is None  # all distinct: nothing to share
+        assert shared_prompt_cache(model, [[1], [1]], pad_id=0) is None              # no prefix before the last token
+        # the same prompt under two adapters is two distinct prefixes
+        assert shared_prompt_cache(model, [[1, 2], [1, 2]], 0, adapter_names=["x", "y"]) is None
+        cache, prefix_mask = shared_prompt_cache(model, [[1, 2, 3], [7, 8], [1, 2, 3]], pad_id=0)
+    assert prefix_mask.tolist() == [[1, 1], [0, 1], [1, 1]]  # gathered back to the rows, left-padded
+    assert cache.get_seq_length() == 2 and cache.layers[0].keys.shape[0] == 3
+    torch.testing.assert_close(cache.layers[0].keys[0], cache.layers[0].keys[2], atol=0, rtol=0)
+
+
+def test_shared_prompt_generation_equals_full_prefill(two_adapter_model):
+    """Greedy generation with each repeated (prompt, adapter) prefilled once equals a full prefill per row, in a
+    mixed-adapter batch (x, y, base) and in a single-adapter chunk; the prompts run once each."""
+    model, tok = two_adapter_model
+    prompts = [_prompt(tok, t) for t in PROMPT_TEXTS[:3]]
+    rows = [prompts[0], prompts[1], prompts[0], prompts[2], prompts[1], prompts[0]]
+    for adapters in (["x", "y", "x", BASE, "y", "y"], ["x"] * 6):
+        outs = {}
+        for share in (False, True):
+            engine = HFEngine(model, tok, max_new_tokens=10, temperature=0, share_prompts=share)
+            seen, handle = _count_embedded_tokens(model)
+            outs[share] = [g.completion_ids for g in engine.generate(rows, adapters)]
+            handle.remove()
+            outs[share, "first pass"] = seen[0]
+        assert outs[True] == outs[False]
+        distinct = {(tuple(p), a) for p, a in zip(rows, adapters)}
+        width = max(len(p) for p in rows)
+        assert outs[False, "first pass"] == 6 * width                  # prefill: every row's whole prompt
+        assert outs[True, "first pass"] == len(distinct) * (width - 1)  # once per distinct (prompt, adapter)
+    assert len({tuple(c) for c in outs[True]}) > 1  # the rows do differ (a mix-up between them would show)
 
 
 def test_use_adapter_base_disables_lora(lp_model):

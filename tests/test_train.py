@@ -137,6 +137,15 @@ def test_engine_vllm_without_vllm_is_a_one_line_install_error(monkeypatch):
     assert "\n" not in str(e.value)
 
 
+def test_resume_of_a_run_saved_before_a_flag_existed_takes_its_default(tmp_path):
+    """args.json of an older run lacks later flags (here --no-share-prompts): they take their defaults."""
+    saved = vars(train.parse_args([*TINY, "--no-share-prompts", "--lr", "0.123"]))
+    del saved["share_prompts"]
+    (tmp_path / "args.json").write_text(json.dumps(saved))
+    args = train.parse_args(["--resume", str(tmp_path)])
+    assert args.share_prompts is True and args.lr == 0.123 and args.run_dir == str(tmp_path)
+
+
 def test_unwritable_run_folder_and_bad_resume(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
