@@ -13,7 +13,9 @@ for tests), chat formatting, the Hugging Face generation engine (one batched
 call per workflow stage, each row routed to its own adapter through PEFT's
 mixed-adapter batches), the optional vLLM engine (`--engine vllm`: one LoRA
 request per row, adapters re-registered after every update), log-probs/entropy
-of completions under one adapter, and adapter save/load as standard PEFT folders.
+of completions under one adapter, shared prompt passes (GRPO's n rows of a prompt
+run it once and continue from its gathered KV cache, in the prefill and in the
+update), and adapter save/load as standard PEFT folders.
 
     python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once, prints the cache folder
 """

@@ -24,6 +24,7 @@ on both sides), so both do exactly the same number of tokens of work;
     python bench/bench_trl.py                                # tiny random model (a minute)
     python bench/bench_trl.py --model smollm2 --steps 3      # SmolLM2-135M (about 10 minutes on 2 cores)
     python bench/bench_trl.py --model smollm2 --steps 3 --skip-zero-advantage   # ours skips zero-advantage calls
+    python bench/bench_trl.py --no-share-prompts             # ours runs every row's prompt, as TRL does
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-zero-advantage", action="store_true", help="ours with --skip-zero-advantage (same step, "
                    "no forward/backward for zero-advantage calls; TRL has no such option)")
+    p.add_argument("--no-share-prompts", action="store_true", help="ours with --no-share-prompts (one pass per row "
+                   "over its whole prompt, as TRL does; default: each distinct prompt runs once per batch)")
     args = p.parse_args()
     try:
         from peft import LoraConfig
@@ -75,6 +78,7 @@ def main() -> None:
              "--agg", "seq-mean-token-mean", "--micro-batch-size", str(rows), "--gen-batch-size", str(rows),
              "--lr", "5e-4", "--warmup-steps", "0", "--difficulty", "0", "--val-every", "0"]
     flags += ["--skip-zero-advantage"] if args.skip_zero_advantage else []
+    flags += ["--no-share-prompts"] if args.no_share_prompts else []
     ours_args = train.parse_args(flags)
     train.seed_everything(0)
     model, tokenizer, optimizers, engine, opts, settings = train.build_trainer(ours_args, "cpu")
