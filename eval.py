@@ -34,6 +34,7 @@ import re
 import statistics
 import sys
 import time
+from typing import NoReturn
 
 import torch
 from tqdm import tqdm
@@ -70,9 +71,28 @@ def dataset_name(run_args: dict) -> str:
     return re.sub(r"\.(jsonl|json|parquet)$", "", os.path.basename(str(run_args["data"]).rstrip("/")))
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (`error: argument --n: ...`), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def usage_error(message: str) -> NoReturn:
+    """Bad input found before anything was loaded or written: one line on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def read_run_args(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "args.json")) as f:
-        return json.load(f)
+    """RUN/args.json; a folder that is not a run folder is a one-line error."""
+    try:
+        with open(os.path.join(run_dir, "args.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        usage_error(f"{run_dir}: not a run folder (no args.json; train.py writes one)")
+    except (OSError, ValueError) as e:
+        usage_error(f"{run_dir}: unreadable args.json ({e})")
 
 
 def adapters_folder(run_dir: str, step: int) -> str:
@@ -84,7 +104,7 @@ def checkpoint_source(run_dir: str, mode: str, sa_run: str | None) -> str:
     if mode != "sa-transfer":
         return run_dir
     if not sa_run:
-        raise SystemExit("error: --mode sa-transfer needs --sa-run RUN (a single-agent run folder)")
+        usage_error("--mode sa-transfer needs --sa-run RUN (a single-agent run folder)")
     return sa_run
 
 
@@ -95,9 +115,9 @@ def resolve_step(run_dir: str, mode: str, step: int | None, sa_run: str | None) 
     source = checkpoint_source(run_dir, mode, sa_run)
     steps = checkpoint_steps(source)
     if not steps:
-        raise SystemExit(f"error: {source} has no checkpoints")
+        usage_error(f"{source} has no checkpoints")
     if step is not None and step not in steps:
-        raise SystemExit(f"error: {source} has no checkpoint for step {step} (have {steps})")
+        usage_error(f"{source} has no checkpoint for step {step} (have {steps})")
     return steps[-1] if step is None else step
 
 
@@ -170,10 +190,10 @@ def check_sa_run(run_args: dict, sa_run: str) -> dict:
     """The SA run's args, after checking it is a single-agent run on the same model and task."""
     sa_args = read_run_args(sa_run)
     if sa_args["workflow"] != "single":
-        raise SystemExit(f"error: --sa-run {sa_run} trained workflow {sa_args['workflow']!r}, not 'single'")
+        usage_error(f"--sa-run {sa_run} trained workflow {sa_args['workflow']!r}, not 'single'")
     for key in ("model", "task"):
         if sa_args[key] != run_args[key]:
-            raise SystemExit(f"error: --sa-run {sa_run} has {key} {sa_args[key]!r} but --run has {run_args[key]!r}")
+            usage_error(f"--sa-run {sa_run} has {key} {sa_args[key]!r} but --run has {run_args[key]!r}")
     return sa_args
 
 
@@ -250,7 +270,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], n: int = 1, temper
     """Evaluate each step (ignored for `base`) of one mode, loading the model once; one result record each,
     appended to `results_path` as soon as it is done (so an interrupted --every-checkpoint resumes)."""
     if mode not in MODES:
-        raise SystemExit(f"error: unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+        usage_error(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
     if not steps:  # nothing left to evaluate: do not even load the model
         return []
     run_args = read_run_args(run_dir)
@@ -303,7 +323,7 @@ ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"), ("respons
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    """RUN/metrics.jsonl as a list of step records (train.py writes NaN for undefined rates; json reads it)."""
+    """RUN/metrics.jsonl as a list of step records (undefined rates are null)."""
     return read_results(os.path.join(run_dir, "metrics.jsonl"))
 
 
@@ -362,7 +382,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
         train_lines = [m for m in read_metrics(run) if m["step"] > 0]
         for j, role in enumerate(ROLES[read_run_args(run)["workflow"]]):
             for panel, (key, _) in zip(axes.flat, ROLE_PANELS):
-                points = [(m["step"], m[f"{role}/{key}"]) for m in train_lines if f"{role}/{key}" in m]
+                points = [(m["step"], m[f"{role}/{key}"]) for m in train_lines if m.get(f"{role}/{key}") is not None]
                 if points:
                     panel.plot(*zip(*points), color=colors[i % len(colors)], linestyle=styles[j % len(styles)],
                                label=f"{label} {role}")
@@ -406,7 +426,7 @@ def results_table(records: list[dict]) -> str:
 
 
 def table_main(argv: list[str]) -> str:
-    p = argparse.ArgumentParser(prog="eval.py table", description="Print the evaluation results of one or more "
+    p = Parser(prog="eval.py table", description="Print the evaluation results of one or more "
                                 "runs (their eval.jsonl) as one markdown table.")
     p.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
     args = p.parse_args(argv)
@@ -414,8 +434,10 @@ def table_main(argv: list[str]) -> str:
     for path in args.results:
         path = os.path.join(path, "eval.jsonl") if os.path.isdir(path) else path
         if not os.path.exists(path):
-            raise SystemExit(f"error: no results at {path} (run `python eval.py --run RUN` first)")
+            usage_error(f"no evaluation results at {path} (run `python eval.py --run RUN` first)")
         records += read_results(path)
+    if not records:
+        usage_error(f"no evaluation records in {', '.join(args.results)} (run `python eval.py --run RUN` first)")
     table = results_table(records)
     print(table)
     return table
@@ -424,11 +446,15 @@ def table_main(argv: list[str]) -> str:
 # ---------------------------------------------------------------- command line
 
 def plot_main(argv: list[str]) -> dict[str, tuple]:
-    p = argparse.ArgumentParser(prog="eval.py plot", description="Plot validation accuracy and per-role training "
+    p = Parser(prog="eval.py plot", description="Plot validation accuracy and per-role training "
                                 "metrics of one or more runs (PNG).")
     p.add_argument("runs", nargs="+", help="run folders written by train.py (each with args.json, metrics.jsonl)")
     p.add_argument("--out", default=None, help="folder for the PNGs (default: plots/ beside the first run)")
     args = p.parse_args(argv)
+    for run in args.runs:  # every run readable before any figure is drawn
+        read_run_args(run)
+        if not read_metrics(run):
+            usage_error(f"{run}: no metrics yet (metrics.jsonl is missing or empty)")
     out_dir = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
     figures = plot_runs(args.runs, out_dir)
     for _, path in figures.values():
@@ -444,7 +470,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if argv[:1] == ["table"]:
         table_main(argv[1:])
         return []
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run folder written by train.py: the workflow, split and sampling "
                    "settings evaluated (and, for trained, the checkpoints)")
     p.add_argument("--mode", default="trained", choices=MODES, help="base: adapters off; trained: the run's "
@@ -463,11 +489,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    "RUN/trajectories/<dataset>/<mode>-step_<N>/ (off by default: it is large)")
     p.add_argument("--out", default=None, help="JSONL to append results to (default RUN/eval.jsonl)")
     args = p.parse_args(argv)
+    read_run_args(args.run)  # a folder that is not a run: one line
+    if args.mode == "sa-transfer" and args.sa_run:
+        read_run_args(args.sa_run)
+    if args.n < 1:
+        usage_error(f"argument --n: must be >= 1, got {args.n}")
+    if args.temperature is not None and not 0 <= args.temperature < math.inf:
+        usage_error(f"argument --temperature: must be >= 0, got {args.temperature}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
+                                                                  and not torch.cuda.is_available()):
+        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA device")
     out = args.out or os.path.join(args.run, "eval.jsonl")
     sa_run = args.sa_run if args.mode == "sa-transfer" else None
     if args.every_checkpoint:
         if args.mode == "base":
-            raise SystemExit("error: --every-checkpoint needs --mode trained or sa-transfer (base has no checkpoints)")
+            usage_error("--every-checkpoint needs --mode trained or sa-transfer (base has no checkpoints)")
         dataset, done = dataset_name(read_run_args(args.run)), done_keys(out)
         steps = [s for s in checkpoint_steps(checkpoint_source(args.run, args.mode, sa_run))
                  if result_key(args.mode, s, dataset, args.n, sa_run) not in done]

