@@ -1,22 +1,27 @@
 """Evaluate a workflow (base model, trained checkpoints, or a single-agent adapter dropped into it) and plot runs.
 
-Paper: "Metrics the reference logs" and findings 1-2 in ../shared/PAPER.md. Evaluation reports mean accuracy,
-unbiased pass@k, per checkpoint, in three modes:
+Method notes: "Evaluation" and findings 1-2 in docs/method.md. Evaluation reports mean accuracy, unbiased pass@k and
+per-role statistics, per checkpoint, in four modes:
 
 - `base`: adapters off, the model every run starts from (recorded as step 0: LoRA B = 0 at init);
 - `trained`: a run's checkpoint, each role routed to its own adapter as in training (SP: `shared`, IP: per role);
 - `sa-transfer`: the adapter of a single-agent run (`--sa-run`) used for *every* role of the `--run`'s workflow:
-  finding 1 compares trained workflows against SA-RL dropped into the same structure.
+  finding 1 compares trained workflows against SA-RL dropped into the same structure;
+- `sa-generator-transfer`: that adapter for the solving roles only (generators, workers); the supervising roles
+  (aggregator, evaluator, orchestrator, synthesizer) run on the base model.
 
 The run folder remembers how it was trained (RUN/args.json: model, workflow, policy, task, workflow options),
-so the evaluated workflow, split and sampling settings always come from `--run`. To transfer an SA adapter into
-a workflow you have not trained, make an untrained run folder for it: `python train.py --workflow voting
---steps 0 --val-every 0 --run-dir runs/voting-untrained`.
+so the evaluated workflow, split and sampling settings come from `--run`; `--data FILE` evaluates another set in
+the run's task format (AIME 2025 for math, DeepCoder's test split for code). A paper cell's run is evaluated with
+the paper's evaluation lengths (longer responses than in training: math 8,192, code 5,120). To transfer an SA
+adapter into a workflow you have not trained, make an untrained run folder for it: `python train.py --workflow
+voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`.
 
     python eval.py --run runs/voting-ip --mode base --n 4                       # the base model, 4 samples per task
     python eval.py --run runs/voting-ip --mode trained --step 10 --dump         # one checkpoint, trajectories kept
     python eval.py --run runs/voting-ip --mode trained --every-checkpoint       # all saved steps not yet evaluated
     python eval.py --run runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --n 4
+    python eval.py --run runs/voting-ip --data aime2025.jsonl                   # another evaluation set
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]        # PNG curves from metrics.jsonl
     python eval.py table runs/voting-ip runs/voting-sp                          # their eval.jsonl as one table
 
@@ -34,22 +39,26 @@ import re
 import statistics
 import sys
 import time
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Callable, NoReturn
 
 import torch
 from tqdm import tqdm
 
-from policies import BASE, HFEngine, add_adapters, load_adapters, load_model, read_adapters, route_adapter
-from train import checkpoint_folder, checkpoint_steps, load_tasks, seed_everything
-from workflows import ROLES, Episode, WorkflowOptions, assign_rewards, episode_metrics, rollout
+import tasks as T
+from policies import (BASE, HFEngine, add_adapters, chat_prompt_ids, checkpoint_folder, checkpoint_steps,
+                      load_adapters, load_model, read_adapters, route_adapter, seed_everything)
+from workflows import PAPER_LENGTHS, ROLES, Episode, WorkflowOptions, assign_rewards, episode_metrics, rollout
 
-MODES = ("base", "trained", "sa-transfer")
-SA_ADAPTER = "sa"  # the one adapter every role samples with under sa-transfer (its name shows in dumps)
+MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
+SA_MODES = ("sa-transfer", "sa-generator-transfer")  # the modes that load a single-agent run's adapter
+SA_ADAPTER = "sa"  # the name that adapter takes here (it shows in dumps)
+SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: these get the SA adapter, the rest the base model
 
 # ---------------------------------------------------------------- run folders and their names
 
 WORKFLOW_NAMES = {"single": "Single", "voting": "Voting", "evalopt": "EvalOpt", "orchworkers": "OrchWorkers"}
-SCALE_NAMES = {"smollm2": "SmolLM2", "tiny": "Tiny"}
+SCALE_NAMES = {"smollm2": "SmolLM2", "tiny": "Tiny", "tiny-qwen3": "TinyQwen3", "random-qwen3-0.6b": "Random0.6B"}
 TASK_NAMES = {"math": "Math", "dapo": "Math", "code": "Code", "deepcoder": "Code"}
 
 
@@ -62,8 +71,11 @@ def cell_name(run_args: dict) -> str:
                      scale, TASK_NAMES.get(run_args["task"], run_args["task"])])
 
 
-def dataset_name(run_args: dict) -> str:
-    """Short name of the evaluated split: `math-d0`, `humaneval`, or the data file / hub dataset's name."""
+def dataset_name(run_args: dict, data: str | None = None) -> str:
+    """Short name of the evaluated set: `math-d0`, `humaneval`, or the data file / hub dataset's name (`data`:
+    another evaluation set than the run's own)."""
+    if data:
+        return re.sub(r"\.(jsonl|json|parquet)$", "", os.path.basename(data.rstrip("/")))
     if run_args["task"] == "math":
         return f"math-d{run_args['difficulty']}"
     if run_args["task"] == "code":
@@ -100,11 +112,11 @@ def adapters_folder(run_dir: str, step: int) -> str:
 
 
 def checkpoint_source(run_dir: str, mode: str, sa_run: str | None) -> str:
-    """The run whose checkpoints a mode loads: the SA run under sa-transfer, else the run itself."""
-    if mode != "sa-transfer":
+    """The run whose checkpoints a mode loads: the SA run under the SA modes, else the run itself."""
+    if mode not in SA_MODES:
         return run_dir
     if not sa_run:
-        usage_error("--mode sa-transfer needs --sa-run RUN (a single-agent run folder)")
+        usage_error(f"--mode {mode} needs --sa-run RUN (a single-agent run folder)")
     return sa_run
 
 
@@ -159,19 +171,26 @@ def evaluation_metrics(episodes: list[Episode]) -> dict[str, float | None]:
 
 # ---------------------------------------------------------------- model and engine per mode
 
-def mode_adapter_override(mode: str) -> str | None:
-    """What `rollout(adapter_override=...)` gets: adapters off, the run's own SP/IP routing, or the SA adapter."""
-    return {"base": BASE, "trained": None, "sa-transfer": SA_ADAPTER}[mode]
+def mode_route(mode: str, policy: str) -> Callable[[str], str]:
+    """Call name -> adapter under each mode: adapters off (base), the run's own SP/IP routing (trained), the SA
+    adapter for every role (sa-transfer), or for the solving roles only, the rest on the base model."""
+    if mode == "base":
+        return lambda name: BASE
+    if mode == "trained":
+        return lambda name: route_adapter(name, policy)
+    if mode == "sa-transfer":
+        return lambda name: SA_ADAPTER
+    return lambda name: SA_ADAPTER if route_adapter(name, "ip") in SOLVING_ROLES else BASE  # ip: the role type
 
 
 def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
     """(model, tokenizer) for a mode: the plain base model (`base`), the run's adapters (`trained`), or one
-    adapter shaped like the SA run's (`sa-transfer`). Checkpoint weights are loaded by `load_step`."""
+    adapter shaped like the SA run's (SA modes). Checkpoint weights are loaded by `load_step`."""
     model, tokenizer = load_model(run_args["model"], getattr(torch, run_args["dtype"]), device, run_args["seed"])
     if mode == "trained":
         adapters = sorted({route_adapter(r, run_args["policy"]) for r in ROLES[run_args["workflow"]]})
         model = add_adapters(model, adapters, run_args["lora_rank"], run_args["lora_alpha"])
-    elif mode == "sa-transfer":
+    elif mode in SA_MODES:
         model = add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"], sa_args["lora_alpha"])
     return model, tokenizer
 
@@ -180,7 +199,7 @@ def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict 
     """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter as `sa`."""
     if mode == "trained":
         load_adapters(model, adapters_folder(run_dir, step))
-    elif mode == "sa-transfer":  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
+    elif mode in SA_MODES:  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
         saved = route_adapter("generator", sa_args["policy"])
         weights = read_adapters(adapters_folder(sa_run, step), [saved], str(model.device))
         load_adapters(model, "", {SA_ADAPTER: weights[saved]})
@@ -197,14 +216,32 @@ def check_sa_run(run_args: dict, sa_run: str) -> dict:
     return sa_args
 
 
-def run_episodes(tasks, n: int, run_args: dict, engine, tokenizer, override: str | None,
-                 desc: str = "eval") -> list[Episode]:
+def eval_lengths(run_args: dict) -> tuple[int | None, int]:
+    """(prompt, response) token limits: a paper cell's evaluation lengths, else the run's training ones."""
+    if run_args.get("cell"):
+        return PAPER_LENGTHS["code" if run_args["task"] in ("code", "deepcoder") else "math", run_args["workflow"]][2:]
+    return run_args.get("max_prompt_tokens"), run_args["max_new_tokens"]
+
+
+def eval_tasks(run_args: dict, data: str | None) -> list[T.Task]:
+    """The run's validation split, or every row of `data` read in the run's task format; bad rows: one line."""
+    try:
+        if data is None:
+            return T.load_split(run_args["task"], run_args["data"], run_args["data_config"], run_args["n_train"],
+                                run_args["n_val"], run_args["difficulty"], run_args["seed"])[1]
+        return (T.load_code if run_args["task"] in ("code", "deepcoder") else T.load_math)(data)
+    except (T.DataError, ValueError) as e:
+        usage_error(str(e))
+
+
+def run_episodes(tasks, n: int, run_args: dict, engine, tokenizer, route: Callable[[str], str],
+                 max_prompt_tokens: int | None, desc: str = "eval") -> list[Episode]:
     """n episodes per task, stage-batched as in training, rewarded with the run's credit (for the dumps)."""
     opts = WorkflowOptions(run_args["one_shot"], run_args["n_votes"], run_args["max_iterations"],
                            run_args["max_subtasks"])
-    episodes = rollout(tasks, n, run_args["workflow"], engine, tokenizer, run_args["policy"], opts,
-                       run_args["enable_thinking"], adapter_override=override, desc=desc,
-                       max_prompt_tokens=run_args.get("max_prompt_tokens"))  # as the run trained (absent: no limit)
+    episodes = rollout(tasks, n, run_args["workflow"], engine,
+                       lambda messages: chat_prompt_ids(tokenizer, messages, run_args["enable_thinking"]), route, opts,
+                       max_prompt_tokens, desc=desc)
     assign_rewards(episodes, run_args["credit"])
     return episodes
 
@@ -227,8 +264,8 @@ def episode_record(ep: Episode) -> dict:
 def trajectory_folder(run_dir: str, dataset: str, mode: str, step: int, sa_run: str | None = None) -> str:
     """RUN/trajectories/<dataset>/<mode>-step_<N>: one folder per evaluated checkpoint and mode (base: step 0;
     sa-transfer: `sa-transfer-<SA run folder name>-step_<N>`, since several SA runs may go into one workflow)."""
-    if mode == "sa-transfer":
-        mode = f"sa-transfer-{os.path.basename(os.path.normpath(sa_run or 'sa'))}"
+    if mode in SA_MODES:
+        mode = f"{mode}-{os.path.basename(os.path.normpath(sa_run or 'sa'))}"
     return os.path.join(run_dir, "trajectories", dataset, f"{mode}-step_{step:06d}")
 
 
@@ -264,56 +301,69 @@ def done_keys(results_path: str) -> set[tuple]:
 
 # ---------------------------------------------------------------- evaluate
 
-def evaluate_steps(run_dir: str, mode: str, steps: list[int], n: int = 1, temperature: float | None = None,
-                   seed: int = 0, sa_run: str | None = None, dump: bool = False, device: str = "auto",
-                   results_path: str | None = None) -> list[dict]:
+@dataclass
+class EvalSettings:
+    """How to evaluate (the command line of `python eval.py`); the workflow itself comes from the run."""
+    n: int = 1                           # samples per task: accuracy is their mean, pass@k for k <= n
+    temperature: float | None = None     # None: the run's sampling temperature
+    seed: int = 0                        # the same sampling seed for every checkpoint
+    sa_run: str | None = None            # SA modes: the single-agent run whose adapter is transferred
+    dump: bool = False                   # one JSON file per episode
+    device: str = "auto"
+    results_path: str | None = None      # JSONL the records are appended to
+    data: str | None = None              # another evaluation set (None: the run's validation split)
+    max_new_tokens: int | None = None    # None: eval_lengths
+    max_prompt_tokens: int | None = None
+
+
+def evaluate_steps(run_dir: str, mode: str, steps: list[int], cfg: EvalSettings) -> list[dict]:
     """Evaluate each step (ignored for `base`) of one mode, loading the model once; one result record each,
-    appended to `results_path` as soon as it is done (so an interrupted --every-checkpoint resumes)."""
+    appended to `cfg.results_path` as soon as it is done (so an interrupted --every-checkpoint resumes)."""
     if mode not in MODES:
         usage_error(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
     if not steps:  # nothing left to evaluate: do not even load the model
         return []
     run_args = read_run_args(run_dir)
-    sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run)) if mode == "sa-transfer" else None
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    _, val_tasks = load_tasks(argparse.Namespace(**run_args))
+    sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, cfg.sa_run)) if mode in SA_MODES else None
+    tasks = eval_tasks(run_args, cfg.data)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = build_model(run_args, mode, sa_args, device)
-    temp = run_args["temperature"] if temperature is None else temperature
-    engine = HFEngine(model, tokenizer, run_args["max_new_tokens"], temp, run_args["top_p"], run_args["gen_batch_size"])
-    dataset = dataset_name(run_args)
+    temp = run_args["temperature"] if cfg.temperature is None else cfg.temperature
+    max_prompt, max_new = eval_lengths(run_args)
+    max_prompt, max_new = cfg.max_prompt_tokens or max_prompt, cfg.max_new_tokens or max_new
+    engine = HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"])
+    dataset = dataset_name(run_args, cfg.data)
     records = []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
-        load_step(model, mode, run_dir, sa_run, sa_args, step)
-        seed_everything(seed)  # every checkpoint samples with the same seed: differences are the weights'
+        load_step(model, mode, run_dir, cfg.sa_run, sa_args, step)
+        seed_everything(cfg.seed)  # every checkpoint samples with the same seed: differences are the weights'
         start = time.time()
-        episodes = run_episodes(val_tasks, n, run_args, engine, tokenizer, mode_adapter_override(mode),
-                                desc=f"eval {mode} step {step}")
+        episodes = run_episodes(tasks, cfg.n, run_args, engine, tokenizer, mode_route(mode, run_args["policy"]),
+                                max_prompt, desc=f"eval {mode} step {step}")
         record = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
-                  "workflow": run_args["workflow"], "policy": run_args["policy"], "mode": mode, "n": n,
-                  "tasks": len(val_tasks), "temperature": temp, "seed": seed, "time_s": round(time.time() - start, 1),
-                  "metrics": evaluation_metrics(episodes)}
-        if mode == "sa-transfer":
-            record.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
-        if dump:
-            record["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, sa_run)
+                  "workflow": run_args["workflow"], "policy": run_args["policy"], "mode": mode, "n": cfg.n,
+                  "tasks": len(tasks), "temperature": temp, "max_new_tokens": max_new, "seed": cfg.seed,
+                  "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(episodes)}
+        if mode in SA_MODES:
+            record.update(sa_run=os.path.normpath(cfg.sa_run), sa_cell=cell_name(sa_args))
+        if cfg.dump:
+            record["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, cfg.sa_run)
             dump_trajectories(episodes, record["trajectories"])
-        if results_path:
-            with open(results_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if cfg.results_path:
+            with open(cfg.results_path, "a") as f:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
         m = record["metrics"]
         tqdm.write(f"{record['cell']} {mode} step {step}: accuracy {m['accuracy']:.3f} (std {m['accuracy_std']:.3f} "
-                   f"over {n} samples x {len(val_tasks)} tasks), "
+                   f"over {cfg.n} samples x {len(tasks)} tasks), "
                    + ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("pass@")))
         records.append(record)
     return records
 
 
-def evaluate(run_dir: str, mode: str = "trained", step: int | None = None, n: int = 1,
-             temperature: float | None = None, seed: int = 0, sa_run: str | None = None, dump: bool = False,
-             device: str = "auto") -> dict:
+def evaluate(run_dir: str, mode: str = "trained", step: int | None = None, **settings) -> dict:
     """One evaluation record (see `evaluate_steps`); `step` defaults to the latest checkpoint."""
-    return evaluate_steps(run_dir, mode, [resolve_step(run_dir, mode, step, sa_run)], n, temperature, seed, sa_run,
-                          dump, device)[0]
+    cfg = EvalSettings(**settings)
+    return evaluate_steps(run_dir, mode, [resolve_step(run_dir, mode, step, cfg.sa_run)], cfg)[0]
 
 
 # ---------------------------------------------------------------- plots
@@ -417,7 +467,7 @@ def results_table(records: list[dict]) -> str:
              "|---|---|---|---|" + "---|" * len(columns)]
     for r in records:
         m = r["metrics"]
-        mode = f"sa-transfer ({r['sa_cell']})" if r["mode"] == "sa-transfer" else r["mode"]
+        mode = f"{r['mode']} ({r['sa_cell']})" if r["mode"] in SA_MODES else r["mode"]
         accuracy = f"{m['accuracy']:.3f}" + (f" ± {m['accuracy_std']:.3f}" if r["n"] > 1 else "")  # std needs n > 1
         cells = [accuracy if k == "accuracy"
                  else "-" if m.get(k) is None else f"{m[k]:.3f}" for k in columns]
@@ -425,11 +475,8 @@ def results_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def table_main(argv: list[str]) -> str:
-    p = Parser(prog="eval.py table", description="Print the evaluation results of one or more "
-                                "runs (their eval.jsonl) as one markdown table.")
-    p.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
-    args = p.parse_args(argv)
+def table_command(args: argparse.Namespace) -> str:
+    """`eval.py table`: the records of the given runs' eval.jsonl (or JSONL files), printed as one table."""
     records = []
     for path in args.results:
         path = os.path.join(path, "eval.jsonl") if os.path.isdir(path) else path
@@ -443,15 +490,9 @@ def table_main(argv: list[str]) -> str:
     return table
 
 
-# ---------------------------------------------------------------- command line
-
-def plot_main(argv: list[str]) -> dict[str, tuple]:
-    p = Parser(prog="eval.py plot", description="Plot validation accuracy and per-role training "
-                                "metrics of one or more runs (PNG).")
-    p.add_argument("runs", nargs="+", help="run folders written by train.py (each with args.json, metrics.jsonl)")
-    p.add_argument("--out", default=None, help="folder for the PNGs (default: plots/ beside the first run)")
-    args = p.parse_args(argv)
-    for run in args.runs:  # every run readable before any figure is drawn
+def plot_command(args: argparse.Namespace) -> dict[str, tuple]:
+    """`eval.py plot`: every run readable and with metrics before any figure is drawn; then the PNGs."""
+    for run in args.runs:
         read_run_args(run)
         if not read_metrics(run):
             usage_error(f"{run}: no metrics yet (metrics.jsonl is missing or empty)")
@@ -462,56 +503,89 @@ def plot_main(argv: list[str]) -> dict[str, tuple]:
     return figures
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["plot"]:
-        plot_main(argv[1:])
-        return []
-    if argv[:1] == ["table"]:
-        table_main(argv[1:])
-        return []
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="run folder written by train.py: the workflow, split and sampling "
+# ---------------------------------------------------------------- command line
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default after its help."""
+
+
+def build_parser() -> Parser:
+    p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    commands = p.add_subparsers(dest="command", title="commands (default: evaluate --run)")
+    plot = commands.add_parser("plot", help="PNG curves of runs: validation accuracy, per-role training metrics",
+                               formatter_class=HelpFormatter)
+    plot.add_argument("runs", nargs="+", help="run folders written by train.py")
+    plot.add_argument("--out", default=None, help="folder for the PNGs (default: plots/ beside the first run)")
+    table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
+    table.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
+    g = p.add_argument_group("evaluate")
+    g.add_argument("--run", default=None, help="run folder written by train.py: the workflow, split and sampling "
                    "settings evaluated (and, for trained, the checkpoints)")
-    p.add_argument("--mode", default="trained", choices=MODES, help="base: adapters off; trained: the run's "
-                   "adapters, each role routed as in training; sa-transfer: --sa-run's adapter for every role")
-    p.add_argument("--sa-run", default=None, help="sa-transfer: a single-agent run folder (same model and task)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step, of --sa-run under sa-transfer "
-                   "(default: the latest)")
-    p.add_argument("--every-checkpoint", action="store_true", help="evaluate every saved step, skipping those "
-                   "already in the results file with the same mode, dataset and --n")
-    p.add_argument("--n", type=int, default=1, help="samples per task: accuracy is their mean, pass@k for "
+    g.add_argument("--mode", default="trained", choices=MODES, help="base: adapters off; trained: the run's adapters "
+                   "as in training; sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
+                   "generators and workers only")
+    g.add_argument("--sa-run", default=None, help="SA modes: a single-agent run folder (same model and task)")
+    g.add_argument("--step", type=int, default=None, help="checkpoint step (SA modes: of --sa-run); default: the "
+                   "latest")
+    g.add_argument("--every-checkpoint", action="store_true", help="evaluate every saved step not yet in the "
+                   "results file with the same mode, dataset and --n")
+    g.add_argument("--data", default=None, help="evaluate on this file instead of the run's validation split, in the "
+                   "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test split)")
+    g.add_argument("--n", type=int, default=1, help="samples per task: accuracy is their mean, pass@k for "
                    "k = 1, 2, 4... <= n (paper: 8)")
-    p.add_argument("--temperature", type=float, default=None, help="default: the run's sampling temperature")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every checkpoint")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--dump", action="store_true", help="write one JSON file per episode under "
-                   "RUN/trajectories/<dataset>/<mode>-step_<N>/ (off by default: it is large)")
-    p.add_argument("--out", default=None, help="JSONL to append results to (default RUN/eval.jsonl)")
-    args = p.parse_args(argv)
+    g.add_argument("--temperature", type=float, default=None, help="default: the run's sampling temperature")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="default: a paper cell's evaluation length "
+                   "(math 8192, code 5120), else the run's")
+    g.add_argument("--max-prompt-tokens", type=int, default=None, help="default: a paper cell's evaluation limit, "
+                   "else the run's")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every checkpoint")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--dump", action="store_true", help="write one JSON file per episode under "
+                   "RUN/trajectories/<dataset>/<mode>-step_<N>/")
+    g.add_argument("--out", default=None, help="JSONL to append results to (default: RUN/eval.jsonl)")
+    return p
+
+
+def check_eval_args(args: argparse.Namespace) -> None:
+    """One line for each bad value, before any model loads."""
+    if not args.run:
+        usage_error("--run RUN is needed (or a command: plot, table; see --help)")
     read_run_args(args.run)  # a folder that is not a run: one line
-    if args.mode == "sa-transfer" and args.sa_run:
+    if args.mode in SA_MODES and args.sa_run:
         read_run_args(args.sa_run)
-    if args.n < 1:
-        usage_error(f"argument --n: must be >= 1, got {args.n}")
+    for flag in ("n", "max_new_tokens", "max_prompt_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            usage_error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
     if args.temperature is not None and not 0 <= args.temperature < math.inf:
         usage_error(f"argument --temperature: must be >= 0, got {args.temperature}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
                                                                   and not torch.cuda.is_available()):
         usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA device")
+    if args.every_checkpoint and args.mode == "base":
+        usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
+
+
+def main(argv: list[str] | None = None):
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "plot":
+        return plot_command(args)
+    if args.command == "table":
+        return table_command(args)
+    check_eval_args(args)
     out = args.out or os.path.join(args.run, "eval.jsonl")
-    sa_run = args.sa_run if args.mode == "sa-transfer" else None
+    cfg = EvalSettings(n=args.n, temperature=args.temperature, seed=args.seed,
+                       sa_run=args.sa_run if args.mode in SA_MODES else None, dump=args.dump, device=args.device,
+                       results_path=out, data=args.data, max_new_tokens=args.max_new_tokens,
+                       max_prompt_tokens=args.max_prompt_tokens)
     if args.every_checkpoint:
-        if args.mode == "base":
-            usage_error("--every-checkpoint needs --mode trained or sa-transfer (base has no checkpoints)")
-        dataset, done = dataset_name(read_run_args(args.run)), done_keys(out)
-        steps = [s for s in checkpoint_steps(checkpoint_source(args.run, args.mode, sa_run))
-                 if result_key(args.mode, s, dataset, args.n, sa_run) not in done]
+        run_args, done = read_run_args(args.run), done_keys(out)
+        dataset = dataset_name(run_args, args.data)
+        steps = [s for s in checkpoint_steps(checkpoint_source(args.run, args.mode, cfg.sa_run))
+                 if result_key(args.mode, s, dataset, args.n, cfg.sa_run) not in done]
         print(f"{len(steps)} checkpoint(s) to evaluate: {steps}")
     else:
-        steps = [resolve_step(args.run, args.mode, args.step, sa_run)]
-    return evaluate_steps(args.run, args.mode, steps, args.n, args.temperature, args.seed, sa_run, args.dump,
-                          args.device, results_path=out)
+        steps = [resolve_step(args.run, args.mode, args.step, cfg.sa_run)]
+    return evaluate_steps(args.run, args.mode, steps, cfg)
 
 
 if __name__ == "__main__":

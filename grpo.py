@@ -28,7 +28,7 @@ from typing import Hashable
 import torch
 from tqdm import tqdm
 
-from policies import adapter_parameters, completion_logprobs, micro_batch_order, policy_logprobs, use_adapter
+from policies import adapter_parameters, completion_logprobs, micro_batches, policy_logprobs, use_adapter
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -123,7 +123,8 @@ class Sample:
 class UpdateSettings:
     """GRPO update hyperparameters; train.py fills them from its flags (paper values as defaults)."""
     mini_batch_size: int = 512         # samples per optimizer step (paper: 64 tasks x 8)
-    micro_batch_size: int = 8          # rows per forward/backward (memory only: gradients are identical)
+    micro_batch_size: int = 8          # rows per forward/backward at most (memory only: gradients are identical)
+    max_tokens_per_micro_batch: int = 1 << 62  # padded tokens per forward/backward at most (verl: dynamic bsz)
     agg: str = "seq-mean-token-mean"   # loss aggregation (paper default)
     norm_len: int = 512                # constant length for seq-mean-token-sum-norm (the response budget)
     clip_low: float = 0.2
@@ -145,13 +146,26 @@ class UpdateSettings:
     #                                    unchanged; per-token stats (entropy, clip_frac...) then cover trained rows
 
 
-def make_optimizers(model, adapters: list[str], lr: float = 2e-5, weight_decay: float = 0.01,
-                    warmup_steps: int = 15) -> dict[str, tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]]:
-    """One AdamW + linear-warmup schedule per adapter (IP roles never share optimizer state)."""
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str = "constant") -> float:
+    """The learning rate of training step `step` + 1 (the scheduler counts from 0), as a fraction of --lr: linear
+    warm-up over `warmup_steps`, then constant, or a half cosine that reaches 0 at training step `total_steps`."""
+    t = step + 1
+    if t <= warmup_steps:
+        return t / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(t - warmup_steps, total_steps - warmup_steps)
+                                 / max(total_steps - warmup_steps, 1)))
+
+
+def make_optimizers(model, adapters: list[str], lr: float = 2e-5, weight_decay: float = 0.01, warmup_steps: int = 15,
+                    schedule: str = "constant", total_steps: int = 500
+                    ) -> dict[str, tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]]:
+    """One AdamW + schedule (`lr_multiplier`) per adapter: IP roles never share optimizer state."""
     out = {}
     for a in adapters:
         opt = torch.optim.AdamW(adapter_parameters(model, a), lr=lr, weight_decay=weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup_steps, total_steps, schedule))
         out[a] = (opt, sched)
     return out
 
@@ -188,90 +202,105 @@ def old_logprobs(model, adapter: str, group: list[Sample], step_size: int,
         return [None] * len(group)
     return [None] * step_size + policy_logprobs(model, adapter, [s.prompt_ids for s in later],
                                                 [s.completion_ids for s in later], cfg.micro_batch_size,
-                                                cfg.temperature, cfg.share_prompts)
+                                                cfg.temperature, cfg.share_prompts, cfg.max_tokens_per_micro_batch)
 
 
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step over all adapters; returns per-role metrics (`role/name`) and totals.
 
-    For each adapter: old log-probs of its samples (before any step), then one
-    optimizer step per mini-batch of `mini_batch_size` samples (or a single step
-    over all of them with `merge_instance_steps`), accumulating over micro-batches.
-    `grad_ema` carries the I6 gradient averages from step to step (train.py owns it).
+    For each adapter with samples: old log-probs of its samples (before any step), then one optimizer step per
+    mini-batch (`update_adapter`). Every adapter's schedule advances once per training step, as in verl, whether
+    or not it had samples. `grad_ema` carries the I6 gradient averages from step to step (train.py owns it).
     """
     by_adapter: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         if s.completion_ids:
             by_adapter[s.adapter].append(s)
-    stats: dict[str, list[float]] = defaultdict(list)  # key -> values to average
-    sums: dict[str, float] = defaultdict(float)        # key -> values to add
+    unknown = set(by_adapter) - set(optimizers)
+    assert not unknown, f"samples for adapters without an optimizer: {sorted(unknown)}"
+    means: dict[tuple[str, str], list[float]] = defaultdict(list)  # (role or adapter, name) -> values to average
+    sums: dict[tuple[str, str], float] = defaultdict(float)        # (role, name) -> values to add ("": totals)
     grad_ema = {} if grad_ema is None else grad_ema
-    for adapter, group in by_adapter.items():
-        opt, sched = optimizers[adapter]
-        params = adapter_parameters(model, adapter)
-        step_size = len(group) if cfg.merge_instance_steps else cfg.mini_batch_size
-        old = old_logprobs(model, adapter, group, step_size, cfg)
-        with use_adapter(model, adapter):
-            model.train()
-            for start in tqdm(range(0, len(group), step_size), desc=f"update {adapter}", leave=False, disable=None):
-                mb = group[start:start + step_size]
-                mb_old = old[start:start + step_size]
-                weights = minibatch_weights(mb, cfg)
-                for role, share in role_shares(mb, weights).items():
-                    stats[f"{role}/grad_share"].append(share)
-                opt.zero_grad(set_to_none=True)
-                role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums)
-                for k, v in _role_gradient_stats(role_grads).items():  # empty unless diagnose_roles
-                    stats[k].append(v)
-                role = mb[0].role
-                if role in cfg.coherence:
-                    stats[f"{role}/coherence_scale"].append(_coherence_scale(params, grad_ema, adapter,
-                                                                             cfg.coherence[role], cfg.coherence_window))
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-                # skip a non-finite step (counted), and an all-zero-weight one (a role weighted 0: weight
-                # decay and Adam's momentum would still move the adapter)
-                stepped = math.isfinite(grad_norm) and any(weights)
-                if stepped:
-                    opt.step()
-                sums["nonfinite_steps"] += not math.isfinite(grad_norm)
-                opt.zero_grad(set_to_none=True)
-                for role in {s.role for s in mb}:
-                    sums[f"{role}/opt_steps"] += stepped
-                    stats[f"{role}/grad_norm"].append(grad_norm)
-            stats[f"{adapter}/lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
-            sched.step()  # the schedule advances once per training step, as in verl
-            model.eval()
-    metrics = {k: sum(v) / len(v) for k, v in stats.items()}
-    for k in [k for k in sums if k.endswith("/tokens")]:
-        role = k[: -len("/tokens")]
-        for name in ("pg_loss", "clip_frac", "entropy", "approx_kl", "kl_base"):
-            if f"{role}/{name}_sum" in sums:
-                metrics[f"{role}/{name}"] = sums[f"{role}/{name}_sum"] / sums[k]
-    for k in [k for k in sums if k.endswith("/opt_steps")]:  # also for a role whose rows were all skipped
-        metrics[k] = sums[k]
-    metrics["nonfinite_steps"] = sums["nonfinite_steps"]
+    for adapter, (opt, sched) in optimizers.items():
+        if by_adapter[adapter]:
+            update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, means, sums)
+        means[adapter, "lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
+        sched.step()
+    return step_metrics(means, sums, cfg, next(iter(optimizers), ""))
+
+
+def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Optimizer, cfg: UpdateSettings,
+                   grad_ema: dict, means: dict, sums: dict) -> None:
+    """One adapter's part of a step: one optimizer step per mini-batch of `mini_batch_size` samples (or a
+    single step over all of them with `merge_instance_steps`), accumulating over micro-batches."""
+    params = adapter_parameters(model, adapter)
+    step_size = len(group) if cfg.merge_instance_steps else cfg.mini_batch_size
+    old = old_logprobs(model, adapter, group, step_size, cfg)
+    with use_adapter(model, adapter):
+        model.train()
+        for start in tqdm(range(0, len(group), step_size), desc=f"update {adapter}", leave=False, disable=None):
+            mb, mb_old = group[start:start + step_size], old[start:start + step_size]
+            weights = minibatch_weights(mb, cfg)
+            for role, share in role_shares(mb, weights).items():
+                means[role, "grad_share"].append(share)
+            opt.zero_grad(set_to_none=True)
+            role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums)
+            for k, v in _role_gradient_stats(role_grads).items():  # empty unless diagnose_roles
+                means[k].append(v)
+            role = mb[0].role
+            if role in cfg.coherence:
+                means[role, "coherence_scale"].append(_coherence_scale(params, grad_ema, adapter,
+                                                                       cfg.coherence[role], cfg.coherence_window))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            # skip a non-finite step (counted), and an all-zero-weight one (a role weighted 0: weight
+            # decay and Adam's momentum would still move the adapter)
+            stepped = math.isfinite(grad_norm) and any(weights)
+            if stepped:
+                opt.step()
+            sums["", "nonfinite_steps"] += not math.isfinite(grad_norm)
+            opt.zero_grad(set_to_none=True)
+            for role in {s.role for s in mb}:
+                sums[role, "opt_steps"] += stepped
+                means[role, "grad_norm"].append(grad_norm)
+        model.eval()
+
+
+TOKEN_STATS = ("pg_loss", "clip_frac", "entropy", "approx_kl", "kl_base")  # summed per token, then averaged
+COUNTS = ("opt_steps", "nonfinite_steps", "skipped_rows")                   # reported as sums
+
+
+def step_metrics(means: dict, sums: dict, cfg: UpdateSettings, first_adapter: str) -> dict[str, float]:
+    """The accumulated numbers, named once: `role/name` per role (or adapter), `name` for totals."""
+    def key(owner: str, name: str) -> str:
+        return f"{owner}/{name}" if owner else name
+    m = {key(*k): sum(v) / len(v) for k, v in means.items()}
+    for (owner, name), v in sums.items():
+        if name in TOKEN_STATS:
+            m[key(owner, name)] = v / sums[owner, "tokens"]
+        elif name in COUNTS:  # opt_steps also for a role whose rows were all skipped
+            m[key(owner, name)] = v
+    m.setdefault("nonfinite_steps", 0.0)
     if cfg.skip_zero_advantage:
-        metrics["skipped_rows"] = sums["skipped_rows"]
-    metrics["lr"] = next((v for k, v in metrics.items() if k.endswith("/lr")), 0.0)
-    return metrics
+        m.setdefault("skipped_rows", 0.0)
+    m["lr"] = m.get(f"{first_adapter}/lr", 0.0)
+    return m
 
 
 def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: list, weights: list[float],
-                cfg: UpdateSettings, sums: dict[str, float]) -> dict[str, torch.Tensor]:
+                cfg: UpdateSettings, sums: dict) -> dict[str, torch.Tensor]:
     """Backward over one mini-batch in micro-batches. With `diagnose_roles`, micro-batches are formed role by
     role and the gradient is snapshotted after each role: role gradients for free, since the loss is a sum."""
     def backward(idx: list[int]) -> None:
         if cfg.skip_zero_advantage:  # their loss is 0 * ratio: no gradient (a KL term would still have one)
             kept = [i for i in idx if mb[i].advantage != 0.0 or cfg.kl_coef.get(mb[i].role, 0.0) > 0]
-            sums["skipped_rows"] += len(idx) - len(kept)
+            sums["", "skipped_rows"] += len(idx) - len(kept)
             idx = kept
         # rows sorted by length, so each micro-batch pads to rows of about its own length (SP mixes short
         # generator rows with long aggregator rows), and a prompt's copies share one pass over it
-        order = micro_batch_order([mb[i].prompt_ids for i in idx], [mb[i].completion_ids for i in idx])
-        idx = [idx[j] for j in order]
-        for m in range(0, len(idx), cfg.micro_batch_size):
-            part = idx[m:m + cfg.micro_batch_size]
+        for cut in micro_batches([mb[i].prompt_ids for i in idx], [mb[i].completion_ids for i in idx],
+                                 cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
+            part = [idx[j] for j in cut]
             _micro_step(model, [mb[i] for i in part], [old[i] for i in part], [weights[i] for i in part], cfg, sums)
 
     if not cfg.diagnose_roles:
@@ -299,13 +328,13 @@ def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]).float()
 
 
-def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
+def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[tuple[str, str], float]:
     """Each role's own gradient norm (before clipping) and the cosine between every pair of roles."""
-    out = {f"{r}/role_grad_norm": float(g.norm()) for r, g in role_grads.items()}
+    out = {(r, "role_grad_norm"): float(g.norm()) for r, g in role_grads.items()}
     roles = sorted(role_grads)
     for i, a in enumerate(roles):
         for b in roles[i + 1:]:
-            out[f"grad_cos/{a}-{b}"] = float(torch.nn.functional.cosine_similarity(role_grads[a], role_grads[b], dim=0))
+            out["grad_cos", f"{a}-{b}"] = float(torch.nn.functional.cosine_similarity(role_grads[a], role_grads[b], dim=0))
     return out
 
 
@@ -328,7 +357,7 @@ def _coherence_scale(params: list[torch.nn.Parameter], grad_ema: dict[str, torch
 
 
 def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weights: list[float], cfg: UpdateSettings,
-                sums: dict[str, float]) -> None:
+                sums: dict) -> None:
     """Forward + backward of one micro-batch; its weights already carry the mini-batch normalisation."""
     device = next(model.parameters()).device
     prompts, completions = [s.prompt_ids for s in micro], [s.completion_ids for s in micro]
@@ -356,10 +385,10 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
         log_ratio = (logp - old_logp) * mask
         for i, s in enumerate(micro):
             n = float(mask[i].sum())
-            sums[f"{s.role}/tokens"] += n
-            sums[f"{s.role}/pg_loss_sum"] += float((pg_loss[i] * mask[i]).sum())
-            sums[f"{s.role}/clip_frac_sum"] += float((clipped[i].float() * mask[i]).sum())
-            sums[f"{s.role}/entropy_sum"] += float(entropy[i].sum())
-            sums[f"{s.role}/approx_kl_sum"] += float((0.5 * log_ratio[i] ** 2).sum())
+            sums[s.role, "tokens"] += n
+            sums[s.role, "pg_loss"] += float((pg_loss[i] * mask[i]).sum())
+            sums[s.role, "clip_frac"] += float((clipped[i].float() * mask[i]).sum())
+            sums[s.role, "entropy"] += float(entropy[i].sum())
+            sums[s.role, "approx_kl"] += float((0.5 * log_ratio[i] ** 2).sum())
             if kl is not None and beta[i] > 0:
-                sums[f"{s.role}/kl_base_sum"] += float(kl[i].sum())
+                sums[s.role, "kl_base"] += float(kl[i].sum())

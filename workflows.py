@@ -27,7 +27,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from policies import chat_prompt_ids, route_adapter
 from tasks import Task, grade_many, last_boxed
 
 # ---------------------------------------------------------------- records
@@ -198,7 +197,6 @@ def single_agent(ep: Episode, opts: WorkflowOptions) -> Stage:
     """One `generator` call; its answer is the episode's answer."""
     call = Call("generator", 0, solver_messages(ep.task, opts), is_answer=True)
     yield [call]
-    ep.calls.append(call)
     ep.final_answer, ep.correct = call.metrics["parsed"], call.metrics["correct"]
 
 
@@ -210,7 +208,6 @@ def voting(ep: Episode, opts: WorkflowOptions) -> Stage:
     agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens]))
     yield [agg]
     pick, how = parse_selection(agg.text, len(gens))
-    ep.calls += gens + [agg]
     ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
     agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
     ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens), fallback=how if how != "boxed" else None)
@@ -228,7 +225,6 @@ def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> Stage:
         verdict = parse_verdict(judge.text)
         judge.metrics.update(verdict=verdict, formatted=verdict is not None,
                              correct=(verdict is True) == attempt.metrics["correct"])
-        ep.calls += [attempt, judge]
         if verdict is True or it == opts.max_iterations - 1:
             break
         feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
@@ -251,7 +247,6 @@ def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> Stage:
     yield workers
     synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers]), is_answer=True)
     yield [synth]
-    ep.calls += [orch, *workers, synth]
     ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
     ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
 
@@ -261,6 +256,14 @@ WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], Stage]] = {
     "voting": voting,
     "evalopt": evaluator_optimizer,
     "orchworkers": orchestrator_workers,
+}
+# The paper's token limits per task kind and workflow: (prompt, response) in training, then in evaluation. The
+# aggregator, evaluator and synthesizer prompts hold several full solutions, hence the longer prompts there.
+PAPER_LENGTHS = {
+    ("math", "single"): (15360, 5120, 15360, 8192), ("math", "voting"): (20480, 5120, 25600, 8192),
+    ("math", "orchworkers"): (20480, 5120, 25600, 8192), ("math", "evalopt"): (30720, 5120, 30720, 8192),
+    ("code", "single"): (4096, 2048, 4096, 5120), ("code", "voting"): (10240, 2048, 20480, 5120),
+    ("code", "orchworkers"): (10240, 2048, 20480, 5120), ("code", "evalopt"): (10240, 2048, 15360, 5120),
 }
 ROLES = {  # role types of each workflow: the adapters IP creates
     "single": ["generator"],
@@ -272,13 +275,15 @@ ROLES = {  # role types of each workflow: the adapters IP creates
 
 # ---------------------------------------------------------------- driver
 
-def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy: str, opts: WorkflowOptions,
-            enable_thinking: bool = False, adapter_override: str | None = None, desc: str = "rollout",
-            max_prompt_tokens: int | None = None) -> list[Episode]:
+def rollout(tasks: list[Task], n: int, workflow: str, engine, encode: Callable[[list[dict]], list[int]],
+            route: Callable[[str], str], opts: WorkflowOptions, max_prompt_tokens: int | None = None,
+            desc: str = "rollout") -> list[Episode]:
     """Run `n` episodes of `workflow` per task, stage by stage, all pending calls in one engine call.
 
-    `adapter_override` routes every call to one adapter (None keeps SP/IP routing);
-    pass `"__base__"` for the base model.
+    The caller passes the model side in: `encode(messages)` gives a prompt's token ids (the chat template),
+    `route(call name)` the adapter a call samples with (SP / IP, or one adapter for every role in evaluation).
+    Each stage: the next calls of every running episode, their prompts, episodes ended by an over-long prompt,
+    one batched generation, then every answer of the stage graded at once.
     """
     if workflow not in WORKFLOWS:
         raise ValueError(f"unknown workflow {workflow!r}; expected one of {sorted(WORKFLOWS)}")
@@ -286,47 +291,65 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, tokenizer, policy:
     running = [(ep, WORKFLOWS[workflow](ep, opts)) for ep in episodes]
     stage_no = 0
     while running:
-        pending: list[tuple[Episode, Stage, list[Call]]] = []
-        for ep, stage in running:
-            try:
-                pending.append((ep, stage, next(stage)))
-            except StopIteration:
-                pass
+        pending = [(ep, stage, calls) for ep, stage in running if (calls := next(stage, None)) is not None]
+        encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
+        pending = [(ep, stage, cs) for ep, stage, cs in pending if not end_if_overlong(ep, stage, cs, max_prompt_tokens)]
         calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break
-        templated: dict[tuple, list[int]] = {}  # a task's n episodes often send the same messages: template once
-        for c in calls:
-            c.adapter = adapter_override or route_adapter(c.name, policy)
-            key = tuple((m["role"], m["content"]) for m in c.messages)
-            if key not in templated:
-                templated[key] = chat_prompt_ids(tokenizer, c.messages, enable_thinking)
-            c.prompt_ids = list(templated[key])
-            if max_prompt_tokens and len(c.prompt_ids) > max_prompt_tokens:
-                # keep the end (the question and the assistant header); counted, never a crash mid-step
-                c.prompt_ids, c.metrics["prompt_truncated"] = c.prompt_ids[-max_prompt_tokens:], True
         stage_no += 1
-        gens = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls], desc=f"{desc} stage {stage_no}")
-        for c, g in zip(calls, gens):
+        for c, g in zip(calls, engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls],
+                                               desc=f"{desc} stage {stage_no}")):
             c.completion_ids, c.text, c.truncated, c.sample_logprobs = g.completion_ids, g.text, g.truncated, g.logprobs
-        # grade every answer of the stage at once (code runs in parallel sandboxes); a role's own
-        # correctness and format compliance are kept before any credit is broadcast
-        answers = [(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer]
-        for (_, c), g in zip(answers, grade_many([t for t, _ in answers], [c.text for _, c in answers])):
-            c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted, reason=g.reason)
+        grade_answers([(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer])
+        for ep, _, cs in pending:
+            ep.calls += cs
         running = [(ep, stage) for ep, stage, _ in pending]
     return episodes
+
+
+def encode_prompts(calls: list[Call], encode: Callable[[list[dict]], list[int]], route: Callable[[str], str]) -> None:
+    """Each call's adapter and prompt ids; a task's n episodes often send the same messages: templated once."""
+    templated: dict[tuple, list[int]] = {}
+    for c in calls:
+        c.adapter = route(c.name)
+        key = tuple((m["role"], m["content"]) for m in c.messages)
+        if key not in templated:
+            templated[key] = encode(c.messages)
+        c.prompt_ids = list(templated[key])
+
+
+def end_if_overlong(ep: Episode, stage: Stage, calls: list[Call], max_prompt_tokens: int | None) -> bool:
+    """As the reference: a prompt over the limit is never truncated; it ends its episode before the call. The
+    calls made so far are kept and trained on, each with its own reward (`assign_rewards`); the episode counts
+    as correct if one of them was (the reference: any kept reward > 0). Counted as `prompt_overflow`."""
+    if not max_prompt_tokens or all(len(c.prompt_ids) <= max_prompt_tokens for c in calls):
+        return False
+    stage.close()
+    ep.metrics["prompt_overflow"] = True
+    ep.final_answer, ep.correct = None, any(c.metrics.get("correct", False) for c in ep.calls)
+    return True
+
+
+def grade_answers(answers: list[tuple[Task, Call]]) -> None:
+    """Grade every answer of a stage at once (code runs in parallel sandboxes); a role's own correctness and
+    format compliance are kept before any credit is broadcast."""
+    for (_, c), g in zip(answers, grade_many([t for t, _ in answers], [c.text for _, c in answers])):
+        c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted, reason=g.reason)
 
 
 # ---------------------------------------------------------------- credit
 
 def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
     """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call (paper default).
-    `role`: each call its own correctness where it has one (`metrics['correct']`), else the outcome."""
+    `role`: each call its own correctness where it has one (`metrics['correct']`), else the outcome. An episode
+    ended by an over-long prompt has no final outcome: its calls keep their own correctness (0 where none)."""
     for ep in episodes:
         outcome = float(ep.correct)
         for c in ep.calls:
-            if credit == "outcome":
+            if ep.metrics.get("prompt_overflow"):
+                c.reward = float(c.metrics.get("correct", False))
+            elif credit == "outcome":
                 c.reward = outcome
             elif credit == "role":
                 c.reward = float(c.metrics.get("correct", ep.correct))
@@ -336,7 +359,8 @@ def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Accuracy, per-role accuracy/length/format/truncation, and solve_none/all/partial over each task's samples."""
-    m: dict[str, float] = {"success": sum(e.correct for e in episodes) / max(len(episodes), 1)}
+    m: dict[str, float] = {"success": sum(e.correct for e in episodes) / max(len(episodes), 1),
+                           "prompt_overflow": sum("prompt_overflow" in e.metrics for e in episodes) / max(len(episodes), 1)}
     by_role: dict[str, list[Call]] = {}
     for e in episodes:
         for c in e.calls:
@@ -345,7 +369,6 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         m[f"{role}/count"] = len(calls)
         m[f"{role}/response_len"] = sum(len(c.completion_ids) for c in calls) / len(calls)
         m[f"{role}/truncated"] = sum(c.truncated for c in calls) / len(calls)
-        m[f"{role}/prompt_truncated"] = sum(c.metrics.get("prompt_truncated", False) for c in calls) / len(calls)
         graded = [c for c in calls if "correct" in c.metrics]
         if graded:
             m[f"{role}/acc"] = sum(c.metrics["correct"] for c in graded) / len(graded)

@@ -174,7 +174,7 @@ EVAL_CASES = [
     (["--run", "untrained"], "untrained has no checkpoints"),
     (["--run", "run", "--mode", "sa-transfer"], "--mode sa-transfer needs --sa-run RUN"),
     (["--run", "run", "--mode", "sa-transfer", "--sa-run", "norun"], "norun: not a run folder"),
-    (["--run", "run", "--mode", "base", "--every-checkpoint"], "--every-checkpoint needs --mode trained"),
+    (["--run", "run", "--mode", "base", "--every-checkpoint"], "--every-checkpoint needs a mode with checkpoints"),
     (["--run", "run", "--mode", "best"], "argument --mode: invalid choice: 'best'"),
     (["--run", "run", "--bogus"], "unrecognized arguments: --bogus"),
     (["plot", "norun"], "norun: not a run folder"),

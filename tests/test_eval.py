@@ -74,12 +74,15 @@ def test_modes_route_adapters(workflow, policy):
     routed = {}
     for mode in E.MODES:
         engine = ScriptedEngine(SCRIPTS[workflow])
-        eps = E.run_episodes([TASK], 2, run_args(workflow, policy), engine, TOK, E.mode_adapter_override(mode))
-        routed[mode] = {a for _, a in engine.calls}
-        assert routed[mode] == {c.adapter for e in eps for c in e.calls}
-    assert routed["sa-transfer"] == {"sa"}            # one adapter for every role of the workflow
-    assert routed["base"] == {"__base__"}             # adapters off
-    assert routed["trained"] == ({"shared"} if policy == "sp" else set(train.ROLES[workflow]))
+        eps = E.run_episodes([TASK], 2, run_args(workflow, policy), engine, TOK, E.mode_route(mode, policy), None)
+        routed[mode] = {(c.role, c.adapter) for e in eps for c in e.calls}
+        assert {a for _, a in routed[mode]} == {a for _, a in engine.calls}
+    assert {a for _, a in routed["sa-transfer"]} == {"sa"}    # one adapter for every role of the workflow
+    solving = {"generator", "worker"}                           # the SA adapter only where the task is solved
+    assert routed["sa-generator-transfer"] == {(r, "sa" if r in solving else "__base__") for r, _ in routed["base"]}
+    assert any(r in solving for r, _ in routed["base"]) and any(r not in solving for r, _ in routed["base"])
+    assert {a for _, a in routed["base"]} == {"__base__"}     # adapters off
+    assert {a for _, a in routed["trained"]} == ({"shared"} if policy == "sp" else set(train.ROLES[workflow]))
 
 
 def voting_episodes():
@@ -88,7 +91,7 @@ def voting_episodes():
     gens = iter(["\\boxed{4}"] * 3 + ["\\boxed{3}"] * 3 + ["\\boxed{5}", "\\boxed{4}", "\\boxed{6}"])
     picks = iter(["\\boxed{2}", "\\boxed{1}", "solution 3 looks best"])
     engine = ScriptedEngine({"generator": lambda p: next(gens), "aggregator": lambda p: next(picks)})
-    return E.run_episodes([TASK], 3, run_args("voting", "ip"), engine, TOK, E.mode_adapter_override("trained"))
+    return E.run_episodes([TASK], 3, run_args("voting", "ip"), engine, TOK, E.mode_route("trained", "ip"), None)
 
 
 def test_per_role_regrading_and_evaluation_metrics():
@@ -107,7 +110,7 @@ def test_per_role_regrading_and_evaluation_metrics():
 
 def test_undefined_rates_are_null_in_results():
     engine = ScriptedEngine({"generator": lambda p: "\\boxed{4}", "evaluator": lambda p: "\\boxed{Correct}"})
-    eps = E.run_episodes([TASK], 2, run_args("evalopt"), engine, TOK, None)
+    eps = E.run_episodes([TASK], 2, run_args("evalopt"), engine, TOK, E.mode_route("trained", "ip"), None)
     m = E.evaluation_metrics(eps)
     assert m["fix_rate"] is None and m["p_retry_first_wrong"] is None  # no first attempt was wrong
     assert m["break_rate"] == 0.0 and m["retry_rate"] == 0.0 and m["evaluator/acc"] == 1.0
@@ -216,7 +219,7 @@ def test_sa_transfer_loads_the_sa_adapter_into_every_role(runs, tmp_path, capsys
 
 def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
     run_dirs = [runs["voting_ip"], runs["voting_sp"]]
-    figures = E.plot_main(run_dirs + ["--out", str(tmp_path / "plots")])
+    figures = E.main(["plot", *run_dirs, "--out", str(tmp_path / "plots")])
     for _, path in figures.values():
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -245,7 +248,7 @@ def test_results_table_rows_columns_and_missing_metrics(tmp_path):
                                                "aggregator/format_ok": None, "fallback_rate": 0.125}}
     path = tmp_path / "eval.jsonl"
     path.write_text(json.dumps(single) + "\n" + json.dumps(voting) + "\n")
-    table = E.table_main([str(path)])  # what `python eval.py table FILE` prints
+    table = E.main(["table", str(path)])  # what `python eval.py table FILE` prints
     assert table.splitlines() == [
         "| cell | mode | step | samples | accuracy | any_correct | generator/acc | aggregator/acc | fallback_rate |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -125,10 +125,14 @@ def test_resume_of_a_run_saved_before_a_flag_existed_takes_its_default(tmp_path)
     assert args.share_prompts is True and args.lr == 0.123 and args.run_dir == str(tmp_path)
 
 
-def test_overlong_prompts_are_truncated_and_counted(tmp_path):
+def test_a_prompt_over_the_limit_ends_its_episode_and_is_counted(tmp_path):
+    """Every single-agent prompt is longer than 40 tokens: every episode ends before its first call (the reference
+    never truncates a prompt), the step has nothing to train on and still completes, counted in prompt_overflow."""
     run_dir = str(tmp_path / "run")
     train.main([*TINY, "--steps", "1", "--max-prompt-tokens", "40", "--run-dir", run_dir])
-    assert metrics(run_dir)[0]["generator/prompt_truncated"] == 1.0
+    m = metrics(run_dir)[0]
+    assert m["prompt_overflow"] == 1.0 and m["success"] == 0.0 and m["reward"] == 0.0
+    assert "generator/opt_steps" not in m and m["nonfinite_steps"] == 0
 
 
 def test_skip_zero_advantage_flag_counts_skipped_calls(tmp_path):

