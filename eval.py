@@ -237,8 +237,8 @@ def eval_tasks(run_args: dict, data: str | None) -> list[T.Task]:
 def run_episodes(tasks, n: int, run_args: dict, engine, tokenizer, route: Callable[[str], str],
                  max_prompt_tokens: int | None, desc: str = "eval") -> list[Episode]:
     """n episodes per task, stage-batched as in training, rewarded with the run's credit (for the dumps)."""
-    opts = WorkflowOptions(run_args["one_shot"], run_args["n_votes"], run_args["max_iterations"],
-                           run_args["max_subtasks"])
+    opts = WorkflowOptions(run_args["prompts"], run_args["evalopt_context"], run_args["n_votes"],
+                           run_args["max_iterations"], run_args["max_subtasks"])
     episodes = rollout(tasks, n, run_args["workflow"], engine,
                        lambda messages: chat_prompt_ids(tokenizer, messages, run_args["enable_thinking"]), route, opts,
                        max_prompt_tokens, desc=desc)
@@ -369,7 +369,7 @@ def evaluate(run_dir: str, mode: str = "trained", step: int | None = None, **set
 # ---------------------------------------------------------------- plots
 
 ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"), ("response_len", "response length (tokens)"),
-               ("grad_share", "gradient share")]
+               ("loss_share", "loss share")]
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -440,7 +440,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
         panel.set(xlabel="training step", title=title)
         panel.xaxis.set_major_locator(MaxNLocator(integer=True))
         panel.grid(alpha=0.3)
-    axes.flat[3].set_ylim(0, 1.05)  # a share of the adapter's gradient (IP: always 1)
+    axes.flat[3].set_ylim(0, 1.05)  # a role's share of its adapter's loss weight (IP: always 1)
     axes.flat[0].legend(fontsize=7)
     fig_roles.suptitle("Per-role training metrics (colour: run, line style: role)")
     fig_roles.tight_layout()

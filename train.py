@@ -53,7 +53,7 @@ CELL_TASKS = {"Math": dict(task="dapo", data="open-r1/DAPO-Math-17k-Processed", 
 PAPER_HYPERPARAMETERS = dict(  # the reference's training config, the same for every cell
     tasks_per_step=64, n=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
     max_grad_norm=1.0, warmup_steps=15, lr_schedule="cosine", steps=500, val_every=10, save_every=5,
-    temperature=0.7, top_p=1.0, n_val=1 << 30, one_shot=False, dtype="bfloat16", grad_checkpointing=True,
+    temperature=0.7, top_p=1.0, n_val=1 << 30, prompts="paper", dtype="bfloat16", grad_checkpointing=True,
     micro_batch_size=512, max_tokens_per_micro_batch=51200)  # verl's token budget per GPU (4B code: 40,960)
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "max_nonfinite_steps", "wandb", "device",
@@ -167,8 +167,12 @@ def build_parser() -> Parser:
     g.add_argument("--list-cells", action="store_true", help="print the paper's 48 cells and what each sets, then exit")
     g.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: the final result "
                    "to every call (paper); role: each call its own correctness")
-    g.add_argument("--no-one-shot", dest="one_shot", action="store_false", help="drop the solved example from "
-                   "math prompts")
+    g.add_argument("--prompts", default="small", choices=["small", "paper"], help="paper: our words for the "
+                   "reference's instructions (solve step by step...); small: brief ones and a solved math example, "
+                   "what SmolLM2-135M follows in 64 tokens (cells: paper)")
+    g.add_argument("--evalopt-context", default="reference", choices=["reference", "clean"], help="Eval-Opt: "
+                   "reference: one shared conversation, as the paper ran it; clean: the evaluator sees only the "
+                   "problem and the latest attempt, a retry only its last attempt and the feedback")
     g.add_argument("--n-votes", type=COUNT, default=3, help="Voting: parallel generators (paper: 3)")
     g.add_argument("--max-iterations", type=COUNT, default=None, help="Eval-Opt: evaluator calls at most "
                    "(default: math 3, code 2, as the paper)")
@@ -203,11 +207,9 @@ def build_parser() -> Parser:
                    "training step (default: one per mini-batch, so IP parallel roles step once per instance)")
     g.add_argument("--role-weights", default=None, help="SP: loss share per role, 'equal' or "
                    "generator=2,aggregator=1 (default: the aggregation's implicit shares, as the paper)")
-    g.add_argument("--diagnose-roles", action="store_true", help="log each role's gradient norm and the cosine "
-                   "between roles' gradients")
     g.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta*KL(role||base) for those roles")
     g.add_argument("--coherence", default=None, help="I6 (IP): role=lambda,... lambda in (0, 1] (paper: <= 0.3)")
-    g.add_argument("--coherence-window", type=COUNT, default=10, help="I6: EMA window, tau = 1 - 1/window")
+    g.add_argument("--coherence-window", type=COUNT, default=128, help="I6: EMA window, tau = 1 - 1/window")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=COUNT0, default=10, help="training steps")
     g.add_argument("--lr", type=POSITIVE, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64)")
@@ -412,7 +414,8 @@ def build_trainer(args, device: str = "cpu"):
     else:
         engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
                           args.share_prompts)
-    opts = WorkflowOptions(one_shot=args.one_shot, n_votes=args.n_votes, max_iterations=args.max_iterations,
+    opts = WorkflowOptions(prompts=args.prompts, evalopt_context=args.evalopt_context, n_votes=args.n_votes,
+                           max_iterations=args.max_iterations,
                            max_subtasks=args.max_subtasks)
     settings = UpdateSettings(
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
@@ -420,7 +423,7 @@ def build_trainer(args, device: str = "cpu"):
         agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
         dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
         role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
-        diagnose_roles=args.diagnose_roles, kl_coef=args.kl_coef, coherence=args.coherence,
+        kl_coef=args.kl_coef, coherence=args.coherence,
         coherence_window=args.coherence_window, share_prompts=args.share_prompts,
         skip_zero_advantage=args.skip_zero_advantage)
     return model, tokenizer, optimizers, engine, opts, settings

@@ -14,10 +14,10 @@ role type and adapter, the turn, the prompt messages and ids, the completion);
 an `Episode` is one run of the workflow on one task (its calls, final answer,
 correctness). GRPO then trains on the calls (grpo.py).
 
-Every role's prompt is built from clean messages. The reference's Eval-Opt keeps one
-shared conversation in which the evaluator's prompt is dropped; we do not reproduce
-that quirk: the evaluator sees the problem and the attempt, and a retry sees its own
-attempt as an assistant turn followed by the evaluator's feedback.
+Eval-Opt runs as the reference runs it (`--evalopt-context reference`): one shared conversation, in which the
+evaluator and every retry see all earlier attempts and critiques as assistant turns, and neither the evaluator's
+instruction nor the retry instruction stays in it. `clean` is our fix: the evaluator sees only the problem and
+the latest attempt, a retry only its last attempt and the feedback (method notes, "Eval-Opt context").
 
     python -m pytest tests/test_workflows.py   # every workflow's control flow, with a scripted engine
 """
@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from tasks import Task, grade_many, last_boxed
+from tasks import Task, grade_many
 
 # ---------------------------------------------------------------- records
 
@@ -72,27 +72,41 @@ class Episode:
 @dataclass
 class WorkflowOptions:
     """What shapes the prompts and the control flow (train.py fills it from flags)."""
-    one_shot: bool = True       # prepend a solved example: small models (SmolLM2) only box answers with one
-    n_votes: int = 3            # Voting: parallel generators (paper: 3)
-    max_iterations: int = 3     # Eval-Opt: evaluator calls at most (paper: math 3, code 2)
-    max_subtasks: int = 3       # Orch-Workers: strategies, hence workers, at most (paper: 3)
+    prompts: str = "small"              # "paper": the reference's instructions; "small": brief ones + an example
+    evalopt_context: str = "reference"  # Eval-Opt: one shared conversation ("reference") or "clean" prompts
+    n_votes: int = 3                    # Voting: parallel generators (paper: 3)
+    max_iterations: int = 3             # Eval-Opt: evaluator calls at most (paper: math 3, code 2)
+    max_subtasks: int = 3               # Orch-Workers: strategies, hence workers, at most (paper: 3)
 
 
 # ---------------------------------------------------------------- prompts
-# Our own wording of the reference's instructions (PAPER.md, "Workflows").
+# Our own words for what each reference prompt asks (method notes, "Prompts"), in two styles. `paper`: solve step
+# by step, analyse every solution before selecting. `small`, the CPU default: what SmolLM2-135M can follow within
+# 64 new tokens, brief reasoning and a bare selection, after one solved example (math).
 
-MATH_INSTRUCTION = "Solve the problem. Show brief reasoning, then give the final answer in \\boxed{}."
-ONE_SHOT = [  # math only: SmolLM2-135M boxes its answer only after seeing one boxed example
-    {"role": "user", "content": f"{MATH_INSTRUCTION}\n\nProblem: What is 23 + 45?"},
+SOLVE = {("paper", "math"): "Solve the problem step by step, showing your work, then give the final answer in \\boxed{}.",
+         ("paper", "code"): "Solve the programming problem step by step: reason about the algorithm and the edge cases, "
+                            "then give the complete program in one ```python code block.",
+         ("small", "math"): "Solve the problem. Show brief reasoning, then give the final answer in \\boxed{}.",
+         ("small", "code"): "Solve the programming task in Python. Reason briefly, then give the complete program in "
+                            "one ```python code block."}
+ONE_SHOT = [  # `small`, math only: SmolLM2-135M boxes its answer only after seeing one boxed example
+    {"role": "user", "content": f"{SOLVE['small', 'math']}\n\nProblem: What is 23 + 45?"},
     {"role": "assistant", "content": "23 + 45 = 68.\n\n\\boxed{68}"},
 ]
-# How an answer is written, per task kind: the one phrase in which the roles' prompts differ.
-ANSWER_FORMAT = {"math": "give the final answer in \\boxed{}",
+ANSWER_FORMAT = {"math": "give the final answer in \\boxed{}",  # the one phrase in which math and code prompts differ
                  "code": "give the complete program in one ```python code block"}
+REVIEW = {"math": "Review the solution above for correctness: check its reasoning and its final answer.",
+          "code": "Review the program above for correctness: its logic, its edge cases and its bugs, without "
+                  "running it and without writing a corrected program."}
 
 
 def user(text: str) -> dict:
     return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text.strip()}
 
 
 def problem_text(task: Task) -> str:
@@ -103,74 +117,87 @@ def problem_text(task: Task) -> str:
 
 def solver_messages(task: Task, opts: WorkflowOptions, strategy: str | None = None) -> list[dict]:
     """The prompt of a role that solves the task from scratch (single agent, generators, workers)."""
-    shot = ONE_SHOT if opts.one_shot and task.kind == "math" else []
-    hint = f"\n\nUse this strategy: {strategy}" if strategy else ""
-    instruction = MATH_INSTRUCTION if task.kind == "math" else \
-        f"Solve the programming task in Python. Reason briefly, then {ANSWER_FORMAT['code']}."
-    return shot + [user(f"{instruction}\n\n{problem_text(task)}{hint}")]
+    shot = ONE_SHOT if opts.prompts == "small" and task.kind == "math" else []
+    hint = f"\n\nUse this strategy as your main approach, and solve the whole problem: {strategy}" if strategy else ""
+    return shot + [user(f"{SOLVE[opts.prompts, task.kind]}\n\n{problem_text(task)}{hint}")]
 
 
 def solutions_block(texts: list[str]) -> str:
     return "\n\n".join(f"--- Solution {i} ---\n{t.strip()}" for i, t in enumerate(texts, 1))
 
 
-def aggregator_messages(task: Task, candidates: list[str]) -> list[dict]:
+def aggregator_messages(task: Task, candidates: list[str], opts: WorkflowOptions) -> list[dict]:
     n = len(candidates)
-    return [user(f"{problem_text(task)}\n\nHere are {n} candidate solutions.\n\n{solutions_block(candidates)}\n\n"
-                 f"Which solution is correct? Compare their answers and reasoning, then give only the number "
-                 f"of the best solution (1 to {n}) in \\boxed{{}}, for example \\boxed{{1}}.")]
+    ask = (f"Review them: analyse each for correctness and completeness, check its reasoning and its final answer, "
+           f"then select the one most likely to be correct. End with its number (1 to {n}) in \\boxed{{}}."
+           if opts.prompts == "paper" else
+           f"Which solution is correct? Compare their answers and reasoning, then give only the number "
+           f"of the best solution (1 to {n}) in \\boxed{{}}, for example \\boxed{{1}}.")
+    return [user(f"{problem_text(task)}\n\nHere are {n} candidate solutions.\n\n{solutions_block(candidates)}\n\n{ask}")]
 
 
-def evaluator_messages(task: Task, attempt: str) -> list[dict]:
+def evaluator_messages(task: Task, attempt: str, history: list[dict], opts: WorkflowOptions) -> list[dict]:
+    """reference: the conversation so far, then an instruction about "the solution above". clean: the problem
+    and the latest attempt only."""
+    verdict = "Do not reveal the correct answer. Give brief feedback, then end with \\boxed{Correct} or " \
+              "\\boxed{Incorrect}."
+    if opts.evalopt_context == "reference":
+        return history + [user(f"{REVIEW[task.kind]} If it is incorrect, say briefly what the main problem is. "
+                               f"{verdict}")]
     what = "Check the logic of this program without running it; do not write a corrected program." \
         if task.kind == "code" else "Check whether this solution and its final answer are correct."
-    return [user(f"{problem_text(task)}\n\nProposed solution:\n{attempt.strip()}\n\n{what} Do not reveal the "
-                 "correct answer. Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}.")]
+    return [user(f"{problem_text(task)}\n\nProposed solution:\n{attempt.strip()}\n\n{what} {verdict}")]
 
 
-def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: str) -> list[dict]:
-    """The generator's retry: its own previous attempt as an assistant turn, then the reviewer's feedback."""
+def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: str,
+                    history: list[dict]) -> list[dict]:
+    """The generator's retry. reference: the conversation so far (attempts and critiques), then an instruction
+    to write a new solution from the feedback above. clean: its own last attempt, then the feedback."""
+    if opts.evalopt_context == "reference":
+        return history + [user(f"Write a new solution based on the feedback above, with a completely different "
+                               f"method. Address the issues it raises, and {ANSWER_FORMAT[task.kind]}.")]
     return solver_messages(task, opts) + [
-        {"role": "assistant", "content": attempt.strip()},
+        assistant(attempt),
         user(f"A reviewer judged your solution incorrect. Feedback:\n{feedback.strip()}\n\n"
              f"Solve the problem again with a different approach, and {ANSWER_FORMAT[task.kind]}."),
     ]
 
 
 def orchestrator_messages(task: Task, max_subtasks: int) -> list[dict]:
-    return [user(f"{problem_text(task)}\n\nDo not solve the problem. Propose up to {max_subtasks} distinct "
-                 f"strategies for solving it, one per line, written as\nSTRATEGY 1: ...\nSTRATEGY 2: ...")]
+    return [user(f"{problem_text(task)}\n\nDo not solve the problem. Propose at most {max_subtasks} distinct "
+                 f"strategies for it, each a different technique, described briefly, one per line, written as\n"
+                 f"STRATEGY 1: ...\nSTRATEGY 2: ...")]
 
 
 def synthesizer_messages(task: Task, solutions: list[str]) -> list[dict]:
     return [user(f"{problem_text(task)}\n\nWorkers solved it with different strategies.\n\n"
-                 f"{solutions_block(solutions)}\n\nCompare the solutions: answers that agree deserve more confidence. "
-                 f"Decide on the final answer and {ANSWER_FORMAT[task.kind]}.")]
+                 f"{solutions_block(solutions)}\n\nRead each solution and check its reasoning. Answers that agree "
+                 f"deserve more confidence. Decide on the final answer and {ANSWER_FORMAT[task.kind]}.")]
 
 
-# ---------------------------------------------------------------- parsing
+# ---------------------------------------------------------------- parsing (the reference's parsers)
 
-_BOXED_INT = re.compile(r"\\boxed\{\s*(\d+)\s*\}")
-_DIGIT = re.compile(r"(?<![\d.])([1-9])(?![\d.])")
+_BOXED_INT = re.compile(r"\\boxed\{(\d+)\}")
+_DIGIT = re.compile(r"\b([1-9])\b")
+_VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}", re.IGNORECASE)
 
 
 def parse_selection(text: str, n: int) -> tuple[int, str]:
-    """Aggregator's pick, 0-based, and how it was found: `boxed` (first \\boxed{i} in range),
-    `digit` (first standalone digit in range), `default` (candidate 1)."""
-    for m in _BOXED_INT.finditer(text):
-        if 1 <= int(m.group(1)) <= n:
-            return int(m.group(1)) - 1, "boxed"
-    for m in _DIGIT.finditer(text):
-        if 1 <= int(m.group(1)) <= n:
-            return int(m.group(1)) - 1, "digit"
+    """Aggregator's pick, 0-based, and the parser path that found it, as the reference parses: the first
+    \\boxed{<int>} if in range (`boxed`); else the first standalone digit 1-9 if in range (`digit`); else
+    candidate 1 (`default`). Only the first match of each is looked at."""
+    for pattern, how in ((_BOXED_INT, "boxed"), (_DIGIT, "digit")):
+        m = pattern.search(text)
+        if m and 1 <= int(m.group(1)) <= n:
+            return int(m.group(1)) - 1, how
     return 0, "default"
 
 
 def parse_verdict(text: str) -> bool | None:
-    """Evaluator's verdict: True (Correct), False (Incorrect), None (unparseable: counts as not satisfied)."""
-    box = last_boxed(text)
-    word = re.sub(r"[^a-z]", "", (box or "").lower())
-    return {"correct": True, "incorrect": False}.get(word)
+    """Evaluator's verdict, the first \\boxed{Correct} or \\boxed{Incorrect} (any case): True, False, or None
+    (unparseable: the loop goes on, and the evaluator call counts as wrong)."""
+    m = _VERDICT.search(text)
+    return None if m is None else m.group(1).lower() == "correct"
 
 
 _STRATEGY = re.compile(r"^\s*\**\s*strategy\s*\d+\s*\**\s*[:.)-]\s*\**\s*(.+)$", re.I | re.M)
@@ -205,7 +232,7 @@ def voting(ep: Episode, opts: WorkflowOptions) -> Stage:
     aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
     gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True) for i in range(opts.n_votes)]
     yield gens
-    agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens]))
+    agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens], opts))
     yield [agg]
     pick, how = parse_selection(agg.text, len(gens))
     ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
@@ -216,20 +243,24 @@ def voting(ep: Episode, opts: WorkflowOptions) -> Stage:
 def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> Stage:
     """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or `max_iterations` evaluator
     calls. The final answer is the last attempt. Every generator call of a task shares one GRPO group (as in
-    the reference), and so does every evaluator call."""
+    the reference), and so does every evaluator call. `history` is the reference's shared conversation:
+    attempts and critiques as assistant turns, no instructions after the first."""
     attempt = Call("generator", 0, solver_messages(ep.task, opts), group="generator", is_answer=True)
+    history = list(attempt.messages)
     for it in range(opts.max_iterations):
         yield [attempt]
-        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text), group="evaluator")
+        history.append(assistant(attempt.text))
+        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text, history, opts), group="evaluator")
         yield [judge]
-        verdict = parse_verdict(judge.text)
+        history.append(assistant(judge.text))
+        verdict = parse_verdict(judge.text)  # unparseable: not satisfied, and not a correct evaluator call
         judge.metrics.update(verdict=verdict, formatted=verdict is not None,
-                             correct=(verdict is True) == attempt.metrics["correct"])
+                             correct=verdict is not None and verdict == attempt.metrics["correct"])
         if verdict is True or it == opts.max_iterations - 1:
             break
         feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
-        attempt = Call("generator", it + 1, refine_messages(ep.task, opts, attempt.text, feedback), group="generator",
-                       is_answer=True)
+        attempt = Call("generator", it + 1, refine_messages(ep.task, opts, attempt.text, feedback, history),
+                       group="generator", is_answer=True)
     attempts = [c for c in ep.calls if c.role == "generator"]
     ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
     ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],

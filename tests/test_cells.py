@@ -46,8 +46,8 @@ def test_cell_sets_the_papers_settings(cell, lengths, task, budget, iterations):
         (*lengths, task, budget, iterations)
     assert (a.tasks_per_step, a.n, a.mini_batch_size, a.lora_rank, a.lora_alpha, a.lr, a.weight_decay,
             a.max_grad_norm, a.warmup_steps, a.lr_schedule, a.steps, a.val_every, a.save_every, a.dtype,
-            a.grad_checkpointing, a.one_shot) == \
-        (64, 8, 512, 64, 32, 2e-5, 0.01, 1.0, 15, "cosine", 500, 10, 5, "bfloat16", True, False)
+            a.grad_checkpointing, a.prompts) == \
+        (64, 8, 512, 64, 32, 2e-5, 0.01, 1.0, 15, "cosine", 500, 10, 5, "bfloat16", True, "paper")
     assert a.data == ("open-r1/DAPO-Math-17k-Processed" if task == "dapo" else "agentica-org/DeepCoder-Preview-Dataset")
 
 

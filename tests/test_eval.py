@@ -233,7 +233,7 @@ def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
     assert list(lines[2].get_ydata()) == [step0["val/success"]] * 2 and lines[2].get_linestyle() == "--"
     panels = figures["roles"][0].axes
     assert [p.get_title() for p in panels] == ["gradient norm", "entropy", "response length (tokens)",
-                                               "gradient share"]
+                                               "loss share"]
     assert len(panels[0].get_lines()) == 2 * 2  # two runs x (generator, aggregator)
 
 
@@ -257,3 +257,12 @@ def test_results_table_rows_columns_and_missing_metrics(tmp_path):
         "0.625 | 0.125 |"]
     with pytest.raises(SystemExit):  # the message: tests/test_bad_input.py
         E.main(["table", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("cell,lengths", [("Voting-IP-0.6B-Math", (25600, 8192)), ("EvalOpt-SP-4B-Code", (15360, 5120)),
+                                          ("SA-SP-1.7B-Math", (15360, 8192)), (None, (4096, 64))])
+def test_a_cells_run_is_evaluated_with_the_papers_evaluation_lengths(cell, lengths):
+    """Longer responses in evaluation than in training (math 8,192, code 5,120), and the evaluation prompt limits;
+    a run that is not a cell keeps its own training lengths."""
+    args = vars(train.parse_args(["--cell", cell] if cell else ["--model", "tiny"]))
+    assert E.eval_lengths(args) == lengths

@@ -596,7 +596,7 @@ def test_ip_steps_per_role():
     # generator: 6 samples / 2 per mini-batch = 3 steps; aggregator: 2 / 2 = 1 step
     assert m["generator/opt_steps"] == 3
     assert m["aggregator/opt_steps"] == 1
-    assert m["generator/grad_share"] == 1.0 and m["aggregator/grad_share"] == 1.0  # one role per adapter
+    assert m["generator/loss_share"] == 1.0 and m["aggregator/loss_share"] == 1.0  # one role per adapter
     # each optimizer stepped exactly that many times on its own adapter's tensors
     for adapter, steps in (("generator", 3), ("aggregator", 1)):
         opt = opts[adapter][0]
@@ -677,6 +677,53 @@ def test_role_weights_zero_mini_batch_under_sp():
     assert minibatch_weights(samples[2:], cfg) == [0.0, 0.0]
     assert minibatch_weights(samples[:2], cfg) == pytest.approx([1 / 4, 1 / 2])  # 1/(2*2), 1/(2*1): one role, unchanged
     m = update_policy(model, samples, opts, cfg)
-    assert m["generator/grad_share"] == 1.0 and m["aggregator/grad_share"] == 0.0
+    assert m["generator/loss_share"] == 1.0 and m["aggregator/loss_share"] == 0.0
     assert m["generator/opt_steps"] == 1 and m["aggregator/opt_steps"] == 0  # zero weights: step skipped
     assert m["aggregator/grad_norm"] == 0.0  # zero weight: zero gradient
+
+
+# ---------------------------------------------------------------- faithful to the reference's update (verl)
+
+def _step_grads(model, samples, **cfg):
+    """The gradient each optimizer step of one update saw (SGD with lr 0: the weights never move, so later
+    mini-batches' old log-probs equal their current ones; clipping off)."""
+    params = adapter_parameters(model, "shared")
+    sgd = torch.optim.SGD(params, lr=0.0)
+    captured = []
+    sgd.register_step_pre_hook(lambda *_: captured.append([p.grad.detach().clone() for p in params]))
+    opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
+    update_policy(model, samples, opts, UpdateSettings(max_grad_norm=1e9, temperature=0.7, **cfg))
+    return captured
+
+
+def test_a_partial_last_mini_batch_counts_its_rows_over_the_mini_batch_size(lora_model):
+    """As verl: 10 samples in mini-batches of 4 -> 4, 4, 2. The last one's gradient is 2/4 of what the same two
+    samples give as a mini-batch of their own; full mini-batches are not scaled; merged into one step, nothing is.
+    Tolerance: old log-probs come from a separate no-grad pass, equal up to fp32 padding noise (~1e-7)."""
+    samples = _synthetic_samples(seed=5) + _synthetic_samples(seed=6)[:2]
+    steps = _step_grads(lora_model, samples, mini_batch_size=4)
+    assert len(steps) == 3
+    for got, rows in ((steps[0], samples[:4]), (steps[2], samples[8:])):
+        (alone,) = _step_grads(lora_model, rows, mini_batch_size=len(rows))
+        scale = len(rows) / 4
+        assert max(float((g - scale * a).abs().max()) for g, a in zip(got, alone)) < 1e-5 * _max_diff(alone, [0 * a for a in alone])
+    (merged,) = _step_grads(lora_model, samples, mini_batch_size=4, merge_instance_steps=True)
+    (alone,) = _step_grads(lora_model, samples, mini_batch_size=len(samples))
+    assert _max_diff(merged, alone) < 1e-6
+
+
+def test_sp_logs_each_roles_share_of_the_loss_and_of_the_gradient(lora_model):
+    """An SP mini-batch of 6 generator and 2 aggregator samples: loss_share is each role's share of the loss weight
+    (seq-mean-token-mean: its share of the samples, 6/8 and 2/8); grad_norm_share is its own gradient's norm over
+    the two norms' sum; and the numbers tie together: |g|^2 = |g_gen|^2 + |g_agg|^2 + 2 |g_gen| |g_agg| cos."""
+    samples = _synthetic_samples(roles=["generator"] * 6 + ["aggregator"] * 2, seed=9)
+    params = adapter_parameters(lora_model, "shared")
+    sgd = torch.optim.SGD(params, lr=0.0)
+    opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
+    m = update_policy(lora_model, samples, opts, UpdateSettings(max_grad_norm=1e9, temperature=0.7, mini_batch_size=8))
+    assert (m["generator/loss_share"], m["aggregator/loss_share"]) == pytest.approx((0.75, 0.25), abs=1e-12)
+    n_gen, n_agg, cos = m["generator/role_grad_norm"], m["aggregator/role_grad_norm"], m["grad_cos/aggregator-generator"]
+    assert m["generator/grad_norm_share"] == pytest.approx(n_gen / (n_gen + n_agg), rel=1e-9)
+    assert m["generator/grad_norm_share"] + m["aggregator/grad_norm_share"] == pytest.approx(1.0, abs=1e-12)
+    total = m["generator/grad_norm"]  # the adapter's whole gradient, before clipping (fp32: 1e-5 relative)
+    assert total ** 2 == pytest.approx(n_gen ** 2 + n_agg ** 2 + 2 * n_gen * n_agg * cos, rel=1e-5)

@@ -25,8 +25,10 @@ TASK = Task("t1", "What is 2 + 2?", "4", "math")
 def role_of(prompt: str) -> str:
     if "candidate solutions" in prompt:
         return "aggregator"
-    if "Proposed solution" in prompt:
+    if "Proposed solution" in prompt or "above for correctness" in prompt:
         return "evaluator"
+    if "feedback above" in prompt:
+        return "refine"
     if "Do not solve" in prompt:
         return "orchestrator"
     if "Workers solved" in prompt:
@@ -68,11 +70,12 @@ def run(workflow, script, n=1, tasks=(TASK,), policy="ip", **opts):
 
 # ---------------------------------------------------------------- parsing
 
-@pytest.mark.parametrize("text,n,expected", [
+@pytest.mark.parametrize("text,n,expected", [  # the reference's parser: only the first match of each kind counts
     ("Solution 2 is right: \\boxed{2}", 3, (1, "boxed")),
-    ("\\boxed{7} no, \\boxed{3}", 3, (2, "boxed")),       # first *in range* box
-    ("\\boxed{9} I think solution 2", 3, (1, "digit")),     # box out of range -> standalone digit
-    ("pick 12 or 3.5 then 3", 3, (2, "digit")),             # 12 and 3.5 are not standalone digits 1-9
+    ("I pick 2, so \\boxed{3}", 3, (2, "boxed")),          # a box wins over an earlier digit
+    ("\\boxed{7} no, \\boxed{3}", 3, (0, "default")),     # first box out of range; first digit (the 7) too
+    ("\\boxed{12} I think solution 2", 3, (1, "digit")),    # 12 is no standalone digit: the first one is 2
+    ("pick 12 or 3.5 then 1", 3, (2, "digit")),             # \b([1-9])\b: the 3 of 3.5 is a standalone digit
     ("none of them", 3, (0, "default")),
 ])
 def test_parse_selection(text, n, expected):
@@ -82,8 +85,9 @@ def test_parse_selection(text, n, expected):
 @pytest.mark.parametrize("text,expected", [
     ("Looks fine. \\boxed{Correct}", True),
     ("Wrong sum. \\boxed{Incorrect}", False),
-    ("\\boxed{ correct. }", True),
-    ("\\boxed{Correct} wait \\boxed{Incorrect}", False),   # last box wins
+    ("\\boxed{CORRECT}", True),                           # any case
+    ("\\boxed{ correct. }", None),                         # the reference's pattern only
+    ("\\boxed{Correct} wait \\boxed{Incorrect}", True),    # the first verdict box wins
     ("I think it is correct", None),
     ("\\boxed{4}", None),
 ])
@@ -138,7 +142,7 @@ def test_evalopt_stops_on_correct():
 
 def test_evalopt_runs_to_budget_on_incorrect_and_last_attempt_is_final():
     eps, engine = run("evalopt", {"generator": ["\\boxed{4}"], "refine": ["\\boxed{5}", "\\boxed{6}"],
-                                  "evaluator": ["\\boxed{Incorrect}"] * 3}, max_iterations=3)
+                                  "evaluator": ["\\boxed{Incorrect}"] * 3}, max_iterations=3, evalopt_context="clean")
     ep = eps[0]
     assert [(c.name, c.turn) for c in ep.calls] == [("generator", 0), ("evaluator", 0), ("generator", 1),
                                                     ("evaluator", 1), ("generator", 2), ("evaluator", 2)]
@@ -182,7 +186,8 @@ def test_orchworkers_flow_and_parse():
                                       "worker": ["\\boxed{4}", "\\boxed{5}"], "synthesizer": ["\\boxed{4}"]})
     ep = eps[0]
     assert [c.name for c in ep.calls] == ["orchestrator", "worker", "worker", "synthesizer"]
-    assert "Use this strategy: count" in ep.calls[2].messages[-1]["content"]
+    assert "Use this strategy as your main approach, and solve the whole problem: count" in \
+        ep.calls[2].messages[-1]["content"]
     assert ep.correct and ep.metrics["strategies"] == 2
     m = episode_metrics(eps)
     assert m["worker_success_rate"] == 0.5 and m["orchestrator/format_ok"] == 1.0
@@ -274,8 +279,8 @@ def test_sp_update_logs_shares_that_sum_to_one(tiny):
     model, _ = tiny
     opts = make_optimizers(model, ["shared"], lr=1e-3, warmup_steps=1)
     m = update_policy(model, voting_samples(2, lambda r: "shared"), opts, UpdateSettings(mini_batch_size=8))
-    assert m["generator/grad_share"] + m["aggregator/grad_share"] == pytest.approx(1.0)
-    assert m["generator/grad_share"] == pytest.approx(0.75)  # 6 of 8 samples, every sample the same weight
+    assert m["generator/loss_share"] + m["aggregator/loss_share"] == pytest.approx(1.0)
+    assert m["generator/loss_share"] == pytest.approx(0.75)  # 6 of 8 samples, every sample the same weight
 
 
 def test_kl_only_changes_the_named_role(tiny):
@@ -312,9 +317,25 @@ def test_coherence_scale_in_range(lam):
         scale = _coherence_scale([p], ema, "a", lam, window=4)
         assert torch.allclose(p.grad, before * scale)
         scales.append(scale)
-    assert scales[0] == 1.0  # no history yet
-    assert all(1 - lam - 1e-9 <= s <= 1.0 for s in scales)
-    assert min(scales) < 1.0  # the aligned steps were actually damped
+    assert scales[0] == pytest.approx(1 - lam, abs=1e-6)  # the EMA starts as the first gradient: cos = 1
+    assert all(1 - lam - 1e-6 <= s <= 1.0 for s in scales)
+    assert max(scales[1:]) > 1 - lam + 1e-3  # the opposed steps were not damped as much
+
+
+def test_coherence_first_two_steps_hand_computed():
+    """lambda 0.2, window 4 (tau 0.75). g1 = (3, 4): the EMA starts at g1, cos 1, scale 0.8; EMA <- 0.75 g1 +
+    0.25 x 0.8 g1 = 0.95 g1. g2 = (4, 3): cos(g2, 0.95 g1) = 24/25 = 0.96, scale 1 - 0.2 x 0.96 = 0.808;
+    EMA <- 0.75 x 0.95 g1 + 0.25 x 0.808 g2 = (2.1375 + 0.808, 2.85 + 0.606). The EMA is kept in fp32 (1e-6);
+    the scales are computed from it in fp32 too, so they agree to 1e-6 as well."""
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    ema = {}
+    p.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert _coherence_scale([p], ema, "a", 0.2, window=4) == pytest.approx(0.8, abs=1e-6)
+    assert p.grad.tolist() == pytest.approx([2.4, 3.2], abs=1e-6)
+    assert ema["a"].tolist() == pytest.approx([2.85, 3.8], abs=1e-6)
+    p.grad = torch.tensor([4.0, 3.0], dtype=torch.float64)
+    assert _coherence_scale([p], ema, "a", 0.2, window=4) == pytest.approx(0.808, abs=1e-6)
+    assert ema["a"].tolist() == pytest.approx([2.1375 + 0.808, 2.85 + 0.606], abs=1e-6)
 
 
 def test_group_advantages_for_a_voting_batch():
@@ -368,8 +389,11 @@ def test_code_prompts_and_grading_in_every_workflow():
         assert "```python" in first and "Complete this Python function" in first
         assert len(solver.messages) == 1  # no math one-shot example for code
     assert [c.metrics["reason"] for c in eps[0].calls if c.role == "worker"] == ["wrong_answer"] * 2
+    for context in ("reference", "clean"):
+        assert "without writing a corrected program" in run("evalopt", script, tasks=(task,), evalopt_context=context)[
+            0][0].calls[1].messages[-1]["content"] or context == "clean"
     assert "do not write a corrected program" in \
-        run("evalopt", script, tasks=(task,))[0][0].calls[1].messages[-1]["content"]
+        run("evalopt", script, tasks=(task,), evalopt_context="clean")[0][0].calls[1].messages[-1]["content"]
 
 
 # ---------------------------------------------------------------- prompts over the limit end the episode
@@ -396,3 +420,76 @@ def test_a_prompt_over_the_limit_ends_the_episode_keeping_the_calls_made():
     single = rollout([TASK], 1, "single", ScriptedEngine(script), lambda m: chat_prompt_ids(TOK, m),
                      lambda name: "shared", WorkflowOptions(), max_prompt_tokens=5)
     assert single[0].calls == [] and not single[0].correct and episode_metrics(single)["prompt_overflow"] == 1.0
+
+
+# ---------------------------------------------------------------- Eval-Opt as the reference runs it
+
+EVALOPT_SCRIPT = {"generator": ["\\boxed{3}"], "refine": ["\\boxed{5}", "\\boxed{6}"],
+                  "evaluator": ["Wrong sum. \\boxed{Incorrect}", "Still wrong. \\boxed{Incorrect}", "\\boxed{Correct}"]}
+
+
+def test_evalopt_reference_context_is_one_shared_conversation():
+    """3 iterations. The evaluator and each retry see the whole conversation so far; the instructions to the
+    evaluator and for a retry are not kept in it: the third evaluator call sees user(problem), then five assistant
+    turns in a row, then its own instruction."""
+    ep = run("evalopt", EVALOPT_SCRIPT, max_iterations=3, prompts="paper")[0][0]
+    problem = ep.calls[0].messages
+    assert problem == [{"role": "user", "content": "Solve the problem step by step, showing your work, then give the "
+                        "final answer in \\boxed{}.\n\nProblem: What is 2 + 2?"}]
+    review = {"role": "user", "content": "Review the solution above for correctness: check its reasoning and its "
+              "final answer. If it is incorrect, say briefly what the main problem is. Do not reveal the correct "
+              "answer. Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}."}
+    retry = {"role": "user", "content": "Write a new solution based on the feedback above, with a completely "
+             "different method. Address the issues it raises, and give the final answer in \\boxed{}."}
+    a = lambda text: {"role": "assistant", "content": text}  # noqa: E731
+    g0, e0, g1, e1, g2, e2 = (a(t) for t in ("\\boxed{3}", "Wrong sum. \\boxed{Incorrect}", "\\boxed{5}",
+                                              "Still wrong. \\boxed{Incorrect}", "\\boxed{6}", "\\boxed{Correct}"))
+    assert [c.messages for c in ep.calls] == [
+        problem, problem + [g0, review], problem + [g0, e0, retry], problem + [g0, e0, g1, review],
+        problem + [g0, e0, g1, e1, retry], problem + [g0, e0, g1, e1, g2, review]]
+    assert len(ep.calls[5].prompt_ids) > len(ep.calls[3].prompt_ids) > len(ep.calls[1].prompt_ids)  # prompts grow
+
+
+def test_evalopt_clean_context_shows_only_the_latest_attempt():
+    ep = run("evalopt", EVALOPT_SCRIPT, max_iterations=3, prompts="paper", evalopt_context="clean")[0][0]
+    solve = ep.calls[0].messages
+    def judge(attempt):
+        return [{"role": "user", "content": f"Problem: What is 2 + 2?\n\nProposed solution:\n{attempt}\n\nCheck "
+                 "whether this solution and its final answer are correct. Do not reveal the correct answer. Give "
+                 "brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}."}]
+
+    def retry(attempt, feedback):
+        return solve + [{"role": "assistant", "content": attempt},
+                        {"role": "user", "content": f"A reviewer judged your solution incorrect. Feedback:\n"
+                         f"{feedback}\n\nSolve the problem again with a different approach, and give the final "
+                         "answer in \\boxed{}."}]
+    assert [c.messages for c in ep.calls] == [
+        solve, judge("\\boxed{3}"), retry("\\boxed{3}", "Wrong sum."), judge("\\boxed{5}"),
+        retry("\\boxed{5}", "Still wrong."), judge("\\boxed{6}")]
+
+
+@pytest.mark.parametrize("first,expected", [("\\boxed{3}", False), ("\\boxed{4}", False)])
+def test_an_unparseable_verdict_is_a_wrong_evaluator_call(first, expected):
+    """Whether the judged attempt was wrong (3) or right (4), a verdict without a Correct/Incorrect box scores the
+    evaluator 0 (the reference's reward): in evaluator/acc and under --credit role."""
+    eps, _ = run("evalopt", {"generator": [first], "refine": ["\\boxed{4}"], "evaluator": ["no idea", "\\boxed{Correct}"]})
+    judge = eps[0].calls[1]
+    assert judge.metrics["verdict"] is None and judge.metrics["correct"] is expected
+    assign_rewards(eps, "role")
+    assert judge.reward == 0.0
+    assert episode_metrics(eps)["evaluator/acc"] == 0.5  # the second verdict (Correct on a right answer) counts
+
+
+def test_paper_prompts_ask_what_the_reference_asks():
+    """`--prompts paper`: solve step by step; the aggregator analyses every solution before selecting; the
+    orchestrator proposes distinct techniques without solving; no worked example in front."""
+    eps, _ = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"}, prompts="paper")
+    gen, agg = eps[0].calls[0].messages, eps[0].calls[3].messages[-1]["content"]
+    assert len(gen) == 1 and gen[0]["content"].startswith("Solve the problem step by step, showing your work")
+    assert "analyse each for correctness and completeness, check its reasoning and its final answer" in agg
+    small = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"})[0][0].calls
+    assert len(small[0].messages) == 3 and "give only the number" in small[3].messages[-1]["content"]  # CPU default
+    orch = run("orchworkers", {"orchestrator": lambda p: "STRATEGY 1: a", "worker": lambda p: "\\boxed{4}",
+                               "synthesizer": lambda p: "\\boxed{4}"}, prompts="paper")[0][0].calls[0].messages
+    assert "Do not solve the problem. Propose at most 3 distinct strategies for it, each a different technique" in \
+        orch[-1]["content"]
