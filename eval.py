@@ -43,12 +43,15 @@ from dataclasses import dataclass
 from typing import Callable, NoReturn
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 import tasks as T
 from policies import (BASE, HFEngine, add_adapters, chat_prompt_ids, checkpoint_folder, checkpoint_steps,
                       load_adapters, load_model, read_adapters, route_adapter, seed_everything)
-from workflows import PAPER_LENGTHS, ROLES, Episode, WorkflowOptions, assign_rewards, episode_metrics, rollout
+from grpo import gather, init_distributed, share, world
+from workflows import (PAPER_LENGTHS, ROLES, Episode, Tallies, WorkflowOptions, add_tallies, assign_rewards,
+                       episode_tallies, rates, rollout)
 
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
 SA_MODES = ("sa-transfer", "sa-generator-transfer")  # the modes that load a single-agent run's adapter
@@ -146,27 +149,34 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prob_all_wrong
 
 
-def pass_at_k_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """`pass@k` for k = 1, 2, 4, ... up to the samples per task, computed per task and then averaged."""
+def evaluation_tallies(episodes: list[Episode]) -> Tallies:
+    """The counts one evaluation reports, as numerators and denominators (so ranks add them): the episode
+    tallies, each sample index's accuracy (`sample/<k>`: one full pass over the tasks), and pass@k for k = 1,
+    2, 4... up to the samples per task, per task (a task's samples are all on one rank)."""
+    t = episode_tallies(episodes)
     per_task: dict[str, list[bool]] = {}
     for e in episodes:
         per_task.setdefault(e.task.id, []).append(e.correct)
-    n = min(len(v) for v in per_task.values())
-    ks = [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
-    return {f"pass@{k}": statistics.mean(pass_at_k(len(v), sum(v), k) for v in per_task.values()) for k in ks}
+        t.setdefault(f"sample/{e.sample}", [0.0, 0.0])
+        t[f"sample/{e.sample}"][0] += e.correct
+        t[f"sample/{e.sample}"][1] += 1
+    for outcomes in per_task.values():
+        for k in (2 ** i for i in range(len(outcomes).bit_length()) if 2 ** i <= len(outcomes)):
+            t.setdefault(f"pass@{k}", [0.0, 0.0])
+            t[f"pass@{k}"][0] += pass_at_k(len(outcomes), sum(outcomes), k)
+            t[f"pass@{k}"][1] += 1
+    return t
 
 
-def evaluation_metrics(episodes: list[Episode]) -> dict[str, float | None]:
-    """Everything one evaluation reports: accuracy and its std over the sample indices (each index is one full
-    pass over the tasks), pass@k, and workflows.episode_metrics (per-role accuracy regraded from each role's own
-    answer, format compliance, response length, any_correct, Eval-Opt retry/fix/break, fallbacks).
-    Undefined rates (NaN, e.g. fix_rate when no first attempt was wrong) become None, so the JSON is standard."""
-    samples = sorted({e.sample for e in episodes})
-    per_sample = [statistics.mean(float(e.correct) for e in episodes if e.sample == k) for k in samples]
-    m: dict[str, float | None] = {"accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample)}
-    m.update(pass_at_k_metrics(episodes))
-    m.update(episode_metrics(episodes))
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
+def evaluation_metrics(tallies: Tallies | list[Episode]) -> dict[str, float | None]:
+    """Everything one evaluation reports: accuracy and its std over the sample indices, pass@k, and the
+    episode metrics (per-role accuracy regraded from each role's own answer, format compliance, response length,
+    any_correct, Eval-Opt retry/fix/break, fallbacks); None (JSON null) where there was nothing to count."""
+    if isinstance(tallies, list):
+        tallies = evaluation_tallies(tallies)
+    m = rates(tallies)
+    per_sample = [m.pop(k) for k in [k for k in m if k.startswith("sample/")]]
+    return {"accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample), **m}
 
 
 # ---------------------------------------------------------------- model and engine per mode
@@ -338,18 +348,19 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], cfg: EvalSettings)
         load_step(model, mode, run_dir, cfg.sa_run, sa_args, step)
         seed_everything(cfg.seed)  # every checkpoint samples with the same seed: differences are the weights'
         start = time.time()
-        episodes = run_episodes(tasks, cfg.n, run_args, engine, tokenizer, mode_route(mode, run_args["policy"]),
-                                max_prompt, desc=f"eval {mode} step {step}")
+        episodes = run_episodes(share(tasks), cfg.n, run_args, engine, tokenizer, mode_route(mode, run_args["policy"]),
+                                max_prompt, desc=f"eval {mode} step {step}")  # torchrun: this rank's share
         record = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
                   "workflow": run_args["workflow"], "policy": run_args["policy"], "mode": mode, "n": cfg.n,
                   "tasks": len(tasks), "temperature": temp, "max_new_tokens": max_new, "seed": cfg.seed,
-                  "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(episodes)}
+                  "time_s": round(time.time() - start, 1),
+                  "metrics": evaluation_metrics(add_tallies(gather(evaluation_tallies(episodes))))}
         if mode in SA_MODES:
             record.update(sa_run=os.path.normpath(cfg.sa_run), sa_cell=cell_name(sa_args))
         if cfg.dump:
             record["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, cfg.sa_run)
             dump_trajectories(episodes, record["trajectories"])
-        if cfg.results_path:
+        if cfg.results_path and world()[0] == 0:
             with open(cfg.results_path, "a") as f:
                 f.write(json.dumps(record, allow_nan=False) + "\n")
         m = record["metrics"]
@@ -519,8 +530,9 @@ def build_parser() -> Parser:
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
     table.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
     g = p.add_argument_group("evaluate")
-    g.add_argument("--run", default=None, help="run folder written by train.py: the workflow, split and sampling "
-                   "settings evaluated (and, for trained, the checkpoints)")
+    g.add_argument("--run-dir", "--run", dest="run", default=None, help="run folder written by train.py: the "
+                   "workflow, split and sampling settings evaluated (and, for trained, the checkpoints); under torchrun "
+                   "write --run-dir (torchrun takes --run for its own --run-path)")
     g.add_argument("--mode", default="trained", choices=MODES, help="base: adapters off; trained: the run's adapters "
                    "as in training; sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
                    "generators and workers only")
@@ -531,8 +543,8 @@ def build_parser() -> Parser:
                    "results file with the same mode, dataset and --n")
     g.add_argument("--data", default=None, help="evaluate on this file instead of the run's validation split, in the "
                    "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test split)")
-    g.add_argument("--n", type=int, default=1, help="samples per task: accuracy is their mean, pass@k for "
-                   "k = 1, 2, 4... <= n (paper: 8)")
+    g.add_argument("--samples", "--n", dest="n", type=int, default=1, help="samples per task: accuracy is their "
+                   "mean, pass@k for k = 1, 2, 4... <= n (under torchrun write --samples)")
     g.add_argument("--temperature", type=float, default=None, help="default: the run's sampling temperature")
     g.add_argument("--max-new-tokens", type=int, default=None, help="default: a paper cell's evaluation length "
                    "(math 8192, code 5120), else the run's")
@@ -549,13 +561,14 @@ def build_parser() -> Parser:
 def check_eval_args(args: argparse.Namespace) -> None:
     """One line for each bad value, before any model loads."""
     if not args.run:
-        usage_error("--run RUN is needed (or a command: plot, table; see --help)")
+        usage_error("--run-dir RUN is needed (or a command: plot, table; see --help)")
     read_run_args(args.run)  # a folder that is not a run: one line
     if args.mode in SA_MODES and args.sa_run:
         read_run_args(args.sa_run)
-    for flag in ("n", "max_new_tokens", "max_prompt_tokens"):
+    for flag, name in (("n", "--samples/--n"), ("max_new_tokens", "--max-new-tokens"),
+                       ("max_prompt_tokens", "--max-prompt-tokens")):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            usage_error(f"argument --{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+            usage_error(f"argument {name}: must be >= 1, got {getattr(args, flag)}")
     if args.temperature is not None and not 0 <= args.temperature < math.inf:
         usage_error(f"argument --temperature: must be >= 0, got {args.temperature}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
@@ -572,9 +585,19 @@ def main(argv: list[str] | None = None):
     if args.command == "table":
         return table_command(args)
     check_eval_args(args)
+    rank_device = init_distributed()  # under torchrun each rank evaluates a share of the tasks
+    try:
+        return evaluate_command(args, rank_device)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def evaluate_command(args: argparse.Namespace, rank_device: str | None) -> list[dict]:
     out = args.out or os.path.join(args.run, "eval.jsonl")
     cfg = EvalSettings(n=args.n, temperature=args.temperature, seed=args.seed,
-                       sa_run=args.sa_run if args.mode in SA_MODES else None, dump=args.dump, device=args.device,
+                       sa_run=args.sa_run if args.mode in SA_MODES else None, dump=args.dump,
+                       device=rank_device or args.device,
                        results_path=out, data=args.data, max_new_tokens=args.max_new_tokens,
                        max_prompt_tokens=args.max_prompt_tokens)
     if args.every_checkpoint:
@@ -589,4 +612,4 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    main()
+    record(main)()  # under torchrun, a failing rank's traceback goes into torchrun's failure summary

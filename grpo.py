@@ -21,11 +21,15 @@ instances takes three steps per training step (finding 4).
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections import defaultdict
+from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import Hashable
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from policies import adapter_parameters, completion_logprobs, micro_batches, policy_logprobs, use_adapter
@@ -117,6 +121,7 @@ class Sample:
     advantage: float
     role: str      # role type for metrics: generator0 -> generator
     adapter: str   # the adapter this call trains (route_adapter)
+    rank: int = 0  # the rank that holds its tokens (torchrun); other ranks know only its length and advantage
 
 
 @dataclass
@@ -190,18 +195,91 @@ def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]
     return w
 
 
-def old_logprobs(model, adapter: str, group: list[Sample], step_size: int,
-                 cfg: UpdateSettings) -> list[torch.Tensor | None]:
-    """Log-probs of each sample under the adapter as it is *before* this training step (None = use the
+def old_logprobs(model, adapter: str, group: list[Sample], step_size: int, cfg: UpdateSettings,
+                 rank: int = 0) -> list[torch.Tensor | None]:
+    """Log-probs of this rank's samples under the adapter as it is *before* this training step (None = use the
     current ones, detached). The first mini-batch is scored before the adapter's first optimizer step,
     so its current log-probs are the old ones and its ratio is exactly 1: only the later mini-batches
     (IP parallel instances, or a batch larger than `mini_batch_size`) need this extra no-grad forward."""
-    later = group[step_size:]
-    if not later:
-        return [None] * len(group)
-    return [None] * step_size + policy_logprobs(model, adapter, [s.prompt_ids for s in later],
-                                                [s.completion_ids for s in later], cfg.micro_batch_size,
-                                                cfg.temperature, cfg.share_prompts, cfg.max_tokens_per_micro_batch)
+    later = [i for i in range(step_size, len(group)) if group[i].rank == rank]
+    out: list[torch.Tensor | None] = [None] * len(group)
+    scored = policy_logprobs(model, adapter, [group[i].prompt_ids for i in later],
+                             [group[i].completion_ids for i in later], cfg.micro_batch_size, cfg.temperature,
+                             cfg.share_prompts, cfg.max_tokens_per_micro_batch) if later else []
+    for i, logp in zip(later, scored):
+        out[i] = logp
+    return out
+
+
+# ---------------------------------------------------------------- several ranks (torchrun)
+
+DIST_TIMEOUT_MIN = 30  # a rank that waits this long for the others in a collective gives up with an error
+
+
+def init_distributed() -> str | None:
+    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): the process group (nccl on CUDA, gloo on CPU), and this
+    rank's device; only rank 0 prints. A plain `python train.py` has no process group: None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None
+    local = int(os.environ["LOCAL_RANK"])
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=DIST_TIMEOUT_MIN))
+    if dist.get_rank() != 0:
+        sys.stdout = open(os.devnull, "w")  # for the life of the process
+    return f"cuda:{local}" if cuda else "cpu"
+
+
+def share(items: list) -> list:
+    """This rank's contiguous share of a batch (all of it without torchrun); ranks in order give the batch back,
+    so a task's n samples stay on one rank and group advantages need no communication."""
+    rank, size = world()
+    k, extra = divmod(len(items), size)
+    start = rank * k + min(rank, extra)
+    return items[start:start + k + (rank < extra)]
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) under torchrun; (0, 1) for a plain `python train.py` (no process group)."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def gather(value) -> list:
+    """Every rank's `value` (any picklable object), in rank order; [value] without a process group."""
+    if not dist.is_initialized():
+        return [value]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def sum_over_ranks(values: dict[tuple, float]) -> dict[tuple, float]:
+    """Additive statistics (token counts, loss sums...) summed over ranks, in float64 on every rank."""
+    out: dict[tuple, float] = defaultdict(float)
+    for part in gather(dict(values)):
+        for k, v in part.items():
+            out[k] += v
+    return out
+
+
+def global_batch(samples: list[Sample]) -> list[Sample]:
+    """Under torchrun: every rank's samples in rank order, which is the order one process would have them in
+    (ranks hold contiguous shares of the tasks). A rank keeps its own with their tokens; the others' come as what
+    the loss weights need: length, advantage, role, adapter. One process: `samples` as they are."""
+    rank, size = world()
+    if size == 1:
+        return samples
+    metas = gather([(len(s.completion_ids), s.advantage, s.role, s.adapter) for s in samples])
+    return [s for r, part in enumerate(metas) for s in (samples if r == rank else
+            [Sample([], [0] * n, adv, role, adapter, r) for n, adv, role, adapter in part])]
+
+
+def all_reduce_sum(flat: torch.Tensor) -> torch.Tensor:
+    """A flat gradient summed over ranks, in place (the loss weights already count the global mini-batch)."""
+    if dist.is_initialized():
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    return flat
 
 
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
@@ -211,6 +289,8 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
     For each adapter with samples: old log-probs of its samples (before any step), then one optimizer step per
     mini-batch (`update_adapter`). Every adapter's schedule advances once per training step, as in verl, whether
     or not it had samples. `grad_ema` carries the I6 gradient averages from step to step (train.py owns it).
+    Under torchrun, `samples` is the global batch, the same list on every rank; each rank runs the rows it holds
+    (`Sample.rank`) and the gradients are summed over ranks: the loss weights already count the global batch.
     """
     by_adapter: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -219,23 +299,26 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
     unknown = set(by_adapter) - set(optimizers)
     assert not unknown, f"samples for adapters without an optimizer: {sorted(unknown)}"
     means: dict[tuple[str, str], list[float]] = defaultdict(list)  # (role or adapter, name) -> values to average
-    sums: dict[tuple[str, str], float] = defaultdict(float)        # (role, name) -> values to add ("": totals)
+    sums: dict[tuple[str, str], float] = defaultdict(float)        # (role, name) -> this rank's rows' sums
+    counts: dict[tuple[str, str], float] = defaultdict(float)      # (role, name) -> optimizer steps ("": totals)
     grad_ema = {} if grad_ema is None else grad_ema
     for adapter, (opt, sched) in optimizers.items():
         if by_adapter[adapter]:
-            update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, means, sums)
+            update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, (means, sums, counts))
         means[adapter, "lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
         sched.step()
-    return step_metrics(means, sums, cfg, next(iter(optimizers), ""))
+    return step_metrics(means, sum_over_ranks(sums), counts, cfg, next(iter(optimizers), ""))
 
 
 def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Optimizer, cfg: UpdateSettings,
-                   grad_ema: dict, means: dict, sums: dict) -> None:
+                   grad_ema: dict, stats: tuple[dict, dict, dict]) -> None:
     """One adapter's part of a step: one optimizer step per mini-batch of `mini_batch_size` samples (or a
     single step over all of them with `merge_instance_steps`), accumulating over micro-batches."""
+    means, sums, counts = stats
+    rank, _ = world()
     params = adapter_parameters(model, adapter)
     step_size = len(group) if cfg.merge_instance_steps else cfg.mini_batch_size
-    old = old_logprobs(model, adapter, group, step_size, cfg)
+    old = old_logprobs(model, adapter, group, step_size, cfg, rank)
     with use_adapter(model, adapter):
         model.train()
         for start in tqdm(range(0, len(group), step_size), desc=f"update {adapter}", leave=False, disable=None):
@@ -246,7 +329,10 @@ def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Op
             for role, share in role_shares(mb, weights).items():
                 means[role, "loss_share"].append(share)
             opt.zero_grad(set_to_none=True)
-            role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums)
+            role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums, rank)
+            if dist.is_initialized():  # from here on every rank holds the same gradient
+                _set_flat_grad(params, all_reduce_sum(_flat_grad(params)))
+                role_grads = {r: all_reduce_sum(g) for r, g in role_grads.items()}
             for k, v in _role_gradient_stats(role_grads).items():  # empty for a one-role mini-batch
                 means[k].append(v)
             role = mb[0].role
@@ -259,28 +345,28 @@ def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Op
             stepped = math.isfinite(grad_norm) and any(weights)
             if stepped:
                 opt.step()
-            sums["", "nonfinite_steps"] += not math.isfinite(grad_norm)
+            counts["", "nonfinite_steps"] += not math.isfinite(grad_norm)
             opt.zero_grad(set_to_none=True)
             for role in {s.role for s in mb}:
-                sums[role, "opt_steps"] += stepped
+                counts[role, "opt_steps"] += stepped
                 means[role, "grad_norm"].append(grad_norm)
         model.eval()
 
 
 TOKEN_STATS = ("pg_loss", "clip_frac", "entropy", "approx_kl", "kl_base")  # summed per token, then averaged
-COUNTS = ("opt_steps", "nonfinite_steps", "skipped_rows")                   # reported as sums
 
 
-def step_metrics(means: dict, sums: dict, cfg: UpdateSettings, first_adapter: str) -> dict[str, float]:
+def step_metrics(means: dict, sums: dict, counts: dict, cfg: UpdateSettings, first_adapter: str) -> dict[str, float]:
     """The accumulated numbers, named once: `role/name` per role (or adapter), `name` for totals."""
     def key(owner: str, name: str) -> str:
         return f"{owner}/{name}" if owner else name
     m = {key(*k): sum(v) / len(v) for k, v in means.items()}
+    m.update({key(*k): v for k, v in counts.items()})  # opt_steps also for a role whose rows were all skipped
     for (owner, name), v in sums.items():
         if name in TOKEN_STATS:
             m[key(owner, name)] = v / sums[owner, "tokens"]
-        elif name in COUNTS:  # opt_steps also for a role whose rows were all skipped
-            m[key(owner, name)] = v
+        elif name == "skipped_rows":
+            m[name] = v
     m.setdefault("nonfinite_steps", 0.0)
     if cfg.skip_zero_advantage:
         m.setdefault("skipped_rows", 0.0)
@@ -289,11 +375,12 @@ def step_metrics(means: dict, sums: dict, cfg: UpdateSettings, first_adapter: st
 
 
 def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: list, weights: list[float],
-                cfg: UpdateSettings, sums: dict) -> dict[str, torch.Tensor]:
+                cfg: UpdateSettings, sums: dict, rank: int = 0) -> dict[str, torch.Tensor]:
     """Backward over one mini-batch in micro-batches, formed role by role; when the mini-batch holds several roles
     (SP), the gradient is snapshotted after each role, so each role's own gradient comes free: the loss is a sum.
     (Measured cost of the role order and snapshots: +6% of a tiny-model update, none on SmolLM2.)"""
     def backward(idx: list[int]) -> None:
+        idx = [i for i in idx if mb[i].rank == rank]  # the rows this rank holds
         if cfg.skip_zero_advantage:  # their loss is 0 * ratio: no gradient (a KL term would still have one)
             kept = [i for i in idx if mb[i].advantage != 0.0 or cfg.kl_coef.get(mb[i].role, 0.0) > 0]
             sums["", "skipped_rows"] += len(idx) - len(kept)
@@ -325,6 +412,11 @@ def _zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+
+
+def _set_flat_grad(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(g.view_as(p))
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:

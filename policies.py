@@ -458,7 +458,12 @@ class VLLMEngine:
             raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
         # sleep mode (weights to host memory, KV cache freed while the trainer updates) exists on CUDA/ROCm/XPU only
         self.can_sleep = current_platform.is_sleep_mode_available()
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, enable_lora=True, max_loras=len(model.peft_config),
+        # under torchrun each rank runs its own engine (tensor parallel 1) on its share of the prompts, with vLLM's
+        # torchrun-compatible launcher and a sampling seed of its own
+        ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
+            else {}
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks,
+                       enable_lora=True, max_loras=len(model.peft_config),
                        max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
                        enable_sleep_mode=self.can_sleep, max_model_len=max_model_len,
                        enforce_eager=current_platform.is_cpu())  # CPU: skip torch.compile (minutes on 2 cores)

@@ -33,15 +33,19 @@ from typing import NoReturn
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 import tasks as T
-from grpo import AGGREGATIONS, Sample, UpdateSettings, group_advantages, make_optimizers, update_policy
+from grpo import (AGGREGATIONS, Sample, UpdateSettings, gather, global_batch, group_advantages, init_distributed,
+                  make_optimizers, share, update_policy, world)
 from policies import (BUILTIN_MODELS, EXACT_WITH_HOLES, VLLM_MISSING, HFEngine, VLLMEngine, add_adapters,
                       chat_prompt_ids, checkpoint_folder, checkpoint_steps, enable_grad_checkpointing, load_adapters,
                       load_model, logprob_drift, read_adapters, route_adapter, save_adapters, seed_everything,
                       smollm2_folder_ready, vllm_model_folder)
-from workflows import PAPER_LENGTHS, ROLES, WORKFLOWS, WorkflowOptions, assign_rewards, episode_metrics, rollout
+from workflows import (PAPER_LENGTHS, ROLES, WORKFLOWS, WorkflowOptions, add_tallies, assign_rewards, episode_tallies,
+                       rates, rollout)
 
 # `--cell {Workflow}-{Policy}-{Scale}-{Task}` names a cell of the paper's grid; it sets every flag below.
 CELL_WORKFLOWS = {"Single": "single", "SA": "single", "Voting": "voting", "EvalOpt": "evalopt",
@@ -185,7 +189,8 @@ def build_parser() -> Parser:
     g.add_argument("--lora-dropout", type=number(float, 0, 1, high_open=True), default=0.0, help="(paper: 0)")
     g = p.add_argument_group("GRPO")
     g.add_argument("--tasks-per-step", type=COUNT, default=8, help="tasks per training step (paper: 64)")
-    g.add_argument("--n", type=COUNT, default=4, help="episodes per task, the GRPO group size (paper: 8)")
+    g.add_argument("--group-size", "--n", dest="n", type=COUNT, default=4, help="episodes per task, the GRPO group "
+                   "size (paper: 8); under torchrun write --group-size (torchrun takes --n for its own --nnodes)")
     g.add_argument("--agg", default="seq-mean-token-mean", choices=AGGREGATIONS, help="loss aggregation")
     g.add_argument("--clip-low", type=number(float, 0, 1, True, True), default=0.2, help="PPO clip below 1")
     g.add_argument("--clip-high", type=POSITIVE, default=0.28, help="PPO clip above 1 (clip-higher)")
@@ -437,13 +442,14 @@ def prompt_encoding(args, tokenizer) -> tuple:
 
 def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimizers, settings,
                grad_ema: dict) -> dict[str, float]:
-    """One GRPO step: `args.n` episodes per task (stage-batched rollout), rewards per call, group
-    advantages, one update of every adapter. Returns the step's metrics (timings, and GPU memory on CUDA, included)."""
+    """One GRPO step: `args.n` episodes per task (stage-batched rollout; under torchrun each rank runs a share of
+    the tasks, whole groups), rewards per call, group advantages, one update of every adapter over the global
+    batch. Returns the step's metrics (timings, and GPU memory on CUDA, included)."""
     cuda = next(model.parameters()).is_cuda
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    episodes = rollout(batch, args.n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
+    episodes = rollout(share(batch), args.n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
                        args.max_prompt_tokens)
     t_rollout = time.time() - t0
     assign_rewards(episodes, args.credit)
@@ -453,23 +459,25 @@ def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimi
     samples = []
     for (_, c), a in zip(calls, advantages):
         c.advantage = a
-        samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter))
-    drift = {}
+        samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, world()[0]))
+    tallies = episode_tallies(episodes)
+    tallies["reward"] = [sum(c.reward for _, c in calls), len(calls)]
     if args.engine == "vllm":  # before the update: the trainer still holds the weights vLLM sampled with
-        drift = vllm_drift([c for _, c in calls], model, args)
+        tallies.update(vllm_drift([c for _, c in calls], model, args))
         engine.sleep()  # frees vLLM's GPU memory for the update (where sleep mode exists)
     t1 = time.time()
-    m = update_policy(model, samples, optimizers, settings, grad_ema)
+    m = update_policy(model, global_batch(samples), optimizers, settings, grad_ema)
     t_update = time.time() - t1
     if args.engine == "vllm":
         engine.wake_up()
         engine.sync_adapters(model, sorted({s.adapter for s in samples}))  # new versions of the updated adapters
-    gen_tokens = sum(len(c.completion_ids) for _, c in calls)
-    train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    m.update(episode_metrics(episodes), **drift)
-    m.update(reward=sum(c.reward for _, c in calls) / max(len(calls), 1), time_rollout=t_rollout,
-             time_update=t_update, rollout_tok_s=gen_tokens / max(t_rollout, 1e-9),
-             update_tok_s=train_tokens / max(t_update, 1e-9))  # no calls: every episode ended by a long prompt
+    parts = gather((tallies, sum(len(c.completion_ids) for _, c in calls),
+                    sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)))
+    m.update(rates(add_tallies([t for t, _, _ in parts])), time_rollout=t_rollout, time_update=t_update,
+             rollout_tok_s=sum(g for _, g, _ in parts) / max(t_rollout, 1e-9),
+             update_tok_s=sum(u for _, _, u in parts) / max(t_update, 1e-9))
+    if m["reward"] is None:  # no calls: every episode was ended by an over-long prompt
+        m["reward"] = 0.0
     if cuda:  # the trainer's peak (PyTorch's allocator), and the whole device's use now (vLLM included)
         free, total = torch.cuda.mem_get_info()
         m.update({"memory/peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
@@ -477,10 +485,11 @@ def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimi
     return m
 
 
-def vllm_drift(calls: list, model, args) -> dict[str, float]:
+def vllm_drift(calls: list, model, args) -> dict[str, list[float]]:
     """`vllm/logprob_drift`: mean |vLLM - trainer| log-prob of the sampled tokens, on --vllm-drift-rows calls
-    spread over the step. Near 0 means the trainer's ratios are taken against what vLLM actually sampled."""
-    if args.vllm_drift_rows <= 0:
+    spread over the step (a tally over rows). Near 0 means the trainer's ratios are taken against what vLLM
+    actually sampled."""
+    if args.vllm_drift_rows <= 0 or not calls:
         return {}
     rows = calls[::max(1, len(calls) // args.vllm_drift_rows)][:args.vllm_drift_rows]
     drift = logprob_drift(model, [c.prompt_ids for c in rows], [c.completion_ids for c in rows],
@@ -488,13 +497,14 @@ def vllm_drift(calls: list, model, args) -> dict[str, float]:
     if drift > args.vllm_drift_warn:
         tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > --vllm-drift-warn {args.vllm_drift_warn}: vLLM and the "
                    "trainer disagree on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
-    return {"vllm/logprob_drift": drift}
+    return {"vllm/logprob_drift": [drift * len(rows), len(rows)]}
 
 
 def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
-    episodes = rollout(val_tasks, args.val_n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
+    """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts are added."""
+    episodes = rollout(share(val_tasks), args.val_n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
                        args.max_prompt_tokens, desc="validate")
-    return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
+    return {f"val/{k}": v for k, v in rates(add_tallies(gather(episode_tallies(episodes)))).items()}
 
 
 def rng_state() -> dict:
@@ -514,15 +524,20 @@ def save_checkpoint(run_dir: str, step: int, model, optimizers, grad_ema: dict, 
     """Everything a resumed run needs, written atomically: into step_N.tmp, flushed, then renamed.
 
     adapters/ (PEFT folders), state.pt (optimizer and schedule of each adapter, I6 state, the random
-    states of python, numpy and torch) and state.json (the step). The data order is a function of
-    the seed and the step, so nothing more is needed to continue exactly.
+    states of python, numpy and torch of every rank) and state.json (the step). The data order is a
+    function of the seed and the step, so nothing more is needed to continue exactly. Under torchrun
+    rank 0 writes (every rank holds the same adapters) and the others wait for it.
     """
+    states = gather(rng_state())
     final = checkpoint_folder(run_dir, step)
+    if world()[0] != 0:
+        dist.barrier()
+        return final
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_adapters(model, os.path.join(tmp, "adapters"))
     torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()},
-                "grad_ema": grad_ema, "rng": rng_state()}, os.path.join(tmp, "state.pt"))
+                "grad_ema": grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({"step": step}, f)
     for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
@@ -534,12 +549,15 @@ def save_checkpoint(run_dir: str, step: int, model, optimizers, grad_ema: dict, 
     if keep_last > 0:
         for old in checkpoint_steps(run_dir)[:-keep_last]:
             shutil.rmtree(checkpoint_folder(run_dir, old), ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
     return final
 
 
-def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict) -> int:
+def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict, seed: int) -> int:
     """Load the newest checkpoint that reads back whole; an unreadable one is skipped with a warning.
-    Returns its step (0 if there is none). Everything is read before anything is applied."""
+    Returns its step (0 if there is none). Everything is read before anything is applied. Each rank takes
+    back its own random state when the run had as many ranks; otherwise sampling is seeded afresh."""
     for step in reversed(checkpoint_steps(run_dir)):
         folder = checkpoint_folder(run_dir, step)
         try:
@@ -553,7 +571,13 @@ def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict) -> i
             opt.load_state_dict(state["optimizers"][a][0])
             sched.load_state_dict(state["optimizers"][a][1])
         grad_ema.update(state["grad_ema"])
-        set_rng_state(state["rng"])
+        (rank, size), states = world(), state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+        if len(states) == size:
+            set_rng_state(states[rank])
+        else:
+            seed_everything(seed + 1000 * step + rank)
+            print(f"warning: the checkpoint has the random states of {len(states)} rank(s), this run has {size}: "
+                  "sampling is seeded afresh, so it will not repeat an uninterrupted run")
         print(f"resumed {run_dir} from step {step}")
         return step
     print(f"warning: {run_dir} has no readable checkpoint; starting from step 0")
@@ -628,30 +652,46 @@ def write_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
+    rank_device = init_distributed()
+    try:
+        return run(argv, rank_device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(argv: list[str] | None, rank_device: str | None) -> str:
     args = parse_args(argv)                      # every flag checked: nothing loaded, nothing written yet
     train_tasks, val_tasks = load_tasks(args)    # a bad row stops here, naming the file and the row
     if not args.resume:
         check_new_run_dir(args.run_dir, args.overwrite)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if dist.is_initialized():
+        dist.barrier()  # every rank has checked the folder before rank 0 writes into it
+    device = rank_device or (("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     seed_everything(args.seed)
     model, tokenizer, optimizers, engine, opts, settings = build_trainer(args, device)
+    rank, size = world()
+    if size > 1:
+        seed_everything(args.seed + rank)  # the same adapters everywhere, then each rank its own sampling stream
     logger = NoLogger()
-    if args.wandb:
+    if args.wandb and rank == 0:
         import wandb
         logger = wandb.init(project="marl-workflows", config=vars(args))
     print("config:", json.dumps(vars(args), sort_keys=True))
-    write_args(args)                             # the first write into the run folder
+    if rank == 0:
+        write_args(args)                         # the first write into the run folder
     run_dir, grad_ema = args.run_dir, {}         # grad_ema: I6 state, carried across steps
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     start = 0
     if args.resume:
-        start = resume_from_checkpoint(run_dir, model, optimizers, grad_ema)
+        start = resume_from_checkpoint(run_dir, model, optimizers, grad_ema, args.seed)
         if args.engine == "vllm":
             engine.sync_adapters(model)  # vLLM started from the fresh adapters: give it the checkpoint's
-        keep_metrics_until(metrics_path, start)
+        if rank == 0:
+            keep_metrics_until(metrics_path, start)
         if start >= args.steps:
             print(f"nothing to train: {run_dir} is at step {start}; extend it with --steps N (N > {start})")
-    with open(metrics_path, "a") as metrics_file:
+    with open(metrics_path if rank == 0 else os.devnull, "a") as metrics_file:
         train_loop(args, start, train_tasks, val_tasks, model, tokenizer, engine, opts, optimizers, settings,
                    grad_ema, metrics_file, logger)
     print(f"run folder: {run_dir}")
@@ -663,6 +703,7 @@ def train_loop(args, start: int, train_tasks, val_tasks, model, tokenizer, engin
     """Steps start+1 .. args.steps: train, validate (every --val-every steps and at the last), log, save."""
     order = list(range(len(train_tasks)))
     random.Random(args.seed).shuffle(order)  # the data order is a function of the seed: resume needs no more
+    size = world()[1]
     stop, bad_steps = GracefulStop(), 0
     try:
         if args.val_every and start == 0:
@@ -683,6 +724,8 @@ def train_loop(args, start: int, train_tasks, val_tasks, model, tokenizer, engin
             metrics_file.write(json_line(m))
             metrics_file.flush()
             logger.log(m, step=step)
+            if size > 1:  # a Ctrl-C that reached one rank stops them all after the same step
+                stop.requested = any(gather(stop.requested))
             if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
                 save_checkpoint(args.run_dir, step, model, optimizers, grad_ema, args.keep_last)
             bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
@@ -698,4 +741,4 @@ def train_loop(args, start: int, train_tasks, val_tasks, model, tokenizer, engin
 
 
 if __name__ == "__main__":
-    main()
+    record(main)()  # under torchrun, a failing rank's traceback goes into torchrun's failure summary

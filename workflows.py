@@ -24,6 +24,7 @@ the latest attempt, a retry only its last attempt and the feedback (method notes
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -388,67 +389,78 @@ def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
                 raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
 
 
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """Accuracy, per-role accuracy/length/format/truncation, and solve_none/all/partial over each task's samples."""
-    m: dict[str, float] = {"success": sum(e.correct for e in episodes) / max(len(episodes), 1),
-                           "prompt_overflow": sum("prompt_overflow" in e.metrics for e in episodes) / max(len(episodes), 1)}
-    by_role: dict[str, list[Call]] = {}
+Tallies = dict[str, list[float]]  # metric -> [numerator, denominator]: sums over episodes (and over ranks)
+PARSE_PATHS = (("boxed", "digit", "default"), ("strategy", "numbered", "lines", "whole"))  # first: no fallback
+
+
+def episode_tallies(episodes: list[Episode]) -> Tallies:
+    """Every episode metric as a numerator and a denominator, so that metrics of several batches (the ranks of a
+    torchrun launch) combine by adding, never by averaging averages. `rates` turns them into metrics."""
+    t: Tallies = defaultdict(lambda: [0.0, 0.0])
+
+    def add(key: str, value: float) -> None:
+        t[key][0] += float(value)
+        t[key][1] += 1.0
+    per_task: dict[str, list[bool]] = defaultdict(list)
     for e in episodes:
+        add("success", e.correct)
+        add("prompt_overflow", "prompt_overflow" in e.metrics)
+        per_task[e.task.id].append(e.correct)
         for c in e.calls:
-            by_role.setdefault(c.role, []).append(c)
-    for role, calls in by_role.items():
-        m[f"{role}/count"] = len(calls)
-        m[f"{role}/response_len"] = sum(len(c.completion_ids) for c in calls) / len(calls)
-        m[f"{role}/truncated"] = sum(c.truncated for c in calls) / len(calls)
-        graded = [c for c in calls if "correct" in c.metrics]
-        if graded:
-            m[f"{role}/acc"] = sum(c.metrics["correct"] for c in graded) / len(graded)
-        fmt = [c for c in calls if "formatted" in c.metrics]
-        if fmt:
-            m[f"{role}/format_ok"] = sum(c.metrics["formatted"] for c in fmt) / len(fmt)
-        for how in ("digit", "default", "numbered", "lines", "whole"):  # parser fallbacks taken
-            used = sum(c.metrics.get("parse") == how for c in calls)
-            if used:
-                m[f"{role}/fallback_{how}"] = used / len(calls)
-    m.update(_workflow_metrics(episodes))
-    per_task: dict[str, list[bool]] = {}
-    for e in episodes:
-        per_task.setdefault(e.task.id, []).append(e.correct)
-    solved = [sum(v) for v in per_task.values()]
-    sizes = [len(v) for v in per_task.values()]
-    m["solve_none"] = sum(s == 0 for s in solved) / len(solved)
-    m["solve_all"] = sum(s == k for s, k in zip(solved, sizes)) / len(solved)
-    m["solve_partial"] = 1 - m["solve_none"] - m["solve_all"]
-    return m
+            add(f"{c.role}/response_len", len(c.completion_ids))
+            add(f"{c.role}/truncated", c.truncated)
+            for key, name in (("correct", "acc"), ("formatted", "format_ok")):
+                if key in c.metrics:
+                    add(f"{c.role}/{name}", c.metrics[key])
+            for paths in PARSE_PATHS:  # parser fallbacks taken (finding 5)
+                if c.metrics.get("parse") in paths:
+                    for how in paths[1:]:
+                        add(f"{c.role}/fallback_{how}", c.metrics["parse"] == how)
+        _workflow_tallies(e, add, t)
+    for outcomes in per_task.values():  # a task's samples are never split between ranks
+        add("solve_none", not any(outcomes))
+        add("solve_all", all(outcomes))
+        add("solve_partial", 0 < sum(outcomes) < len(outcomes))
+    return dict(t)
 
 
-def _rate(events: list[bool]) -> float:
-    return sum(events) / len(events) if events else float("nan")
+def _workflow_tallies(e: Episode, add: Callable[[str, float], None], t: Tallies) -> None:
+    """The statistics each workflow's findings are read from (method notes, findings 1-2)."""
+    if "any_correct" in e.metrics:  # Voting: could a perfect aggregator have been right? (pass@N of the generators)
+        add("any_correct", e.metrics["any_correct"])
+    if "iterations" in e.metrics:  # Eval-Opt: when does the evaluator ask for a retry, and does the retry help?
+        retried, first = e.metrics["iterations"] > 1, e.metrics["first_correct"]
+        for key in ("p_retry_first_wrong", "p_retry_first_right", "fix_rate", "break_rate"):
+            t.setdefault(key, [0.0, 0.0])  # defined even when it has nothing to count (then null)
+        add("retry_rate", retried)
+        add("p_retry_first_right" if first else "p_retry_first_wrong", retried)
+        add("break_rate" if first else "fix_rate", e.correct != first)  # right -> wrong, or wrong -> right
+        add("mean_iterations", e.metrics["iterations"])
+        add("unparseable_verdicts", e.metrics["unparseable_verdicts"])
+    if "strategies" in e.metrics:  # Orch-Workers: how many strategies were parsed, how often a worker was right
+        add("strategies", e.metrics["strategies"])
+        for c in e.calls:
+            if c.role == "worker":
+                add("worker_success_rate", c.metrics["correct"])
+    if "fallback" in e.metrics:
+        add("fallback_rate", e.metrics["fallback"] is not None)
 
 
-def _workflow_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """The statistics each workflow's findings are read from (PAPER.md, findings 1-2)."""
-    m: dict[str, float] = {}
-    with_any = [e.metrics["any_correct"] for e in episodes if "any_correct" in e.metrics]
-    if with_any:  # Voting: could a perfect aggregator have been right? (pass@N of the generators)
-        m["any_correct"] = _rate(with_any)
-    evalopt = [e for e in episodes if "iterations" in e.metrics]
-    if evalopt:  # Eval-Opt: when does the evaluator ask for a retry, and does the retry help?
-        retried = [e.metrics["iterations"] > 1 for e in evalopt]
-        first = [e.metrics["first_correct"] for e in evalopt]
-        m["retry_rate"] = _rate(retried)
-        m["p_retry_first_wrong"] = _rate([r for r, f in zip(retried, first) if not f])
-        m["p_retry_first_right"] = _rate([r for r, f in zip(retried, first) if f])
-        m["fix_rate"] = _rate([e.correct for e, f in zip(evalopt, first) if not f])        # wrong -> right
-        m["break_rate"] = _rate([not e.correct for e, f in zip(evalopt, first) if f])      # right -> wrong
-        m["mean_iterations"] = sum(e.metrics["iterations"] for e in evalopt) / len(evalopt)
-        m["unparseable_verdicts"] = sum(e.metrics["unparseable_verdicts"] for e in evalopt) / len(evalopt)
-    orch = [e for e in episodes if "strategies" in e.metrics]
-    if orch:  # Orch-Workers: how many strategies were parsed, and did the parser need a fallback?
-        m["strategies"] = sum(e.metrics["strategies"] for e in orch) / len(orch)
-        workers = [c.metrics["correct"] for e in orch for c in e.calls if c.role == "worker"]
-        m["worker_success_rate"] = _rate(workers)
-    fallbacks = [e.metrics.get("fallback") is not None for e in episodes if "fallback" in e.metrics]
-    if fallbacks:
-        m["fallback_rate"] = _rate(fallbacks)
-    return m
+def add_tallies(parts: list[Tallies]) -> Tallies:
+    out: Tallies = defaultdict(lambda: [0.0, 0.0])
+    for part in parts:
+        for key, (num, den) in part.items():
+            out[key][0] += num
+            out[key][1] += den
+    return dict(out)
+
+
+def rates(tallies: Tallies) -> dict[str, float | None]:
+    """numerator / denominator for each metric; None (JSON null) where there was nothing to count."""
+    return {k: num / den if den else None for k, (num, den) in sorted(tallies.items())}
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float | None]:
+    """Accuracy, per-role accuracy / length / format / truncation / parser fallbacks, the workflows' statistics,
+    and solve_none / all / partial over each task's samples."""
+    return rates(episode_tallies(episodes))

@@ -416,7 +416,7 @@ def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_bat
     monkeypatch.setattr(grpo, "old_logprobs", lambda *a: scored.append(real_old_logprobs(*a)) or scored[-1])
     m_fast, w_fast = run()
     # unoptimised: every row scored by a separate no-grad forward before any step
-    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, group, step_size, cfg: policy_logprobs(
+    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, group, step_size, cfg, rank=0: policy_logprobs(
         model, adapter, [s.prompt_ids for s in group], [s.completion_ids for s in group], 1, cfg.temperature))
     m_full, w_full = run()
     assert sum(o is None for o in scored[0]) == mini_batch  # only the first mini-batch skipped its forward

@@ -1,0 +1,175 @@
+"""Data-parallel training under torchrun (gloo on CPU): 2 ranks give the step one process gives, a killed 2-rank run
+resumes exactly, a failing rank ends the run with its message, and the README's torchrun commands run as written.
+
+Each test launches `torchrun` (or `python`) on a small wrapper around train.py in a subprocess. To hold two launches
+to the same samples, the wrapper can swap the sampler for a deterministic one (each completion a function of its
+prompt, its adapter and which copy of the prompt it is within the batch) and the grader for a learnable stand-in
+(an even-length output wins), so rewards, advantages and updates are real but no sampling noise enters.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+WRAPPER = f"""
+import os, sys, zlib
+sys.path.insert(0, {ROOT!r})
+import torch
+import tasks, train, workflows
+from policies import Generation
+workflows.grade_many = lambda ts, outs: [tasks.Grade(float(len(o) % 2 == 0), o[:8], True, "parity") for o in outs]
+rank = int(os.environ.get("RANK", "0"))
+
+class Deterministic:
+    def __init__(self, model, tokenizer, *a, **k):
+        self.tokenizer = tokenizer
+    def generate(self, prompts, adapters, desc=""):
+        seen, out = {{}}, []
+        for p, a in zip(prompts, adapters):
+            j = seen[tuple(p), a] = seen.get((tuple(p), a), -1) + 1  # which copy of this prompt
+            h = zlib.crc32(bytes(str((p, a, j)), "utf8"))
+            ids = [40 + (h >> k) % 60 for k in range(3 + h % 5)] + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, self.tokenizer.decode(ids, skip_special_tokens=True), False))
+        return out
+
+if os.environ.get("DETERMINISTIC"):
+    train.HFEngine = Deterministic
+save = train.save_checkpoint
+def save_and_dump(run_dir, step, model, *a, **k):  # every rank's adapters, to compare ranks
+    torch.save({{n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}},
+               os.path.join(run_dir, f"rank{{rank}}_step{{step}}.pt"))
+    return save(run_dir, step, model, *a, **k)
+train.save_checkpoint = save_and_dump
+fail_at = os.environ.get("FAIL_RANK1_AT_STEP")
+if fail_at:
+    step_fn = train.train_step
+    calls = [0]
+    def failing(*a, **k):
+        calls[0] += 1
+        if rank == 1 and calls[0] == int(fail_at):
+            raise RuntimeError(f"rank 1 failed on purpose at step {{fail_at}}")
+        return step_fn(*a, **k)
+    train.train_step = failing
+train.main(sys.argv[1:])
+"""
+TINY = ["--model", "tiny", "--group-size", "2", "--tasks-per-step", "4", "--max-new-tokens", "8", "--n-val", "4",
+        "--lr", "1e-2", "--warmup-steps", "1", "--difficulty", "1", "--n-train", "40"]
+TIMING = ("time_rollout", "time_update", "rollout_tok_s", "update_tok_s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path, args, ranks=0, env=None, **kw):
+    """`python wrapper args` (ranks=0) or `torchrun --standalone --nproc_per_node ranks wrapper args`."""
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER)
+    command = [sys.executable, str(wrapper)] if ranks == 0 else \
+        [*TORCHRUN, "--standalone", "--nproc_per_node", str(ranks), str(wrapper)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen(command + args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **kw)
+
+
+def finish(p, timeout=300) -> str:
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out
+    return out
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f]
+
+
+@pytest.mark.parametrize("workflow,policy", [("voting", "ip"), ("single", "sp")])
+def test_two_ranks_give_the_step_one_process_gives(tmp_path, workflow, policy):
+    """Same tasks, same samples: after two steps the adapters of both ranks are equal to each other and, within
+    1e-6, to the single process's; the logged metrics (success, rewards, per-role losses, shares, grad norms,
+    validation) are equal within 1e-6 relative. Tolerance: the ranks' gradients are summed in another order, so
+    they differ from one process's by fp32 rounding (~1e-12 absolute here); Adam divides a gradient by its own
+    size plus eps = 1e-8, which turns that into up to lr x 1e-12 / 1e-8 = 1e-8 in the weights at lr 1e-4 (at the
+    suite's usual lr 1e-2, 1e-6 would be too tight: 3e-6 was measured)."""
+    args = [*TINY, "--workflow", workflow, "--policy", policy, "--steps", "2", "--val-every", "2", "--save-every", "1",
+            "--lr", "1e-4"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    finish(launch(tmp_path, [*args, "--run-dir", one], env={"DETERMINISTIC": "1"}))
+    finish(launch(tmp_path, [*args, "--run-dir", two], ranks=2, env={"DETERMINISTIC": "1"}))
+    single = torch.load(os.path.join(one, "rank0_step2.pt"))
+    rank0, rank1 = (torch.load(os.path.join(two, f"rank{r}_step2.pt")) for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # the ranks hold the same adapters
+    assert max(float((rank0[k] - single[k]).abs().max()) for k in single) < 1e-6
+    assert max(float((single[k] - torch.load(os.path.join(one, "rank0_step1.pt"))[k]).abs().max())
+               for k in single) > 5e-5  # it trained: Adam moves an entry by about lr a step
+    m_one, m_two = metrics(one), metrics(two)
+    assert [m["step"] for m in m_two] == [0, 1, 2] and m_one[1]["reward"] not in (0.0, 1.0)
+    for a, b in zip(m_one, m_two):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), k
+
+
+def test_a_killed_two_rank_run_resumes_to_the_same_metrics(tmp_path):
+    """Real sampling (each rank its own random stream): an uninterrupted 2-rank run of 3 steps, and one killed
+    (SIGKILL to the whole torchrun group) after its step-2 checkpoint and resumed under torchrun with 2 ranks,
+    each rank taking back its own random state, log the same metrics."""
+    args = [*TINY, "--workflow", "voting", "--policy", "ip", "--steps", "3", "--val-every", "0", "--save-every", "1",
+            "--max-new-tokens", "32"]
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    finish(launch(tmp_path, [*args, "--run-dir", full], ranks=2))
+    p = launch(tmp_path, [*args, "--run-dir", cut], ranks=2)
+    marker = os.path.join(cut, "checkpoints", "step_000002", "state.json")
+    deadline = time.time() + 300
+    while not os.path.exists(marker) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    subprocess.run(["pkill", "-KILL", "-f", cut])  # torchrun and its workers (they run in sessions of their own)
+    p.communicate(timeout=60)
+    assert not os.path.exists(os.path.join(cut, "checkpoints", "step_000003"))
+    out = finish(launch(tmp_path, ["--resume", cut], ranks=2))
+    assert "resumed" in out and "sampling is seeded afresh" not in out
+    assert metrics(cut) == metrics(full)
+
+
+def test_a_failing_rank_ends_the_run_with_its_message(tmp_path):
+    """Rank 1 raises in step 2 while rank 0 waits for it in a collective: the run ends (torchrun stops every rank)
+    with a non-zero status and rank 1's error in its output, well before the process group's timeout."""
+    start = time.time()
+    p = launch(tmp_path, [*TINY, "--steps", "5", "--val-every", "0", "--run-dir", str(tmp_path / "run")], ranks=2,
+               env={"FAIL_RANK1_AT_STEP": "2"})
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode != 0
+    assert "rank 1 failed on purpose at step 2" in out and "ChildFailedError" in out
+    assert time.time() - start < 120
+
+
+def test_the_readme_torchrun_commands_run_as_written(tmp_path):
+    """One node (--standalone) and the multi-node form (c10d rendezvous, here with one node), with train.py and
+    every flag after it, as the README gives them; then a sharded evaluation of the run."""
+    run_dir = str(tmp_path / "run")
+    flags = ["--model", "tiny", "--group-size", "2", "--tasks-per-step", "4", "--max-new-tokens", "8", "--n-val", "4",
+             "--steps", "1", "--val-every", "0", "--run-dir", run_dir]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one_node = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", "train.py", *flags]
+    out = subprocess.run(one_node, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [m["step"] for m in metrics(run_dir)] == [1]
+    multi_node = [*TORCHRUN, "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                  f"localhost:{free_port()}", "train.py", *flags[:-1], run_dir + "2"]
+    out = subprocess.run(multi_node, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    evaluate = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", "eval.py", "--run-dir", run_dir, "--samples", "2"]
+    out = subprocess.run(evaluate, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with open(os.path.join(run_dir, "eval.jsonl")) as f:
+        (record,) = [json.loads(line) for line in f]  # written once, by rank 0
+    assert (record["n"], record["tasks"], record["step"]) == (2, 4, 1)
