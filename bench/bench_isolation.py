@@ -53,23 +53,23 @@ def main() -> None:
         flags = ["--model", args.model, "--workflow", "voting", "--policy", policy, "--tasks-per-step",
                  str(args.tasks), "--n", str(args.n), "--max-new-tokens", str(args.new_tokens), "--val-every", "0"]
         run_args = train.parse_args(flags)
-        train.seed_everything(0)
-        model, tokenizer, optimizers, engine, opts, settings = train.build_trainer(run_args, "cpu")
+        train.policies.seed_everything(0)
+        trainers[policy] = (run_args, train.build_trainer(run_args, "cpu"))
         if not args.free_length:
-            model.generation_config.min_new_tokens = args.new_tokens
-        trainers[policy] = (run_args, model, tokenizer, engine, opts, optimizers, settings)
+            trainers[policy][1].model.generation_config.min_new_tokens = args.new_tokens
     steps = {}
     for batch in batches:
-        for policy, (run_args, model, tokenizer, engine, opts, optimizers, settings) in trainers.items():
+        for policy, (run_args, trainer) in trainers.items():
             t = time.perf_counter()
-            steps[policy] = train.train_step(batch, run_args, model, tokenizer, engine, opts, optimizers, settings, {})
+            steps[policy] = train.train_step(batch, run_args, trainer)
             times[policy].append(time.perf_counter() - t)
     sp, ip = (statistics.median(times[k][args.warmup:]) for k in ("sp", "ip"))
     print(f"model {args.model}: Voting, {args.tasks} tasks x {args.n} episodes (3 generators + aggregator), "
           f"{args.new_tokens} new tokens ({'free' if args.free_length else 'forced'} length), "
           f"{args.steps} steps after {args.warmup} warm-up")
     print(f"optimizer steps per training step: SP generator {steps['sp']['generator/opt_steps']:.0f}, "
-          f"IP generator {steps['ip']['generator/opt_steps']:.0f} + aggregator {steps['ip']['aggregator/opt_steps']:.0f}")
+          f"IP generator {steps['ip']['generator/opt_steps']:.0f} + "
+          f"aggregator {steps['ip']['aggregator/opt_steps']:.0f}")
     print(f"Voting step  SP {sp:7.2f} s   IP {ip:7.2f} s   ratio IP/SP {ip / sp:.3f}")
 
 

@@ -172,7 +172,7 @@ def plan(head_rows: float) -> None:
         for task in ("math", "code"):
             longest = max(p + r for (kind, _), (p, r, _, _) in PAPER_LENGTHS.items() if kind == task)
             for gpu in (80, 141):
-                def update(budget: int) -> float:
+                def update(budget: int, static=static, layers=layers, ckpt=ckpt, full=full) -> float:
                     return static + budget * (layers * ckpt + full) + head
                 fits = [b for b in BUDGETS if b >= longest and update(b) <= 0.9 * gpu * 1e9]
                 fraction = int((0.9 - (static - 2 * GIB) / (gpu * 1e9)) * 20) / 20

@@ -80,17 +80,17 @@ def main() -> None:
     flags += ["--skip-zero-advantage"] if args.skip_zero_advantage else []
     flags += ["--no-share-prompts"] if args.no_share_prompts else []
     ours_args = train.parse_args(flags)
-    train.seed_everything(0)
-    model, tokenizer, optimizers, engine, opts, settings = train.build_trainer(ours_args, "cpu")
+    train.policies.seed_everything(0)
+    trainer = train.build_trainer(ours_args, "cpu")
     if not args.free_length:
-        model.generation_config.min_new_tokens = args.new_tokens
+        trainer.model.generation_config.min_new_tokens = args.new_tokens
     tasks, _ = math_splits(170, 64, difficulty=0, seed=0)
     batches = [tasks[i * args.tasks:(i + 1) * args.tasks] for i in range(total_steps)]
     ours_times: list[float] = []
 
     def ours_step() -> None:
         t = time.perf_counter()
-        train.train_step(batches[len(ours_times)], ours_args, model, tokenizer, engine, opts, optimizers, settings, {})
+        train.train_step(batches[len(ours_times)], ours_args, trainer)
         ours_times.append(time.perf_counter() - t)
 
     # ---- TRL: the same prompts, reward, model init and settings
@@ -101,7 +101,7 @@ def main() -> None:
     def math_reward(completions, question, **_):
         return [grade(by_question[q], c[0]["content"]).reward for c, q in zip(completions, question)]
 
-    train.seed_everything(0)
+    train.policies.seed_everything(0)
     trl_model, _ = load_model(args.model)
     trl_times: list[float] = []
 
@@ -119,7 +119,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+            output_dir=out, use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
+            disable_tqdm=True,
             max_steps=total_steps, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
             num_generations=args.n, max_completion_length=args.new_tokens, temperature=ours_args.temperature,
             top_p=ours_args.top_p, top_k=0, loss_type="grpo", epsilon=0.2, epsilon_high=0.28, beta=0.0,

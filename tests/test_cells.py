@@ -7,13 +7,19 @@ import os
 import pytest
 import torch
 
-import grpo
 import policies
 import tasks
 import train
 from grpo import Sample, UpdateSettings, lr_multiplier, make_optimizers, update_policy
-from policies import (adapter_parameters, add_adapters, completion_logprobs, enable_grad_checkpointing, load_model,
-                      micro_batches, use_adapter)
+from policies import (
+    adapter_parameters,
+    add_adapters,
+    completion_logprobs,
+    enable_grad_checkpointing,
+    load_model,
+    micro_batches,
+    use_adapter,
+)
 
 # ---------------------------------------------------------------- cells by name
 
@@ -154,7 +160,8 @@ def test_token_budget_cuts_micro_batches_and_gradients_do_not_depend_on_it():
         cut = micro_batches(prompts, completions, max_rows=8, max_tokens=budget)
         assert sorted(i for part in cut for i in part) == list(range(8))
         assert all(len(part) * max(widths[i] for i in part) <= budget or len(part) == 1 for part in cut)
-    assert len(micro_batches(prompts, completions, 8, 1)) == 8 and len(micro_batches(prompts, completions, 8, 10 ** 9)) == 1
+    assert len(micro_batches(prompts, completions, 8, 1)) == 8
+    assert len(micro_batches(prompts, completions, 8, 10 ** 9)) == 1
     model = _lora_model()
     ref = _grads(model, samples, micro_batch_size=8)
     for budget in (1, 60):
@@ -212,16 +219,17 @@ def test_engine_and_attention_choices_are_printed(capsys, monkeypatch, tmp_path)
     args = train.parse_args(["--model", "tiny", "--engine", "hf"])
     train.build_trainer(args)
     assert args.share_prompts and "attention: sdpa; shared prompt passes on" in capsys.readouterr().out
-    real = train.load_model
+    real = train.policies.load_model
 
     def flash(*a, **k):  # a kernel not known to be exact with holes in the mask: sharing goes off
         model, tok = real(*a, **k)
         model.config._attn_implementation = "flash_attention_2"
         return model, tok
-    monkeypatch.setattr(train, "load_model", flash)
+    monkeypatch.setattr(train.policies, "load_model", flash)
     args = train.parse_args(["--model", "tiny", "--engine", "hf"])
     train.build_trainer(args)
-    assert not args.share_prompts and "attention: flash_attention_2; shared prompt passes off" in capsys.readouterr().out
+    assert not args.share_prompts
+    assert "attention: flash_attention_2; shared prompt passes off" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- dress rehearsals: a math and a code cell on CPU

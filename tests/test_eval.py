@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 import torch
+from test_workflows import TOK, ScriptedEngine  # the scripted engine: canned outputs per role, no model
 
 import eval as E
 import train
 from tasks import Task
-from test_workflows import TOK, ScriptedEngine  # the scripted engine: canned outputs per role, no model
 
 TASK = Task("t1", "What is 2 + 2?", "4", "math")
 
@@ -48,7 +48,8 @@ def test_cell_and_dataset_names():
     assert E.cell_name(base) == "Voting-IP-SmolLM2-Math"
     assert E.cell_name({**base, "workflow": "evalopt", "policy": "sp", "model": "Qwen/Qwen3-1.7B", "task": "dapo"}) \
         == "EvalOpt-SP-1.7B-Math"
-    assert E.cell_name({**base, "workflow": "orchworkers", "model": "tiny", "task": "code"}) == "OrchWorkers-IP-Tiny-Code"
+    assert E.cell_name({**base, "workflow": "orchworkers", "model": "tiny", "task": "code"}) == \
+        "OrchWorkers-IP-Tiny-Code"
     assert E.cell_name({**base, "workflow": "single", "model": "Qwen/Qwen3-0.6B"}) == "Single-IP-0.6B-Math"
     assert E.dataset_name(base) == "math-d0"
     assert E.dataset_name({**base, "task": "code"}) == "humaneval"
@@ -179,7 +180,8 @@ def test_every_checkpoint_skips_done_steps(runs):
     assert [r["step"] for r in E.read_results(os.path.join(run, "eval.jsonl"))] == [1, 2]
     assert E.main(["--run", run, "--mode", "trained", "--every-checkpoint"]) == []       # nothing left to do
     record = E.read_results(os.path.join(run, "eval.jsonl"))[-1]
-    assert {"accuracy", "accuracy_std", "pass@1", "generator/acc", "aggregator/acc", "any_correct"} <= set(record["metrics"])
+    expected = {"accuracy", "accuracy_std", "pass@1", "generator/acc", "aggregator/acc", "any_correct"}
+    assert expected <= set(record["metrics"])
 
 
 def test_base_mode_is_step_zero_without_adapters(runs):
@@ -242,7 +244,8 @@ def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
 
 
 def test_results_table_rows_columns_and_missing_metrics(tmp_path):
-    """`eval.py table`: one row per record, in order; accuracy (with its std when n > 1); `-` where a metric does not apply
+    """`eval.py table`: one row per record, in order; accuracy (with its std when n > 1); `-` where a metric does not
+    apply
     (no aggregator in a single-agent cell); columns no record has are left out (pass@2 needs n >= 2)."""
     single = {"cell": "SA-SP-SmolLM2-Math", "mode": "base", "step": 0, "n": 1, "tasks": 32,
               "metrics": {"accuracy": 0.5, "accuracy_std": 0.0, "generator/acc": 0.5, "fallback_rate": 0.0}}

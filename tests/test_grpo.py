@@ -12,10 +12,30 @@ import pytest
 import torch
 
 import train
-from grpo import (AGGREGATIONS, Sample, UpdateSettings, _micro_step, aggregate, clipped_token_loss,
-                  group_advantages, make_optimizers, minibatch_weights, role_shares, token_weights, update_policy)
-from policies import (HFEngine, adapter_parameters, add_adapters, chat_prompt_ids, completion_logprobs, load_model,
-                      policy_logprobs, use_adapter)
+from grpo import (
+    AGGREGATIONS,
+    Sample,
+    UpdateSettings,
+    _micro_step,
+    aggregate,
+    clipped_token_loss,
+    group_advantages,
+    make_optimizers,
+    minibatch_weights,
+    role_shares,
+    token_weights,
+    update_policy,
+)
+from policies import (
+    HFEngine,
+    adapter_parameters,
+    add_adapters,
+    chat_prompt_ids,
+    completion_logprobs,
+    load_model,
+    policy_logprobs,
+    use_adapter,
+)
 
 EPS = 1e-6
 
@@ -271,7 +291,8 @@ def _synthetic_samples(roles=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     roles = roles or ["generator"] * len(PROMPT_LENS)
     advs = torch.randn(len(PROMPT_LENS), generator=g).tolist()
-    return [Sample(torch.randint(0, 256, (lp,), generator=g).tolist(), torch.randint(0, 256, (lc,), generator=g).tolist(),
+    return [Sample(torch.randint(0, 256, (lp,), generator=g).tolist(),
+                   torch.randint(0, 256, (lc,), generator=g).tolist(),
                    a, r, "shared") for lp, lc, a, r in zip(PROMPT_LENS, COMPLETION_LENS, advs, roles)]
 
 
@@ -587,7 +608,8 @@ def test_ip_steps_per_role():
     g = torch.Generator().manual_seed(0)
 
     def sample(role, i):
-        return Sample(torch.randint(0, 256, (4,), generator=g).tolist(), torch.randint(0, 256, (2 + i % 3,), generator=g).tolist(),
+        return Sample(torch.randint(0, 256, (4,), generator=g).tolist(),
+                      torch.randint(0, 256, (2 + i % 3,), generator=g).tolist(),
                       1.0 if i % 2 else -1.0, role, role)
 
     samples = [sample("generator", i) for i in range(6)] + [sample("aggregator", i) for i in range(2)]
@@ -622,7 +644,8 @@ def test_ip_update_leaves_other_adapter_untouched():
 # ---------------------------------------------------------------- learning-rate schedule
 
 def _two_generator_samples():
-    return [Sample([1, 2, 3], [4, 5], 1.0, "generator", "generator"), Sample([1, 2, 3], [6], -1.0, "generator", "generator")]
+    return [Sample([1, 2, 3], [4, 5], 1.0, "generator", "generator"),
+            Sample([1, 2, 3], [6], -1.0, "generator", "generator")]
 
 
 def test_warmup_lr_applied_on_first_step():
@@ -671,8 +694,10 @@ def test_role_weights_zero_mini_batch_under_sp():
     model, _ = load_model("tiny")
     model = add_adapters(model, ["shared"], rank=4)
     opts = make_optimizers(model, ["shared"], lr=1e-2, warmup_steps=1)
-    samples = [Sample([1, 2, 3], [4, 5], 1.0, "generator", "shared"), Sample([1, 2, 3], [6], -1.0, "generator", "shared"),
-               Sample([1, 2, 3], [7, 8], 1.0, "aggregator", "shared"), Sample([1, 2, 3], [9], -1.0, "aggregator", "shared")]
+    samples = [Sample([1, 2, 3], [4, 5], 1.0, "generator", "shared"),
+               Sample([1, 2, 3], [6], -1.0, "generator", "shared"),
+               Sample([1, 2, 3], [7, 8], 1.0, "aggregator", "shared"),
+               Sample([1, 2, 3], [9], -1.0, "aggregator", "shared")]
     cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, role_weights={"generator": 1})
     assert minibatch_weights(samples[2:], cfg) == [0.0, 0.0]
     assert minibatch_weights(samples[:2], cfg) == pytest.approx([1 / 4, 1 / 2])  # 1/(2*2), 1/(2*1): one role, unchanged
@@ -706,7 +731,8 @@ def test_a_partial_last_mini_batch_counts_its_rows_over_the_mini_batch_size(lora
     for got, rows in ((steps[0], samples[:4]), (steps[2], samples[8:])):
         (alone,) = _step_grads(lora_model, rows, mini_batch_size=len(rows))
         scale = len(rows) / 4
-        assert max(float((g - scale * a).abs().max()) for g, a in zip(got, alone)) < 1e-5 * _max_diff(alone, [0 * a for a in alone])
+        largest = _max_diff(alone, [0 * a for a in alone])
+        assert max(float((g - scale * a).abs().max()) for g, a in zip(got, alone)) < 1e-5 * largest
     (merged,) = _step_grads(lora_model, samples, mini_batch_size=4, merge_instance_steps=True)
     (alone,) = _step_grads(lora_model, samples, mini_batch_size=len(samples))
     assert _max_diff(merged, alone) < 1e-6
@@ -722,7 +748,8 @@ def test_sp_logs_each_roles_share_of_the_loss_and_of_the_gradient(lora_model):
     opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
     m = update_policy(lora_model, samples, opts, UpdateSettings(max_grad_norm=1e9, temperature=0.7, mini_batch_size=8))
     assert (m["generator/loss_share"], m["aggregator/loss_share"]) == pytest.approx((0.75, 0.25), abs=1e-12)
-    n_gen, n_agg, cos = m["generator/role_grad_norm"], m["aggregator/role_grad_norm"], m["grad_cos/aggregator-generator"]
+    n_gen, n_agg = m["generator/role_grad_norm"], m["aggregator/role_grad_norm"]
+    cos = m["grad_cos/aggregator-generator"]
     assert m["generator/grad_norm_share"] == pytest.approx(n_gen / (n_gen + n_agg), rel=1e-9)
     assert m["generator/grad_norm_share"] + m["aggregator/grad_norm_share"] == pytest.approx(1.0, abs=1e-12)
     total = m["generator/grad_norm"]  # the adapter's whole gradient, before clipping (fp32: 1e-5 relative)

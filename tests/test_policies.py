@@ -13,9 +13,24 @@ import peft
 import pytest
 import torch
 
-from policies import (BASE, CHATML, HFEngine, VLLMEngine, add_adapters, adapter_parameters, chat_prompt_ids,
-                      completion_logprobs, load_adapters, load_model, policy_logprobs, route_adapter, save_adapters,
-                      shared_prompt_cache, tiny_tokenizer, use_adapter)
+from policies import (
+    BASE,
+    CHATML,
+    HFEngine,
+    VLLMEngine,
+    adapter_parameters,
+    add_adapters,
+    chat_prompt_ids,
+    completion_logprobs,
+    load_adapters,
+    load_model,
+    policy_logprobs,
+    route_adapter,
+    save_adapters,
+    shared_prompt_cache,
+    tiny_tokenizer,
+    use_adapter,
+)
 
 EOS = 257  # tiny tokenizer: 256 byte tokens (0..255), <|im_start|> = 256, <|im_end|> = 257 (EOS and pad)
 
@@ -132,8 +147,8 @@ def test_chat_prompt_ids_enable_thinking_only_when_template_mentions_it():
 def test_chat_prompt_ids_real_thinking_template():
     # a Qwen3-style template: non-thinking mode inserts an empty think block after the assistant header
     tok = tiny_tokenizer()
-    tok.chat_template = CHATML + "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}" \
-                                 "{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    tok.chat_template = CHATML + "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking " \
+                                 "%}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
     msgs = [{"role": "user", "content": "hi"}]
     assert tok.decode(chat_prompt_ids(tok, msgs)).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert tok.decode(chat_prompt_ids(tok, msgs, enable_thinking=True)).endswith("<|im_start|>assistant\n")
@@ -262,8 +277,8 @@ def test_completion_logprobs_padding_invariance(lp_model):
             torch.testing.assert_close(ent_alone[0], ref_ent, atol=1e-5, rtol=0)
             assert (logp[i, :T - L] == 0).all() and (ent[i, :T - L] == 0).all()  # padding: exactly 0
             assert (logp[i, T - L:] < 0).all() and (ent[i, T - L:] > 0).all()
-        assert float(logp[1, -1].detach()) == pytest.approx(float(_manual_logp(model, prompts[1], completions[1], 0.7)[0][-1]),
-                                                   abs=1e-5)  # log p(EOS | ...) is a real term, not padding
+        eos = float(_manual_logp(model, prompts[1], completions[1], 0.7)[0][-1])
+        assert float(logp[1, -1].detach()) == pytest.approx(eos, abs=1e-5)  # log p(EOS | ...) is a real term
     # policy_logprobs: per-row vectors of the completion lengths, identical to the batched values
     rows = policy_logprobs(model, "shared", prompts, completions, micro_batch=3, temperature=0.7)
     assert [len(r) for r in rows] == [6, 3, 1, 4]
@@ -310,7 +325,8 @@ def test_shared_prompt_logprobs_and_gradients_equal_full_passes(lp_model):
     with use_adapter(model, "shared"):
         for share in (False, True):
             seen, handle = _count_embedded_tokens(model)
-            logp, mask, ent = completion_logprobs(model, prompts, completions, 0.7, with_entropy=True, share_prompts=share)
+            logp, mask, ent = completion_logprobs(model, prompts, completions, 0.7, with_entropy=True,
+                                                  share_prompts=share)
             handle.remove()
             (logp * torch.arange(1.0, 1 + logp.shape[0])[:, None]).sum().backward()  # rows weighted differently
             results[share] = (logp.detach(), mask, ent, [q.grad.clone() for q in params], sum(seen))
@@ -321,7 +337,8 @@ def test_shared_prompt_logprobs_and_gradients_equal_full_passes(lp_model):
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
     torch.testing.assert_close(e1, e0, atol=1e-5, rtol=0)
     for a, b in zip(g1, g0):  # float rounding only: within 1e-5 of each tensor's largest entry (up to ~30)
-        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (float((a - b).abs().max()), float(b.abs().max()))
+        diff, largest = float((a - b).abs().max()), float(b.abs().max())
+        assert diff <= 1e-5 * largest, (diff, largest)
     assert any(float(g.abs().max()) > 1e-3 for g in g0)  # the gradients compared are not all zero
     # full: 8 rows x (longest prompt 10 + longest completion 5); shared: 3 prefixes x 9 + 8 rows x (1 + 5)
     assert (n0, n1) == (8 * 15, 3 * 9 + 8 * 6)

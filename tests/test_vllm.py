@@ -21,8 +21,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU (
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from policies import (BASE, HFEngine, VLLMEngine, add_adapters, chat_prompt_ids, logprob_drift,  # noqa: E402
-                      tiny_tokenizer)
+from policies import BASE, HFEngine, VLLMEngine, add_adapters, chat_prompt_ids, logprob_drift, tiny_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 NEW_TOKENS = 16
@@ -50,7 +49,7 @@ def _randomize_lora(model, adapter: str, seed: int, scale: float = 0.3) -> None:
 def setup(tmp_path_factory):
     tok = tiny_tokenizer()
     model = _model(tok)
-    path = str(tmp_path_factory.mktemp("base"))  # vLLM reads the base weights from disk: saved before adapters wrap them
+    path = str(tmp_path_factory.mktemp("base"))  # vLLM reads the base weights from disk: saved before adapters wrap
     model.save_pretrained(path)
     tok.save_pretrained(path)
     model = add_adapters(model, ["alpha", "beta"], rank=8, alpha=16)

@@ -11,12 +11,27 @@ import pytest
 import torch
 
 import train
-from grpo import Sample, UpdateSettings, _coherence_scale, group_advantages, make_optimizers, minibatch_weights, \
-    role_shares, update_policy
+from grpo import (
+    Sample,
+    UpdateSettings,
+    _coherence_scale,
+    group_advantages,
+    make_optimizers,
+    minibatch_weights,
+    role_shares,
+    update_policy,
+)
 from policies import Generation, add_adapters, chat_prompt_ids, load_model, route_adapter, tiny_tokenizer
 from tasks import Task
-from workflows import (WorkflowOptions, assign_rewards, episode_metrics, parse_selection, parse_strategies,
-                       parse_verdict, rollout)
+from workflows import (
+    WorkflowOptions,
+    assign_rewards,
+    episode_metrics,
+    parse_selection,
+    parse_strategies,
+    parse_verdict,
+    rollout,
+)
 
 TOK = tiny_tokenizer()
 TASK = Task("t1", "What is 2 + 2?", "4", "math")
@@ -63,8 +78,8 @@ class ScriptedEngine:
 
 def run(workflow, script, n=1, tasks=(TASK,), policy="ip", **opts):
     engine = ScriptedEngine(script)
-    eps = rollout(list(tasks), n, workflow, engine, lambda m: chat_prompt_ids(TOK, m), lambda name: route_adapter(name, policy),
-                  WorkflowOptions(**opts))
+    eps = rollout(list(tasks), n, workflow, engine, lambda m: chat_prompt_ids(TOK, m),
+                  lambda name: route_adapter(name, policy), WorkflowOptions(**opts))
     return eps, engine
 
 
@@ -346,7 +361,7 @@ def test_group_advantages_for_a_voting_batch():
     adv = group_advantages([c.reward for _, c in calls], [c.group_key(t) for t, c in calls])
     # generator0: rewards [1, 0] -> +-0.7071; generator1: [0, 1]; generator2: [0, 0] -> 0; aggregator [1, 0]
     by_name = {}
-    for (t, c), a in zip(calls, adv):
+    for (_, c), a in zip(calls, adv):
         by_name.setdefault(c.name, []).append(round(a, 4))
     assert by_name == {"generator0": [0.7071, -0.7071], "generator1": [-0.7071, 0.7071],
                        "generator2": [0.0, 0.0], "aggregator": [0.7071, -0.7071]}
@@ -408,8 +423,8 @@ def test_a_prompt_over_the_limit_ends_the_episode_keeping_the_calls_made():
     gen_len, agg_len = len(full[0].calls[0].prompt_ids), len(full[0].calls[3].prompt_ids)
     assert gen_len < agg_len
     engine = ScriptedEngine(script)
-    eps = rollout([TASK], 2, "voting", engine, lambda m: chat_prompt_ids(TOK, m), lambda name: route_adapter(name, "ip"),
-                  WorkflowOptions(), max_prompt_tokens=gen_len)
+    eps = rollout([TASK], 2, "voting", engine, lambda m: chat_prompt_ids(TOK, m),
+                  lambda name: route_adapter(name, "ip"), WorkflowOptions(), max_prompt_tokens=gen_len)
     assert [c.name for c in eps[0].calls] == ["generator0", "generator1", "generator2"]   # no aggregator call
     assert [r for r, _ in engine.calls] == ["generator"] * 6
     assert (eps[0].correct, eps[1].correct) == (True, False) and eps[0].final_answer is None
@@ -472,7 +487,8 @@ def test_evalopt_clean_context_shows_only_the_latest_attempt():
 def test_an_unparseable_verdict_is_a_wrong_evaluator_call(first, expected):
     """Whether the judged attempt was wrong (3) or right (4), a verdict without a Correct/Incorrect box scores the
     evaluator 0 (the reference's reward): in evaluator/acc and under --credit role."""
-    eps, _ = run("evalopt", {"generator": [first], "refine": ["\\boxed{4}"], "evaluator": ["no idea", "\\boxed{Correct}"]})
+    eps, _ = run("evalopt", {"generator": [first], "refine": ["\\boxed{4}"],
+                             "evaluator": ["no idea", "\\boxed{Correct}"]})
     judge = eps[0].calls[1]
     assert judge.metrics["verdict"] is None and judge.metrics["correct"] is expected
     assign_rewards(eps, "role")
