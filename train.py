@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import json
 import math
 import os
@@ -43,20 +42,8 @@ import policies
 import tasks
 import workflows
 from grpo import Sample, UpdateSettings
-from workflows import PAPER_LENGTHS, ROLES, WORKFLOWS
+from workflows import ROLES, WORKFLOWS
 
-# `--cell {Workflow}-{Policy}-{Scale}-{Task}` names a cell of the paper's grid; it sets every flag below.
-CELL_WORKFLOWS = {"Single": "single", "SA": "single", "Voting": "voting", "EvalOpt": "evalopt",
-                  "OrchWorkers": "orchworkers"}
-CELL_SCALES = {"0.6B": "Qwen/Qwen3-0.6B", "1.7B": "Qwen/Qwen3-1.7B", "4B": "Qwen/Qwen3-4B"}
-CELL_TASKS = {"Math": dict(task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en", max_iterations=3),
-              "Code": dict(task="deepcoder", data="agentica-org/DeepCoder-Preview-Dataset",
-                           data_config="primeintellect", max_iterations=2)}
-PAPER_HYPERPARAMETERS = dict(  # the reference's training config, the same for every cell
-    tasks_per_step=64, n=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
-    max_grad_norm=1.0, warmup_steps=15, lr_schedule="cosine", steps=500, val_every=10, save_every=5,
-    temperature=0.7, top_p=1.0, n_val=1 << 30, prompts="paper", dtype="bfloat16", grad_checkpointing=True,
-    micro_batch_size=512, max_tokens_per_micro_batch=51200)  # verl's token budget per GPU (4B code: 40,960)
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device", "gen_batch_size",
              "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing", "vllm_gpu_memory")
@@ -105,63 +92,28 @@ FRACTION = number(float, 0, 1, low_open=True)                  # (0, 1]
 
 # ---------------------------------------------------------------- the command line
 
-def cell_defaults(cell: str) -> dict:
-    """The flags of a cell such as `Voting-IP-1.7B-Math` (case-insensitive; SA = Single): workflow, policy,
-    Qwen3 model, data, the paper's prompt / response limits for that workflow and task, and its
-    hyperparameters. Explicit flags still win (parse_args)."""
-    valid = [CELL_WORKFLOWS, {"SP": "sp", "IP": "ip"}, CELL_SCALES, CELL_TASKS]
-    parts = cell.split("-")
-    found = [next((v for k, v in options.items() if k.lower() == part.lower()), None)
-             for options, part in zip(valid, parts)]
-    if len(parts) != 4 or None in found:
-        usage_error(f"bad --cell {cell!r}: expected Workflow-Policy-Scale-Task with Workflow in "
-                    f"{'|'.join(CELL_WORKFLOWS)}, Policy in SP|IP, Scale in {'|'.join(CELL_SCALES)}, Task in "
-                    f"{'|'.join(CELL_TASKS)} (python train.py --list-cells)")
-    workflow, policy, model, task = found
-    prompt_tokens, new_tokens = PAPER_LENGTHS["code" if task["task"] == "deepcoder" else "math", workflow][:2]
-    out = dict(PAPER_HYPERPARAMETERS, **task, workflow=workflow, policy=policy, model=model,
-               max_prompt_tokens=prompt_tokens, max_new_tokens=new_tokens)
-    if model == CELL_SCALES["4B"] and task["task"] == "deepcoder":
-        out["max_tokens_per_micro_batch"] = 40960
-    return out
-
-
-def list_cells() -> str:
-    """The 48 cells of the grid, one line each: what `--cell NAME` sets (token limits as prompt/response)."""
-    row = "{:<26} {:<16} {:<54} {:<11} {:<11} {}"
-    lines = [row.format("cell", "model", "data", "train", "eval", "Eval-Opt budget")]
-    for workflow, scale, task, policy in itertools.product(["Single", "Voting", "EvalOpt", "OrchWorkers"],
-                                                            CELL_SCALES, CELL_TASKS, ["SP", "IP"]):
-        c = cell_defaults(f"{workflow}-{policy}-{scale}-{task}")
-        lengths = PAPER_LENGTHS["code" if task == "Code" else "math", c["workflow"]]
-        lines.append(row.format(f"{workflow}-{policy}-{scale}-{task}", c["model"], f"{c['data']} {c['data_config']}",
-                                f"{lengths[0]}/{lengths[1]}", f"{lengths[2]}/{lengths[3]}",
-                                c["max_iterations"] if workflow == "EvalOpt" else "-"))
-    return "\n".join(lines)
-
-
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The module docstring as written, and every flag's default after its help."""
 
 
 def build_parser() -> Parser:
-    """The flags, in groups; each help ends with its default."""
+    """The flags, in groups; each help ends with its default, and names the paper's value where ours differs."""
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="smollm2", help="smollm2 (packaged, offline), tiny / tiny-qwen3 (random, "
-                   "for tests), random-qwen3-0.6b, a model folder or a hub id")
+    g.add_argument("--model", default="smollm2", help="smollm2 (packaged), tiny or tiny-qwen3 (random, tests), "
+                   "random-qwen3-0.6b, a model folder or a hub id")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (GPU: bf16)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
     g = p.add_argument_group("data")
-    g.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"], help="math: built-in "
-                   "synthetic; code: built-in HumanEval; dapo / deepcoder: --data file or hub id")
+    g.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"], help="math, code: "
+                   "built in (synthetic, HumanEval); dapo, deepcoder: --data")
     g.add_argument("--data", default=None, help="DAPO- or DeepCoder-format .jsonl/.json/.parquet, or a hub id")
     g.add_argument("--data-config", default=None, help="hub dataset config (DAPO-Math-17k-Processed: en)")
-    g.add_argument("--difficulty", type=int, default=0, choices=[0, 1, 2, 3], help="synthetic math: 0 one op on "
-                   "1-digit numbers, 1 on 2-digit, 2 two-three ops, 3 word problems")
-    g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems (243 at level 0)")
-    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: of the held-out 10%%)")
+    g.add_argument("--difficulty", type=int, default=0, choices=[0, 1], help="synthetic math: one op on 1- or "
+                   "2-digit numbers")
+    g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems")
+    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: of its held-out 10%%)")
     g = p.add_argument_group("workflow")
     g.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="its roles: "
                    + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items()))
@@ -170,9 +122,9 @@ def build_parser() -> Parser:
     g.add_argument("--credit", default="outcome", choices=["outcome", "role"], help="outcome: the final result "
                    "to every call (paper); role: each call its own correctness")
     g.add_argument("--prompts", default="small", choices=["small", "paper"], help="paper: the reference's "
-                   "instructions in our words; small: brief ones and a solved example, for SmolLM2 (cells: paper)")
+                   "instructions in our words; small: brief ones and a solved example (cells: paper)")
     g.add_argument("--evalopt-context", default="reference", choices=["reference", "clean"], help="Eval-Opt: one "
-                   "shared conversation, as the paper; clean: the problem and the latest attempt only")
+                   "shared conversation (paper); clean: the problem and the latest attempt only")
     g.add_argument("--n-votes", type=COUNT, default=3, help="Voting: parallel generators (paper: 3)")
     g.add_argument("--max-iterations", type=COUNT, default=None, help="Eval-Opt: evaluator calls at most "
                    "(default: math 3, code 2, as the paper)")
@@ -190,61 +142,58 @@ def add_grpo_flags(p: Parser) -> None:
     g = p.add_argument_group("GRPO")
     g.add_argument("--tasks-per-step", type=COUNT, default=8, help="tasks per training step (paper: 64)")
     g.add_argument("--group-size", "--n", dest="n", type=COUNT, default=4, help="episodes per task, the GRPO "
-                   "group size (paper: 8); under torchrun write --group-size")
+                   "group (paper: 8); under torchrun write --group-size")
     g.add_argument("--agg", default="seq-mean-token-mean", choices=grpo.AGGREGATIONS, help="loss aggregation")
     g.add_argument("--clip-low", type=number(float, 0, 1, True, True), default=0.2, help="PPO clip below 1")
     g.add_argument("--clip-high", type=POSITIVE, default=0.28, help="PPO clip above 1 (clip-higher)")
     g.add_argument("--dual-clip", type=number(float, 1, low_open=True), default=3.0, help="dual-clip constant")
     g.add_argument("--no-std-scale", dest="std_scale", action="store_false", help="advantage = r - mean (Dr. GRPO)")
-    g.add_argument("--mini-batch-size", type=COUNT0, default=0, help="samples per optimizer step; 0 = all "
-                   "episodes of a step (paper: 512)")
+    g.add_argument("--mini-batch-size", type=COUNT0, default=0, help="samples per optimizer step; 0 = a step's "
+                   "episodes (paper: 512)")
     g.add_argument("--micro-batch-size", type=COUNT, default=8, help="rows per forward/backward at most")
-    g.add_argument("--max-tokens-per-micro-batch", type=COUNT0, default=0, help="padded tokens per "
-                   "forward/backward at most (verl's dynamic batch size); 0 = rows only (cells: 51200)")
+    g.add_argument("--max-tokens-per-micro-batch", type=COUNT0, default=0, help="padded tokens per forward/backward "
+                   "at most; 0 = rows only (cells: 51200)")
     g.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=False,
                    help="recompute activations in backward: memory for time (cells: on)")
     g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false", help="run every row's whole "
-                   "prompt (default: a prompt that n rows share runs once; README)")
+                   "prompt (default: n rows that share a prompt run it once)")
     g.add_argument("--skip-zero-advantage", action="store_true", help="skip calls with advantage 0: the same "
-                   "step, less work (entropy and clip_frac then cover trained calls only)")
-    g = p.add_argument_group("findings 3-4 and the interventions I1, I6 (roles: see --workflow)")
+                   "step, less work (entropy and clip_frac then cover the trained calls)")
+    g = p.add_argument_group("findings 3-4 and the interventions I1, I6 (role names: see --workflow)")
     g.add_argument("--merge-instance-steps", action="store_true", help="one optimizer step per adapter per "
-                   "training step (default: one per mini-batch, so IP parallel roles step once per instance)")
+                   "training step (default: one per mini-batch, as the paper)")
     g.add_argument("--role-weights", default=None, help="SP: loss share per role, 'equal' or "
-                   "generator=2,aggregator=1 (default: the aggregation's implicit shares, as the paper)")
-    g.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta*KL(role||base) for those roles")
+                   "generator=2,aggregator=1 (default: the aggregation's own shares, as the paper)")
+    g.add_argument("--kl-coef", default=None, help="I1: role=beta,... adds beta * KL(role || base)")
     g.add_argument("--coherence", default=None, help="I6 (IP): role=lambda,... lambda in (0, 1] (paper: <= 0.3)")
     g.add_argument("--coherence-window", type=COUNT, default=128, help="I6: EMA window, tau = 1 - 1/window")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=COUNT0, default=10, help="training steps")
     g.add_argument("--lr", type=POSITIVE, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64)")
     g.add_argument("--weight-decay", type=NONNEGATIVE, default=0.01, help="AdamW weight decay (paper: 0.01)")
-    g.add_argument("--warmup-steps", type=COUNT0, default=3, help="linear warm-up in training steps (paper: 15)")
-    g.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"], help="after warm-up: "
-                   "constant, or a half cosine to 0 at the last step (paper: cosine)")
+    g.add_argument("--warmup-steps", type=COUNT0, default=3, help="linear warm-up steps (paper: 15)")
+    g.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"], help="after warm-up; "
+                   "cosine: a half cosine to 0 at the last step (paper)")
     g.add_argument("--max-grad-norm", type=POSITIVE, default=1.0, help="gradient clipping per adapter (paper: 1)")
 
 
 def add_run_flags(p: Parser) -> None:
     g = p.add_argument_group("rollout")
-    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="hf: transformers generate; "
-                   "vllm: one LoRA request per role (README); auto: vllm on CUDA when it imports, else hf")
+    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"], help="auto: vllm on CUDA when it "
+                   "imports, else hf (transformers generate)")
     g.add_argument("--temperature", type=NONNEGATIVE, default=0.7, help="sampling temperature (paper: 0.7)")
     g.add_argument("--top-p", type=FRACTION, default=1.0, help="nucleus sampling (paper: 1.0)")
     g.add_argument("--max-new-tokens", type=COUNT, default=64, help="response limit (paper: math 5120, code 2048)")
     g.add_argument("--max-prompt-tokens", type=COUNT, default=4096, help="a longer prompt ends its episode, as in "
-                   "the paper, counted as prompt_overflow (paper: math 15-30k, code 4-10k)")
+                   "the paper (prompt_overflow)")
     g.add_argument("--gen-batch-size", type=COUNT, default=64, help="rows per generate() call (memory only)")
     g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4, help="vllm: fraction of GPU memory it takes")
     g = p.add_argument_group("run folder and logging")
-    g.add_argument("--run-dir", default=None, help="run folder (default: runs/<workflow>-<policy>-<time>); "
-                   "refused if it already holds a run")
+    g.add_argument("--run-dir", default=None, help="run folder (default: runs/<workflow>-<policy>-<time>)")
     g.add_argument("--overwrite", action="store_true", help="move a run in --run-dir aside to <run-dir>.old-<time>")
-    g.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest complete "
-                   "checkpoint, with its own flags; only --" + ", --".join(f.replace("_", "-") for f in RESUMABLE)
-                   + " may change")
-    g.add_argument("--val-every", type=COUNT0, default=5, help="validate every N steps, before step 1 and at the "
-                   "last step; 0 = never")
+    g.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run, with its own flags; only --"
+                   + ", --".join(RESUMABLE).replace("_", "-") + " may change")
+    g.add_argument("--val-every", type=COUNT0, default=5, help="validate every N steps, first and last; 0 = never")
     g.add_argument("--val-n", type=COUNT, default=1, help="samples per validation task")
     g.add_argument("--save-every", type=COUNT0, default=10, help="checkpoint every N steps and at the end")
     g.add_argument("--keep-last", type=COUNT0, default=0, help="keep only the newest N checkpoints; 0 = all")
@@ -258,7 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
     if args.list_cells:
-        print(list_cells())
+        print(workflows.list_cells())
         raise SystemExit(0)
     unset = object()  # argparse fills in a default only where the namespace has no value yet
     named = p.parse_args(argv, argparse.Namespace(**{key: unset for key in vars(args)}))
@@ -267,7 +216,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args = resume_args(p, args, given)
     else:
         if args.cell:  # the cell's values stand in for defaults; what the command line gives wins
-            for key, value in cell_defaults(args.cell).items():
+            try:
+                cell = workflows.cell_defaults(args.cell)
+            except ValueError as e:
+                usage_error(str(e))
+            for key, value in cell.items():
                 if key not in given:
                     setattr(args, key, value)
         args.run_dir = args.run_dir or os.path.join("runs", f"{args.workflow}-{args.policy}-"
@@ -450,7 +403,8 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     t_rollout, rank = time.time() - t0, grpo.world()[0]
     calls = [(e.task.id, c) for e in episodes for c in e.calls]
     advantages = grpo.group_advantages([c.reward for _, c in calls], [c.group_key(i) for i, c in calls], args.std_scale)
-    samples = [Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, rank) for (_, c), a in zip(calls, advantages)]
+    samples = [Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, rank)
+               for (_, c), a in zip(calls, advantages)]
     tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for _, c in calls), len(calls)]}
     if args.engine == "vllm":  # before the update: the trainer still holds the weights vLLM sampled with
         tallies.update(vllm_drift([c for _, c in calls], t.model, args))
@@ -633,13 +587,6 @@ class GracefulStop:
         print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
 
 
-class NoLogger:
-    """Stands in for wandb when it is off, so the loop has no `if wandb:` branches."""
-
-    def log(self, metrics: dict, step: int) -> None:
-        pass
-
-
 # ---------------------------------------------------------------- the run
 
 def main(argv: list[str] | None = None) -> str:
@@ -664,7 +611,7 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
     rank, size = grpo.world()
     if size > 1:
         policies.seed_everything(args.seed + rank)  # the same adapters everywhere, then a sampling stream per rank
-    logger = NoLogger()
+    logger = None
     if args.wandb and rank == 0:
         import wandb
         logger = wandb.init(project="marl-workflows", config=vars(args))
@@ -708,7 +655,8 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
                        + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
             metrics_file.write(json_line(m))
             metrics_file.flush()
-            logger.log(m, step=step)
+            if logger:
+                logger.log(m, step=step)
             if size > 1:  # a Ctrl-C that reached one rank stops them all after the same step
                 stop.requested = any(grpo.gather(stop.requested))
             if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:

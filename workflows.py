@@ -1,28 +1,18 @@
-"""Workflows: the roles, their prompts, the control flow between them, and credit.
+"""Workflows: the roles, their prompts, the control flow between them, and credit (docs/method.md, "Workflows").
 
-Paper: "Workflows (reference control flow)" and "Rewards and credit" in ../shared/PAPER.md.
-
-A workflow is written as a plain Python generator per episode: it `yield`s the
-calls it needs next (one stage: one call, or several parallel calls), reads their
-`.text` when it resumes, and fills in the episode's answer at the end. The driver
-`rollout` runs the generators of *all* episodes of a step in lockstep, so every
-stage goes to the engine as one batch (3 x tasks x n voting generators in one
-call), whatever control flow each episode is following.
-
-Records: a `Call` is one model call (role instance name such as `generator0`, its
-role type and adapter, the turn, the prompt messages and ids, the completion);
-an `Episode` is one run of the workflow on one task (its calls, final answer,
-correctness). GRPO then trains on the calls (grpo.py).
-
-Eval-Opt runs as the reference runs it (`--evalopt-context reference`): one shared conversation, in which the
-evaluator and every retry see all earlier attempts and critiques as assistant turns, and neither the evaluator's
-instruction nor the retry instruction stays in it. `clean` is our fix: the evaluator sees only the problem and
-the latest attempt, a retry only its last attempt and the feedback (method notes, "Eval-Opt context").
+A workflow is a plain Python generator per episode: it `yield`s the calls it needs next (one stage: one call,
+or several parallel calls), reads their `.text` when it resumes, and fills in the episode's answer at the end.
+The driver `rollout` runs the generators of *all* episodes of a step in lockstep, so every stage goes to the
+engine as one batch (3 x tasks x n voting generators in one call), whatever control flow each episode follows.
+A `Call` is one model call (role instance name such as `generator0`, turn, prompt messages and ids,
+completion); an `Episode` is one run of the workflow on one task. GRPO then trains on the calls (grpo.py).
+Metrics are kept as numerators and denominators (`episode_tallies`), so batches and ranks add up exactly.
 
     python -m pytest tests/test_workflows.py   # every workflow's control flow, with a scripted engine
 """
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -56,7 +46,7 @@ class Call:
         return re.sub(r"\d+$", "", self.name)
 
     def group_key(self, task_id: str) -> tuple:
-        """GRPO group: calls with the same key are compared with each other (PAPER: task, name, turn)."""
+        """GRPO group: calls with the same key are compared with each other (task, name, turn)."""
         return (task_id, self.group) if self.group else (task_id, self.name, self.turn)
 
 
@@ -85,9 +75,10 @@ class WorkflowOptions:
 # by step, analyse every solution before selecting. `small`, the CPU default: what SmolLM2-135M can follow within
 # 64 new tokens, brief reasoning and a bare selection, after one solved example (math).
 
-SOLVE = {("paper", "math"): "Solve the problem step by step, showing your work, then give the final answer in \\boxed{}.",
-         ("paper", "code"): "Solve the programming problem step by step: reason about the algorithm and the edge cases, "
-                            "then give the complete program in one ```python code block.",
+SOLVE = {("paper", "math"): "Solve the problem step by step, showing your work, then give the final answer in "
+                            "\\boxed{}.",
+         ("paper", "code"): "Solve the programming problem step by step: reason about the algorithm and the edge "
+                            "cases, then give the complete program in one ```python code block.",
          ("small", "math"): "Solve the problem. Show brief reasoning, then give the final answer in \\boxed{}.",
          ("small", "code"): "Solve the programming task in Python. Reason briefly, then give the complete program in "
                             "one ```python code block."}
@@ -134,7 +125,8 @@ def aggregator_messages(task: Task, candidates: list[str], opts: WorkflowOptions
            if opts.prompts == "paper" else
            f"Which solution is correct? Compare their answers and reasoning, then give only the number "
            f"of the best solution (1 to {n}) in \\boxed{{}}, for example \\boxed{{1}}.")
-    return [user(f"{problem_text(task)}\n\nHere are {n} candidate solutions.\n\n{solutions_block(candidates)}\n\n{ask}")]
+    block = solutions_block(candidates)
+    return [user(f"{problem_text(task)}\n\nHere are {n} candidate solutions.\n\n{block}\n\n{ask}")]
 
 
 def evaluator_messages(task: Task, attempt: str, history: list[dict], opts: WorkflowOptions) -> list[dict]:
@@ -305,6 +297,57 @@ ROLES = {  # role types of each workflow: the adapters IP creates
 }
 
 
+# ---------------------------------------------------------------- the paper's cells
+
+# `--cell {Workflow}-{Policy}-{Scale}-{Task}` names a cell of the paper's grid; `cell_defaults` gives its flags.
+CELL_WORKFLOWS = {"Single": "single", "SA": "single", "Voting": "voting", "EvalOpt": "evalopt",
+                  "OrchWorkers": "orchworkers"}
+CELL_SCALES = {"0.6B": "Qwen/Qwen3-0.6B", "1.7B": "Qwen/Qwen3-1.7B", "4B": "Qwen/Qwen3-4B"}
+CELL_TASKS = {"Math": dict(task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en", max_iterations=3),
+              "Code": dict(task="deepcoder", data="agentica-org/DeepCoder-Preview-Dataset",
+                           data_config="primeintellect", max_iterations=2)}
+PAPER_HYPERPARAMETERS = dict(  # the reference's training config, the same for every cell
+    tasks_per_step=64, n=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
+    max_grad_norm=1.0, warmup_steps=15, lr_schedule="cosine", steps=500, val_every=10, save_every=5,
+    temperature=0.7, top_p=1.0, n_val=1 << 30, prompts="paper", dtype="bfloat16", grad_checkpointing=True,
+    micro_batch_size=512, max_tokens_per_micro_batch=51200)  # verl's token budget per GPU (4B code: 40,960)
+
+
+def cell_defaults(cell: str) -> dict:
+    """The flags of a cell such as `Voting-IP-1.7B-Math` (case-insensitive; SA = Single): workflow, policy,
+    Qwen3 model, data, the paper's prompt / response limits for that workflow and task, and its
+    hyperparameters (train.py applies them under the flags a command line gives). Raises ValueError (one line)."""
+    valid = [CELL_WORKFLOWS, {"SP": "sp", "IP": "ip"}, CELL_SCALES, CELL_TASKS]
+    parts = cell.split("-")
+    found = [next((v for k, v in options.items() if k.lower() == part.lower()), None)
+             for options, part in zip(valid, parts)]
+    if len(parts) != 4 or None in found:
+        raise ValueError(f"bad --cell {cell!r}: expected Workflow-Policy-Scale-Task with Workflow in "
+                         f"{'|'.join(CELL_WORKFLOWS)}, Policy in SP|IP, Scale in {'|'.join(CELL_SCALES)}, Task in "
+                         f"{'|'.join(CELL_TASKS)} (python train.py --list-cells)")
+    workflow, policy, model, task = found
+    prompt_tokens, new_tokens = PAPER_LENGTHS["code" if task["task"] == "deepcoder" else "math", workflow][:2]
+    out = dict(PAPER_HYPERPARAMETERS, **task, workflow=workflow, policy=policy, model=model,
+               max_prompt_tokens=prompt_tokens, max_new_tokens=new_tokens)
+    if model == CELL_SCALES["4B"] and task["task"] == "deepcoder":
+        out["max_tokens_per_micro_batch"] = 40960
+    return out
+
+
+def list_cells() -> str:
+    """The 48 cells of the grid, one line each: what `--cell NAME` sets (token limits as prompt/response)."""
+    row = "{:<26} {:<16} {:<54} {:<11} {:<11} {}"
+    lines = [row.format("cell", "model", "data", "train", "eval", "Eval-Opt budget")]
+    for workflow, scale, task, policy in itertools.product(["Single", "Voting", "EvalOpt", "OrchWorkers"],
+                                                            CELL_SCALES, CELL_TASKS, ["SP", "IP"]):
+        c = cell_defaults(f"{workflow}-{policy}-{scale}-{task}")
+        lengths = PAPER_LENGTHS["code" if task == "Code" else "math", c["workflow"]]
+        lines.append(row.format(f"{workflow}-{policy}-{scale}-{task}", c["model"], f"{c['data']} {c['data_config']}",
+                                f"{lengths[0]}/{lengths[1]}", f"{lengths[2]}/{lengths[3]}",
+                                c["max_iterations"] if workflow == "EvalOpt" else "-"))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- driver
 
 def rollout(tasks: list[Task], n: int, workflow: str, engine, encode: Callable[[list[dict]], list[int]],
@@ -325,7 +368,7 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, encode: Callable[[
     while running:
         pending = [(ep, stage, calls) for ep, stage in running if (calls := next(stage, None)) is not None]
         encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
-        pending = [(ep, stage, cs) for ep, stage, cs in pending if not end_if_overlong(ep, stage, cs, max_prompt_tokens)]
+        pending = [(ep, st, cs) for ep, st, cs in pending if not end_if_overlong(ep, st, cs, max_prompt_tokens)]
         calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break

@@ -10,6 +10,7 @@ import torch
 import policies
 import tasks
 import train
+import workflows
 from grpo import Sample, UpdateSettings, lr_multiplier, make_optimizers, update_policy
 from policies import (
     adapter_parameters,
@@ -32,7 +33,7 @@ def test_list_cells_prints_all_48_and_every_name_parses(capsys):
     names = [line.split()[0] for line in lines[1:]]
     assert len(names) == 48 == len(set(names))  # 4 workflows x 2 policies x 3 scales x 2 tasks
     for name in names + ["SA-IP-4B-Code", "voting-sp-0.6b-math"]:  # SA = Single; case does not matter
-        c = train.cell_defaults(name)
+        c = workflows.cell_defaults(name)
         assert c["model"].startswith("Qwen/Qwen3-") and c["task"] in ("dapo", "deepcoder")
     assert "Voting-IP-1.7B-Math        Qwen/Qwen3-1.7B  open-r1/DAPO-Math-17k-Processed en" in "\n".join(lines)
 

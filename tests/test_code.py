@@ -19,8 +19,19 @@ import uuid
 
 import pytest
 
-from tasks import (CODE_TIMEOUT_S, DataError, Grade, Task, code_sandbox_info, grade, grade_code, grade_many,
-                   humaneval_tasks, last_code_block, load_code, stdout_matches)
+from sandbox import CODE_TIMEOUT_S, code_sandbox_info
+from tasks import (
+    DataError,
+    Grade,
+    Task,
+    grade,
+    grade_code,
+    grade_many,
+    humaneval_tasks,
+    last_code_block,
+    load_code,
+    stdout_matches,
+)
 
 
 def fence(code: str, lang: str = "python") -> str:
@@ -456,7 +467,7 @@ print(42 if hit else 0)
 
 
 def test_without_landlock_files_left_in_tmp_are_removed(monkeypatch):
-    import tasks
+    import sandbox as tasks
     iso = tasks._isolation()
     if not iso.uid_mode:
         pytest.skip("needs a per-sandbox uid")
@@ -471,7 +482,7 @@ def test_without_landlock_files_left_in_tmp_are_removed(monkeypatch):
 
 
 def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
-    import tasks
+    import sandbox as tasks
     iso = tasks._isolation()
     monkeypatch.setattr(tasks, "_ISOLATION", tasks._Isolation("/nonexistent/python3", iso.uid_mode,
                                                               iso.landlock_abi, iso.kill_bin, "broken", iso.setpriv))
@@ -483,7 +494,7 @@ def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
 
 @needs_sandbox
 def test_hostile_reads_a_sibling_sandbox():
-    import tasks
+    import sandbox as tasks
     secret = "print('the answer is', 40 + 2)"
     with tasks._Sandbox(secret, memory_bytes=1 << 30, output_bytes=1 << 20):  # a sibling rollout, still open
         program = """

@@ -171,14 +171,13 @@ def runs(trained_runs, tmp_path):
     return {name: shutil.copytree(run, tmp_path / "runs" / name).as_posix() for name, run in trained_runs.items()}
 
 
-def test_every_checkpoint_skips_done_steps(runs):
+def test_one_step_and_every_checkpoint(runs):
     run = runs["voting_ip"]
     first = E.main(["--run", run, "--mode", "trained", "--step", "1"])
     assert [(r["step"], r["mode"], r["cell"], r["dataset"], r["n"]) for r in first] == \
         [(1, "trained", "Voting-IP-Tiny-Math", "math-d0", 1)]
-    assert [r["step"] for r in E.main(["--run", run, "--mode", "trained", "--every-checkpoint"])] == [2]
-    assert [r["step"] for r in E.read_results(os.path.join(run, "eval.jsonl"))] == [1, 2]
-    assert E.main(["--run", run, "--mode", "trained", "--every-checkpoint"]) == []       # nothing left to do
+    assert [r["step"] for r in E.main(["--run", run, "--mode", "trained", "--every-checkpoint"])] == [1, 2]
+    assert [r["step"] for r in E.read_results(os.path.join(run, "eval.jsonl"))] == [1, 1, 2]
     record = E.read_results(os.path.join(run, "eval.jsonl"))[-1]
     expected = {"accuracy", "accuracy_std", "pass@1", "generator/acc", "aggregator/acc", "any_correct"}
     assert expected <= set(record["metrics"])
@@ -216,8 +215,8 @@ def test_sa_transfer_loads_the_sa_adapter_into_every_role(runs, tmp_path, capsys
         with open(os.path.join(record["trajectories"], name)) as f:
             calls += json.load(f)["calls"]
     assert {c["adapter"] for c in calls} == {"sa"} and {c["role"] for c in calls} == {"generator", "aggregator"}
-    assert E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run", runs["sa"] + "/",
-                   "--every-checkpoint", "--out", out]) == []  # the SA run's one checkpoint is done
+    assert [r["step"] for r in E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run",
+                                       runs["sa"] + "/", "--every-checkpoint", "--out", out])] == [1]  # its only one
     with pytest.raises(SystemExit) as e:
         E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run", runs["voting_sp"]])
     assert e.value.code == 2 and "trained workflow 'voting', not 'single'" in capsys.readouterr().err
@@ -233,9 +232,9 @@ def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["Voting-IP-Tiny-Math", "Voting-SP-Tiny-Math", "base"]
     for line, run in zip(lines, run_dirs):
-        val = [(m["step"], m["val/success"]) for m in E.read_metrics(run) if "val/success" in m]
+        val = [(m["step"], m["val/success"]) for m in E.read_results(os.path.join(run, "metrics.jsonl")) if "val/success" in m]
         assert list(line.get_xdata()) == [0, 1, 2] and list(line.get_ydata()) == [v for _, v in val]
-    step0 = E.read_metrics(runs["voting_ip"])[0]  # no base record in its eval.jsonl: the step-0 validation
+    step0 = E.read_results(os.path.join(runs["voting_ip"], "metrics.jsonl"))[0]  # no base record in its eval.jsonl: the step-0 validation
     assert list(lines[2].get_ydata()) == [step0["val/success"]] * 2 and lines[2].get_linestyle() == "--"
     panels = figures["roles"][0].axes
     assert [p.get_title() for p in panels] == ["gradient norm", "entropy", "response length (tokens)",

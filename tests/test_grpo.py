@@ -17,7 +17,6 @@ from grpo import (
     Sample,
     UpdateSettings,
     _micro_step,
-    aggregate,
     clipped_token_loss,
     group_advantages,
     make_optimizers,
@@ -38,6 +37,12 @@ from policies import (
 )
 
 EPS = 1e-6
+
+
+def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg: str, norm_len: int = 1) -> torch.Tensor:
+    """The reference form of an aggregation: reduce a [B, T] token-loss matrix to a scalar with its weights."""
+    w = torch.tensor(token_weights(mask.sum(-1).long().tolist(), agg, norm_len), dtype=token_loss.dtype)
+    return (token_loss * mask * w.to(token_loss.device)[:, None]).sum()
 
 
 # ---------------------------------------------------------------- group_advantages

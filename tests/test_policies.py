@@ -459,13 +459,3 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
     assert str(e.value).startswith("error: --engine vllm needs vLLM") and "pip install vllm" in str(e.value)
     assert "README" in str(e.value) and "\n" not in str(e.value)
 
-
-def test_drop_quantization_config_strips_only_that_key(tmp_path):
-    """A folder converted from GGUF must not claim GGUF quantization: TRL refuses to train it, vLLM to load it."""
-    from policies import drop_quantization_config
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"hidden_size": 576, "quantization_config": {"quant_method": "gguf"}}))
-    drop_quantization_config(str(path))
-    assert json.loads(path.read_text()) == {"hidden_size": 576}
-    drop_quantization_config(str(path))  # already clean: unchanged
-    assert json.loads(path.read_text()) == {"hidden_size": 576}

@@ -13,8 +13,7 @@ from fractions import Fraction
 
 import pytest
 
-from tasks import (DataError, Grade, Task, grade, grade_math, last_boxed, load_math, math_splits,
-                   synthetic_math)
+from tasks import DataError, Grade, Task, grade, grade_math, last_boxed, load_math, math_splits, synthetic_math
 
 B = lambda s: "\\boxed{" + s + "}"  # noqa: E731
 
