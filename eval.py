@@ -53,10 +53,10 @@ SCALE_NAMES = {"smollm2": "SmolLM2", "tiny": "Tiny", "tiny-qwen3": "TinyQwen3", 
 TASK_NAMES = {"math": "Math", "dapo": "Math", "code": "Code", "deepcoder": "Code"}
 
 
-# ---------------------------------------------------------------- run folders, their names, bad input
+# ---------------------------------------------------------------- bad input and run folders (train.py uses these too)
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`error: argument --samples/--n: ...`), exit status 2."""
+    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}\n")
@@ -66,6 +66,26 @@ def usage_error(message: str) -> NoReturn:
     """Bad input found before anything was loaded or written: one line on stderr, exit status 2."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def number(cast, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False):
+    """An argparse `type`: `cast(text)`, finite and inside [low, high] (open ends as asked), else one line."""
+    what = (f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}" if high is not None
+            else f"{'>' if low_open else '>='} {low}")
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        inside = math.isfinite(value) and (value > low if low_open else value >= low) and \
+            (high is None or (value < high if high_open else value <= high))
+        if not inside:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
 
 
 def read_run_args(run_dir: str) -> dict:
@@ -85,6 +105,51 @@ def read_results(path: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def keep_metrics_until(path: str, step: int) -> None:
+    """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(lines)
+        os.replace(path + ".tmp", path)
+
+
+def json_line(record: dict) -> str:
+    """One strict-JSON line: undefined or non-finite numbers (a rate with nothing to count) become null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"
+
+
+def holds_run(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, f)) for f in ("args.json", "metrics.jsonl", "checkpoints"))
+
+
+def check_run_dir(run_dir: str, overwrite: bool) -> None:
+    """A new run needs a folder that holds no run (or --overwrite) and that it can create; nothing is written."""
+    if holds_run(run_dir) and not overwrite:
+        usage_error(f"{run_dir} already holds a run; continue it with --resume {run_dir}, choose a new --run-dir, "
+                    "or pass --overwrite to move it aside")
+    parent = os.path.abspath(run_dir)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        usage_error(f"cannot write run folder {run_dir}: {parent} is not a writable folder")
+
+
+def write_args(args: argparse.Namespace) -> None:
+    """RUN/args.json, atomically. A new run with --overwrite first moves an old run aside (never mixes them)."""
+    if not args.resume and holds_run(args.run_dir):
+        aside = f"{args.run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(args.run_dir, aside)
+        print(f"--overwrite: moved the run that was in {args.run_dir} to {aside}")
+    os.makedirs(args.run_dir, exist_ok=True)
+    path = os.path.join(args.run_dir, "args.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({**vars(args), "resume": None, "overwrite": False}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def cell_name(run_args: dict) -> str:

@@ -52,6 +52,7 @@ import json
 import marshal
 import math
 import os
+import re
 import secrets
 import select
 import shutil
@@ -887,3 +888,57 @@ def _harness_read(fd, n):
 _HARNESS_SOURCE = "\n\n".join(inspect.getsource(f) for f in (
     _harness_main, _harness_build, _harness_serve, _harness_encode, _harness_failed, _harness_landlock,
     _harness_resolve, _harness_read)) + "\n_harness_main()\n"
+
+
+# ---------------------------------------------------------------- judging outputs (in the calling process)
+
+FLOAT_TOL = 1e-6  # relative and absolute
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def same_value(got: object, want: object) -> bool:
+    """A function's result against the expected one: ==, floats within tolerance, tuples and lists alike,
+    recursively. Compared in the calling process, on plain data."""
+    if _is_number(got) and _is_number(want) and (isinstance(got, float) or isinstance(want, float)):
+        return math.isclose(got, want, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL) or got == want
+    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(same_value(a, b) for a, b in zip(got, want, strict=True))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in got)
+    try:
+        return bool(got == want)
+    except Exception:
+        return False
+
+
+_INT_TOKEN = re.compile(r"[+-]?\d+")
+
+
+def _same_token(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if _INT_TOKEN.fullmatch(a) and _INT_TOKEN.fullmatch(b):  # integers exactly, never "close"
+        return len(a) < 4000 and len(b) < 4000 and int(a) == int(b)
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    return math.isclose(x, y, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL)
+
+
+def stdout_matches(got: str, want: str) -> bool:
+    """stdin/stdout comparison: stripped lines; tokens equal, or numbers within 1e-6
+    (relative or absolute; integers exactly)."""
+    g = [line.strip() for line in got.replace("\r\n", "\n").strip().split("\n")]
+    w = [line.strip() for line in want.replace("\r\n", "\n").strip().split("\n")]
+    if len(g) != len(w):
+        return False
+    for a, b in zip(g, w, strict=True):
+        if a != b:
+            ta, tb = a.split(), b.split()
+            if len(ta) != len(tb) or not all(_same_token(x, y) for x, y in zip(ta, tb, strict=True)):
+                return False
+    return True

@@ -17,8 +17,8 @@ DAPO-Math-17k (prompt / solution / reward_model / extra_info) and DeepCoder.
 
 Usage:
     from tasks import math_splits, load_math, humaneval_tasks, grade, grade_many
-    train, val = math_splits(n_train=2000, n_val=200, difficulty=2, seed=0)
-    grade(train[0], r"... so \\boxed{7/2}")   # Grade(reward, parsed, formatted, reason)
+    train, val = math_splits(n_train=2000, n_val=200, difficulty=1, seed=0)
+    grade(train[0], r"... so \\boxed{42}")    # Grade(reward, parsed, formatted, reason)
     dapo = load_math("dapo.parquet", limit=100)  # or a hub id, when online
     code = humaneval_tasks()                     # 164 problems, offline; load_code: DeepCoder
     grades = grade_many(code, outputs)           # code graded concurrently, bounded by the cores
@@ -26,11 +26,9 @@ Tests: python -m pytest tests/test_tasks.py tests/test_code.py -q
 """
 from __future__ import annotations
 
-import ast
 import concurrent.futures
 import json
 import math
-import operator
 import os
 import random
 import re
@@ -40,7 +38,6 @@ import time
 import warnings
 import zlib
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import sandbox
 
@@ -79,96 +76,27 @@ def grade(task: Task, output: str) -> Grade:
 
 # ---- math: synthetic tasks ----
 
-_AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_NAMES = [("Sam", "he"), ("Maria", "she"), ("Leo", "he"), ("Aisha", "she"), ("Tom", "he"), ("Mei", "she")]
-_ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "cards"]
-
-
-def format_answer(value: Fraction) -> str:
-    """Canonical answer string: "12", "-3", "7/2" (Fraction is always reduced)."""
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-
-
-def _arith_d0(rng: random.Random) -> tuple[str, str]:
-    """One operation on two 1-digit numbers: the level a 135M model half solves, so RL has signal."""
-    a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+-*")
-    return f"{a} {op} {b}", f"What is {a} {op.replace('*', '×')} {b}?"
-
-
-def _arith_d1(rng: random.Random) -> tuple[str, str]:
-    """One operation on two 2-digit numbers; returns (ascii expression, shown text)."""
-    a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-*")
-    return f"{a} {op} {b}", f"What is {a} {op.replace('*', '×')} {b}?"
-
-
-def _arith_d2(rng: random.Random) -> tuple[str, str]:
-    """Two or three operations, every sub-expression parenthesised, operands 1-20.
-
-    Rejection-sampled so that division never hits zero and the result is an
-    integer or a simple fraction (denominator <= 12, |value| <= 1000).
-    """
-    while True:
-        terms = [str(rng.randint(1, 20)) for _ in range(rng.choice((3, 4)))]
-        while len(terms) > 1:  # merge two neighbours until one tree remains
-            i, op = rng.randrange(len(terms) - 1), rng.choice("+-*/")
-            left, right = (f"({t})" if " " in t else t for t in terms[i: i + 2])
-            terms[i: i + 2] = [f"{left} {op} {right}"]
-        try:
-            value = _eval_fraction(terms[0])
-        except ZeroDivisionError:
-            continue
-        if value.denominator <= 12 and abs(value) <= 1000:
-            return terms[0], "What is " + terms[0].replace("*", "×").replace("/", "÷") + "?"
-
-
-def _word_d3(rng: random.Random) -> tuple[str, str]:
-    """Short word problems; the ascii expression is the intended solution."""
-    (name, he), item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    a, b, c, story = rng.randint(2, 20), rng.randint(2, 9), rng.randint(2, 9), rng.randrange(5)
-    # Every branch's draw is made (dict values), so the stream never depends on the story.
-    a = {1: a + b * c,  # enough to give away
-         2: c * rng.randint(1, 6),  # a multiple of c, so each share is whole
-         3: rng.randint(2, b * c - 1)}.get(story, a)  # never more than the boxes hold
-    return [
-        (f"{a} + {b} * {c}", f"{name} has {a} {item} and buys {b} bags of {c} {item}. "
-                             f"How many {item} does {he} have?"),
-        (f"{a} - {b} * {c}", f"{name} has {a} {item} and gives {b} to each of {c} friends. "
-                             f"How many {item} are left?"),
-        (f"{a} * {b} / {c}", f"{name} buys {a} packs of {b} {item} and shares them equally among "
-                             f"{c} friends. How many {item} does each friend get?"),
-        (f"{b} * {c} - {a}", f"A box holds {c} {item}. {name} fills {b} boxes and gives away {a} {item}. "
-                             f"How many {item} does {he} have now?"),
-        (f"{a} / {c}", f"{name} shares {a} pizzas equally among {c} friends. "  # may be a fraction
-                       f"How many pizzas does each friend get?"),
-    ][story]
-
-
-_GENERATORS = {0: _arith_d0, 1: _arith_d1, 2: _arith_d2, 3: _word_d3}
-
-
-def _eval_fraction(expr: str) -> Fraction:
-    """Evaluate our own ascii expressions exactly, every operand a Fraction."""
-    def value(node: ast.expr) -> Fraction:
-        if isinstance(node, ast.BinOp):
-            return _AST_OPS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return Fraction(node.value)
-        raise ValueError(f"unexpected expression {expr!r}")
-    return value(ast.parse(expr, mode="eval").body)
+def _problem(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
+    """(question, answer, expression): one operation on two 1-digit (difficulty 0: the level a 135M model half
+    solves, so RL has signal) or 2-digit (1) numbers."""
+    low, high = (1, 9) if difficulty == 0 else (10, 99)
+    a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice("+-*")
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return f"What is {a} {op.replace('*', '×')} {b}?", str(value), f"{a} {op} {b}"
 
 
 def _unique_problems(rng: random.Random, difficulty: int, count: int) -> list[tuple[str, str, str]]:
     """Draw (question, answer, expression) until ``count`` distinct questions."""
-    if difficulty not in _GENERATORS:
-        raise ValueError(f"difficulty must be 0, 1, 2 or 3, got {difficulty!r}")
+    if difficulty not in (0, 1):
+        raise ValueError(f"difficulty must be 0 or 1, got {difficulty!r}")
     if count < 0:
         raise ValueError(f"number of tasks must be >= 0, got {count}")
     seen: dict[str, tuple[str, str, str]] = {}
     for _ in range(50 * count + 1000):  # bounded: a tiny problem space must fail, not hang
         if len(seen) == count:
             break
-        expr, question = _GENERATORS[difficulty](rng)
-        seen.setdefault(question, (question, format_answer(_eval_fraction(expr)), expr))
+        problem = _problem(rng, difficulty)
+        seen.setdefault(problem[0], problem)
     if len(seen) < count:
         raise ValueError(f"could only draw {len(seen)} distinct difficulty-{difficulty} problems, asked {count}")
     return list(seen.values())
@@ -182,8 +110,7 @@ def _to_tasks(problems: list[tuple[str, str, str]], prefix: str, difficulty: int
 
 def synthetic_math(n: int, difficulty: int = 1, seed: int = 0, id_prefix: str = "arith") -> list[Task]:
     """``n`` distinct arithmetic tasks, identical for identical arguments."""
-    problems = _unique_problems(random.Random(seed), difficulty, n)
-    return _to_tasks(problems, f"{id_prefix}-d{difficulty}", difficulty)
+    return _to_tasks(_unique_problems(random.Random(seed), difficulty, n), f"{id_prefix}-d{difficulty}", difficulty)
 
 
 def math_splits(n_train: int = 2000, n_val: int = 200, difficulty: int = 1,
@@ -555,7 +482,6 @@ def load_code(source: str, split: str = "train", config: str | None = None,
 
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([^\s`]*)[^`\n]*$")
-_FLOAT_TOL = 1e-6  # relative and absolute
 
 
 def last_code_block(text: str) -> str | None:
@@ -581,54 +507,6 @@ def last_code_block(text: str) -> str | None:
             body.append(line)
     return found
 
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _same_value(got: object, want: object) -> bool:
-    """Functional results: ==, floats within tolerance, tuples and lists alike, recursively."""
-    if _is_number(got) and _is_number(want) and (isinstance(got, float) or isinstance(want, float)):
-        return math.isclose(got, want, rel_tol=_FLOAT_TOL, abs_tol=_FLOAT_TOL) or got == want
-    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
-        return len(got) == len(want) and all(_same_value(a, b) for a, b in zip(got, want, strict=True))
-    if isinstance(got, dict) and isinstance(want, dict):
-        return got.keys() == want.keys() and all(_same_value(got[k], want[k]) for k in got)
-    try:
-        return bool(got == want)
-    except Exception:
-        return False
-
-
-_INT_TOKEN = re.compile(r"[+-]?\d+")
-
-
-def _same_token(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    if _INT_TOKEN.fullmatch(a) and _INT_TOKEN.fullmatch(b):  # integers exactly, never "close"
-        return len(a) < 4000 and len(b) < 4000 and int(a) == int(b)
-    try:
-        x, y = float(a), float(b)
-    except ValueError:
-        return False
-    return math.isclose(x, y, rel_tol=_FLOAT_TOL, abs_tol=_FLOAT_TOL)
-
-
-def stdout_matches(got: str, want: str) -> bool:
-    """stdin/stdout comparison: stripped lines; tokens equal, or numbers within 1e-6
-    (relative or absolute; integers exactly)."""
-    g = [line.strip() for line in got.replace("\r\n", "\n").strip().split("\n")]
-    w = [line.strip() for line in want.replace("\r\n", "\n").strip().split("\n")]
-    if len(g) != len(w):
-        return False
-    for a, b in zip(g, w, strict=True):
-        if a != b:
-            ta, tb = a.split(), b.split()
-            if len(ta) != len(tb) or not all(_same_token(x, y) for x, y in zip(ta, tb, strict=True)):
-                return False
-    return True
-
-
 def _sandbox_test(test: dict) -> dict:
     """A test as the sandbox takes it; the expected output stays here."""
     if test["testtype"] == "functional":
@@ -640,13 +518,13 @@ def _sandbox_test(test: dict) -> dict:
 def _output_matches(test: dict, got: object) -> bool:
     """Is ``got`` (stdout text, or a function's result as plain data) what ``test`` expects?"""
     if test["testtype"] != "functional":
-        return stdout_matches(got, test["output"])
+        return sandbox.stdout_matches(got, test["output"])
     try:
         want = json.loads(test["output"])
     except ValueError:
         want = test["output"]
-    return bool(_same_value(got, want) or (test["metadata"].get("wrapped") and isinstance(want, list)
-                                           and len(want) == 1 and _same_value(got, want[0])))
+    return bool(sandbox.same_value(got, want) or (test["metadata"].get("wrapped") and isinstance(want, list)
+                                                  and len(want) == 1 and sandbox.same_value(got, want[0])))
 
 
 def grade_code(output: str, task: Task, timeout_s: float | None = None, wall_timeout_s: float | None = None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import random
 import re
@@ -29,7 +28,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import NoReturn
 
 import numpy as np
 import torch
@@ -41,6 +39,7 @@ import grpo
 import policies
 import tasks
 import workflows
+from eval import HelpFormatter, Parser, check_run_dir, json_line, keep_metrics_until, number, usage_error, write_args
 from grpo import Sample, UpdateSettings
 from workflows import ROLES, WORKFLOWS
 
@@ -49,51 +48,9 @@ RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", 
              "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing", "vllm_gpu_memory")
 MAX_NONFINITE_STEPS = 3  # training steps in a row with a non-finite loss or gradient before the run stops
 DRIFT_ROWS, DRIFT_WARN = 32, 0.05  # vLLM: rows per step checked for vllm/logprob_drift; warn above (bf16: ~1e-2)
-
-
-# ---------------------------------------------------------------- bad input: one line, exit status 2
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}\n")
-
-
-def usage_error(message: str) -> NoReturn:
-    """Bad input found before anything was loaded or written: one line on stderr, exit status 2."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def number(cast, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False):
-    """An argparse `type`: `cast(text)`, finite and inside [low, high] (open ends as asked), else one line."""
-    what = (f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}" if high is not None
-            else f"{'>' if low_open else '>='} {low}")
-
-    def parse(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        inside = math.isfinite(value) and (value > low if low_open else value >= low) and \
-            (high is None or (value < high if high_open else value <= high))
-        if not inside:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-    return parse
-
-
 COUNT, COUNT0 = number(int, 1), number(int, 0)                  # >= 1, >= 0
 POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
 FRACTION = number(float, 0, 1, low_open=True)                  # (0, 1]
-
-
-# ---------------------------------------------------------------- the command line
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every flag's default after its help."""
 
 
 def build_parser() -> Parser:
@@ -523,51 +480,6 @@ def resume_from_checkpoint(run_dir: str, t: Trainer, seed: int) -> int:
     return 0
 
 
-def keep_metrics_until(path: str, step: int) -> None:
-    """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from)."""
-    if os.path.exists(path):
-        with open(path) as f:
-            lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
-        with open(path + ".tmp", "w") as f:
-            f.writelines(lines)
-        os.replace(path + ".tmp", path)
-
-
-def json_line(record: dict) -> str:
-    """One strict-JSON line: undefined or non-finite numbers (a rate with nothing to count) become null."""
-    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-    return json.dumps(clean, allow_nan=False) + "\n"
-
-
-def holds_run(folder: str) -> bool:
-    return any(os.path.exists(os.path.join(folder, f)) for f in ("args.json", "metrics.jsonl", "checkpoints"))
-
-
-def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
-    """A new run needs a folder that holds no run (or --overwrite) and that it can create; nothing is written."""
-    if holds_run(run_dir) and not overwrite:
-        usage_error(f"{run_dir} already holds a run; continue it with --resume {run_dir}, choose a new --run-dir, "
-                    "or pass --overwrite to move it aside")
-    parent = os.path.abspath(run_dir)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        usage_error(f"cannot write run folder {run_dir}: {parent} is not a writable folder")
-
-
-def write_args(args: argparse.Namespace) -> None:
-    """RUN/args.json, atomically. A new run with --overwrite first moves an old run aside (never mixes them)."""
-    if not args.resume and holds_run(args.run_dir):
-        aside = f"{args.run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.rename(args.run_dir, aside)
-        print(f"--overwrite: moved the run that was in {args.run_dir} to {aside}")
-    os.makedirs(args.run_dir, exist_ok=True)
-    path = os.path.join(args.run_dir, "args.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({**vars(args), "resume": None, "overwrite": False}, f, indent=1)
-    os.replace(path + ".tmp", path)
-
-
 class GracefulStop:
     """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once, in one line
     (the last checkpoint on disk is still complete: saves are atomic)."""
@@ -602,7 +514,7 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
     args = parse_args(argv)                      # every flag checked: nothing loaded, nothing written yet
     train_tasks, val_tasks = load_tasks(args)    # a bad row stops here, naming the file and the row
     if not args.resume:
-        check_new_run_dir(args.run_dir, args.overwrite)
+        check_run_dir(args.run_dir, args.overwrite)
     if dist.is_initialized():
         dist.barrier()  # every rank has checked the folder before rank 0 writes into it
     device = rank_device or (("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)

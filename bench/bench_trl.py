@@ -74,7 +74,8 @@ def main() -> None:
 
     # ---- ours: exactly what `python train.py` runs, flags spelled as a user would
     flags = ["--model", args.model, "--workflow", "single", "--policy", "sp", "--tasks-per-step", str(args.tasks),
-             "--n", str(args.n), "--max-new-tokens", str(args.new_tokens), "--lora-rank", "16", "--lora-alpha", "32",
+             "--group-size", str(args.n), "--max-new-tokens", str(args.new_tokens), "--lora-rank", "16",
+             "--lora-alpha", "32",
              "--agg", "seq-mean-token-mean", "--micro-batch-size", str(rows), "--gen-batch-size", str(rows),
              "--lr", "5e-4", "--warmup-steps", "0", "--difficulty", "0", "--val-every", "0"]
     flags += ["--skip-zero-advantage"] if args.skip_zero_advantage else []
@@ -127,11 +128,12 @@ def main() -> None:
             learning_rate=5e-4, warmup_steps=0, max_grad_norm=ours_args.max_grad_norm, shuffle_dataset=False,
             gradient_checkpointing=False, bf16=False,  # TRL's defaults are on; we train in fp32, no checkpointing
             generation_kwargs=None if args.free_length else {"min_new_tokens": args.new_tokens}, seed=0)
-        trainer = GRPOTrainer(model=trl_model, reward_funcs=math_reward, args=config, processing_class=tokenizer,
-                              train_dataset=Dataset.from_list(prompt_rows), callbacks=[Alternate()],
-                              peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
-        trainer.train()
+        trl_trainer = GRPOTrainer(model=trl_model, reward_funcs=math_reward, args=config,
+                                  processing_class=trainer.tokenizer, train_dataset=Dataset.from_list(prompt_rows),
+                                  callbacks=[Alternate()],
+                                  peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                         target_modules="all-linear", task_type="CAUSAL_LM"))
+        trl_trainer.train()
 
     ours_med = statistics.median(ours_times[args.warmup:])
     trl_med = statistics.median(trl_times[args.warmup:])

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check: what one lent H200 measures in at most 8 minutes, as one command (README "Memory plan").
+# The prepared GPU check: what one lent H200 measures in at most 8 minutes, as one command
+# (bench/README.md, "Memory, and the plan for one GPU").
 #   1. vLLM against HF generation in tokens/s, two LoRA adapters (bench/bench_vllm.py); skipped, and said so,
 #      where vLLM does not import (the lent machine's image has no vLLM, and its wheels are over what a call carries);
 #   2. three training steps of a Voting-IP cell configuration (--cell Voting-IP-0.6B-Math, 8 tasks x 8 samples,
@@ -49,7 +50,7 @@ fi
 
 echo "== 2. three training steps: --cell Voting-IP-0.6B-Math --model $MODEL ${SIZE[*]}"
 python3 -c "import json, tasks
-rows = [{'prompt': t.question, 'solution': t.answer} for t in tasks.synthetic_math(200, difficulty=2, seed=1)]
+rows = [{'prompt': t.question, 'solution': t.answer} for t in tasks.synthetic_math(200, difficulty=1, seed=1)]
 open('$OUT_DIR/dapo.jsonl', 'w').write(''.join(json.dumps(r) + '\n' for r in rows))"
 rm -rf "$OUT_DIR/run"
 timeout 300 python3 train.py --cell Voting-IP-0.6B-Math --model "$MODEL" --data "$OUT_DIR/dapo.jsonl" --steps 3 \

@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from sandbox import CODE_TIMEOUT_S, code_sandbox_info
+from sandbox import CODE_TIMEOUT_S, code_sandbox_info, stdout_matches
 from tasks import (
     DataError,
     Grade,
@@ -30,7 +30,6 @@ from tasks import (
     humaneval_tasks,
     last_code_block,
     load_code,
-    stdout_matches,
 )
 
 
@@ -680,14 +679,14 @@ def test_functional_results_are_plain_data_of_every_kind(tmp_path):
              "big": 3 ** 100, "inf": float("inf"), "ninf": float("-inf"), "text": "\u00e9\n\"\ud800"}
     tests = [{"input": "", "output": "null", "testtype": "functional", "metadata": {"func_name": "f"}}]
     task = _one(tmp_path, tests)
-    import tasks
+    import sandbox
     seen = []
-    original = tasks._same_value
+    original = sandbox.same_value
     try:
-        tasks._same_value = lambda got, want: seen.append(got) or True
+        sandbox.same_value = lambda got, want: seen.append(got) or True
         g = grade_code(fence(f"from math import inf\ndef f():\n    return {value!r}"), task)
     finally:
-        tasks._same_value = original
+        sandbox.same_value = original
     assert g.reward == 1.0 and seen == [value] and type(seen[0]["t"]) is tuple and type(seen[0]["f"]) is frozenset
 
 

@@ -232,9 +232,11 @@ def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["Voting-IP-Tiny-Math", "Voting-SP-Tiny-Math", "base"]
     for line, run in zip(lines, run_dirs):
-        val = [(m["step"], m["val/success"]) for m in E.read_results(os.path.join(run, "metrics.jsonl")) if "val/success" in m]
+        metrics = E.read_results(os.path.join(run, "metrics.jsonl"))
+        val = [(m["step"], m["val/success"]) for m in metrics if "val/success" in m]
         assert list(line.get_xdata()) == [0, 1, 2] and list(line.get_ydata()) == [v for _, v in val]
-    step0 = E.read_results(os.path.join(runs["voting_ip"], "metrics.jsonl"))[0]  # no base record in its eval.jsonl: the step-0 validation
+    # no base record in its eval.jsonl: the step-0 validation
+    step0 = E.read_results(os.path.join(runs["voting_ip"], "metrics.jsonl"))[0]
     assert list(lines[2].get_ydata()) == [step0["val/success"]] * 2 and lines[2].get_linestyle() == "--"
     panels = figures["roles"][0].axes
     assert [p.get_title() for p in panels] == ["gradient norm", "entropy", "response length (tokens)",

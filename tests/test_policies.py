@@ -6,7 +6,6 @@ Adapter names avoid single letters such as "a": PEFT warns that a name contained
 re-initialised on loading.
 """
 
-import json
 import sys
 
 import peft

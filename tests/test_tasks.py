@@ -166,13 +166,13 @@ def _as_fraction(answer: str) -> Fraction:
 
 
 def test_synthetic_math_is_deterministic_per_seed():
-    first, again = synthetic_math(50, difficulty=2, seed=7), synthetic_math(50, difficulty=2, seed=7)
+    first, again = synthetic_math(50, difficulty=1, seed=7), synthetic_math(50, difficulty=1, seed=7)
     assert first == again
-    other = synthetic_math(50, difficulty=2, seed=8)
+    other = synthetic_math(50, difficulty=1, seed=8)
     assert [t.question for t in other] != [t.question for t in first]
 
 
-@pytest.mark.parametrize("difficulty", [1, 2, 3])
+@pytest.mark.parametrize("difficulty", [0, 1])
 def test_synthetic_math_shape(difficulty):
     tasks = synthetic_math(200, difficulty=difficulty, seed=0)
     assert len(tasks) == 200
@@ -194,38 +194,17 @@ def test_difficulty_1_answers_are_correct():
         assert _as_fraction(t.answer) == _value_of_question(t.question)
 
 
-def test_difficulty_2_answers_are_correct_and_use_fractions():
-    tasks = synthetic_math(300, difficulty=2, seed=3)
-    for t in tasks:
-        assert "(" in t.question
-        assert 2 <= sum(t.question.count(op) for op in " + | - |×|÷".split("|")) <= 3
-        assert _as_fraction(t.answer) == _value_of_question(t.question)
-    fractions = [t.answer for t in tasks if "/" in t.answer]
-    assert fractions and all(Fraction(a).denominator <= 12 for a in fractions)
-    assert any(a.startswith("-") for a in (t.answer for t in tasks))
-
-
-def test_difficulty_3_is_words():
-    tasks = synthetic_math(100, difficulty=3, seed=0)
-    assert all(t.question.endswith("?") and not t.question.startswith("What is") for t in tasks)
-    assert all(_as_fraction(t.answer) >= 0 for t in tasks)  # stories never go negative
-
-
 PINNED_D1 = [("What is 59 + 63?", "122"), ("What is 43 - 75?", "-32")]
-PINNED_D3 = [("A box holds 9 marbles. Aisha fills 6 boxes and gives away 32 marbles. "
-              "How many marbles does she have now?", "22"),
-             ("Leo has 32 cookies and gives 4 to each of 6 friends. How many cookies are left?", "8")]
 
 
 def test_seed_0_is_pinned():
     # Guards against silent changes to the generators: saved runs name tasks by id.
     assert [(t.question, t.answer) for t in synthetic_math(2, difficulty=1, seed=0)] == PINNED_D1
-    assert [(t.question, t.answer) for t in synthetic_math(2, difficulty=3, seed=0)] == PINNED_D3
 
 
-@pytest.mark.parametrize("bad", [-1, 4, "1"])
+@pytest.mark.parametrize("bad", [-1, 2, "1"])
 def test_bad_difficulty(bad):
-    with pytest.raises(ValueError, match="difficulty must be 0, 1, 2 or 3"):
+    with pytest.raises(ValueError, match="difficulty must be 0 or 1"):
         synthetic_math(5, difficulty=bad)
 
 
