@@ -8,7 +8,7 @@ One step = sample `--tasks-per-step` tasks, run `--group-size` episodes of the w
 line of metrics to RUN/metrics.jsonl.
 
     python train.py --model tiny --steps 2           # the tiny random model: a smoke test in seconds
-    python train.py                                  # SmolLM2-135M on synthetic math, CPU, about 10 minutes
+    python train.py                                  # SmolLM2-135M on synthetic math, CPU, about 6 minutes
     python train.py --cell Voting-IP-1.7B-Math       # a paper cell on a GPU (python train.py --list-cells)
     torchrun --standalone --nproc_per_node 2 train.py --cell Voting-IP-1.7B-Math     # on 2 GPUs
 
