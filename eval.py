@@ -87,16 +87,16 @@ def number(cast, low: float, high: float | None = None, low_open: bool = False, 
     return parse
 
 
-
-def read_run_args(run_dir: str) -> dict:
-    """RUN/args.json; a folder that is not a run folder is a one-line error."""
+def read_run_args(run_dir: str, named_as: str | None = None) -> dict:
+    """RUN/args.json; a folder that is not a run folder is a one-line error that names it `named_as` (e.g. the
+    flag that gave it) or its path."""
     try:
         with open(os.path.join(run_dir, "args.json")) as f:
             return json.load(f)
     except FileNotFoundError:
-        usage_error(f"{run_dir}: not a run folder (no args.json; train.py writes one)")
+        usage_error(f"{named_as or run_dir}: not a run folder (no args.json; train.py writes one)")
     except (OSError, ValueError) as e:
-        usage_error(f"{run_dir}: unreadable args.json ({e})")
+        usage_error(f"{named_as or run_dir}: unreadable args.json ({e})")
 
 
 def read_results(path: str) -> list[dict]:

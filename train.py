@@ -39,7 +39,17 @@ import grpo
 import policies
 import tasks
 import workflows
-from eval import HelpFormatter, Parser, check_run_dir, json_line, keep_metrics_until, number, usage_error, write_args
+from eval import (
+    HelpFormatter,
+    Parser,
+    check_run_dir,
+    json_line,
+    keep_metrics_until,
+    number,
+    read_run_args,
+    usage_error,
+    write_args,
+)
 from grpo import Sample, UpdateSettings
 from workflows import ROLES, WORKFLOWS
 
@@ -190,13 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
     """The saved flags of the run in `args.resume`, with the RESUMABLE flags the command line gives applied
     (each printed); any other flag given is refused, since it would change what the run trains."""
-    try:
-        with open(os.path.join(args.resume, "args.json")) as f:
-            run = json.load(f)
-    except FileNotFoundError:
-        usage_error(f"--resume {args.resume}: not a run folder (no args.json)")
-    except (OSError, ValueError) as e:
-        usage_error(f"--resume {args.resume}: unreadable args.json ({e})")
+    run = read_run_args(args.resume, f"--resume {args.resume}")
     refused = sorted(given - set(RESUMABLE) - {"resume"})
     if refused:
         usage_error(f"--resume continues a run with its own settings; --{', --'.join(refused).replace('_', '-')} "

@@ -124,7 +124,7 @@ TRAIN_CASES = [  # (argv, what the one line must say)
     (["--n-train", "300"], "could only draw 243 distinct difficulty-0 problems"),
     (["--run-dir", "run"], "run already holds a run; continue it with --resume run, choose a new --run-dir"),
     (["--run-dir", "blocker/run"], "cannot write run folder blocker/run"),
-    (["--resume", "norun"], "--resume norun: not a run folder (no args.json)"),
+    (["--resume", "norun"], "--resume norun: not a run folder (no args.json; train.py writes one)"),
     (["--resume", "run", "--lr", "0.1"], "--resume continues a run with its own settings; --lr cannot change"),
     (["--resume", "run", "--seed", "3", "--lr", "0.1"], "--lr, --seed cannot change mid-run"),
     (["--resume", "run", "--run-dir", "elsewhere"], "--run-dir cannot change mid-run"),
