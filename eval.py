@@ -293,7 +293,8 @@ def eval_tasks(run_args: dict, data: str | None) -> list[tasks.Task]:
 
 def run_episodes(tasks_: list[tasks.Task], n: int, run_args: dict, engine, tokenizer, route: Callable[[str], str],
                  max_prompt_tokens: int | None, desc: str = "eval") -> list[Episode]:
-    """n episodes per task, stage-batched as in training, rewarded with the run's credit (for the dumps)."""
+    """n episodes per task, stage-batched, each call on the adapter `route` names, rewarded with the run's credit:
+    the same function for training (train.run_workflow), validation and evaluation."""
     opts = workflows.WorkflowOptions(run_args["prompts"], run_args["evalopt_context"], run_args["n_votes"],
                                      run_args["max_iterations"], run_args["max_subtasks"])
     episodes = workflows.rollout(tasks_, n, run_args["workflow"], engine,
@@ -478,12 +479,13 @@ def build_parser() -> Parser:
     g.add_argument("--every-checkpoint", action="store_true", help="evaluate every saved checkpoint")
     g.add_argument("--data", default=None, help="evaluate on this file instead of the run's validation split, in the "
                    "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test split)")
-    g.add_argument("--samples", "--n", dest="n", type=int, default=1, help="samples per task: accuracy is their "
+    count = number(int, 1)
+    g.add_argument("--samples", "--n", dest="n", type=count, default=1, help="samples per task: accuracy is their "
                    "mean, pass@k for k = 1, 2, 4... <= n; under torchrun write --samples")
-    g.add_argument("--temperature", type=float, default=None, help="default: the run's sampling temperature")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="default: a paper cell's evaluation length "
+    g.add_argument("--temperature", type=number(float, 0), default=None, help="default: the run's sampling temperature")
+    g.add_argument("--max-new-tokens", type=count, default=None, help="default: a paper cell's evaluation length "
                    "(math 8192, code 5120), else the run's")
-    g.add_argument("--max-prompt-tokens", type=int, default=None, help="default: a paper cell's evaluation limit, "
+    g.add_argument("--max-prompt-tokens", type=count, default=None, help="default: a paper cell's evaluation limit, "
                    "else the run's")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every checkpoint")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -499,12 +501,6 @@ def check_eval_args(args: argparse.Namespace) -> None:
     read_run_args(args.run)  # a folder that is not a run: one line
     if args.mode in SA_MODES and args.sa_run:
         read_run_args(args.sa_run)
-    for flag, name in (("n", "--samples/--n"), ("max_new_tokens", "--max-new-tokens"),
-                       ("max_prompt_tokens", "--max-prompt-tokens")):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            usage_error(f"argument {name}: must be >= 1, got {getattr(args, flag)}")
-    if args.temperature is not None and not 0 <= args.temperature < math.inf:
-        usage_error(f"argument --temperature: must be >= 0, got {args.temperature}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
                                                                   and not torch.cuda.is_available()):
         usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA device")

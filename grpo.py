@@ -33,13 +33,11 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-
 
 def group_advantages(rewards: list[float], keys: list[Hashable], scale_by_std: bool = True,
                      eps: float = 1e-6) -> list[float]:
-    """Outcome advantage of each call against the other members of its group.
+    """Outcome advantage of each call against the other members of its group (key: task, call name, turn).
 
-    Group key = (task, call name, turn). Advantage = (r - mean) / (std + eps),
-    unbiased std, or r - mean with `scale_by_std=False` (Dr. GRPO).
-    - a group whose rewards are all equal gets 0 for every member (nothing to learn);
-    - a group of one has no baseline: like verl (the reference), mean 0 and std 1,
-      so its advantage is its raw reward.
+    Advantage = (r - mean) / (std + eps), unbiased std, or r - mean with `scale_by_std=False` (Dr. GRPO). A group
+    whose rewards are all equal gets 0 for every member (nothing to learn); a group of one has no baseline: like
+    verl (the reference), mean 0 and std 1, so its advantage is its raw reward.
     """
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, k in enumerate(keys):
@@ -81,10 +79,9 @@ def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Te
                        clip_high: float = 0.28, dual_clip: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token, with clip-higher and dual clip (verl's form).
 
-    logp, old_logp: [B, T]; adv: [B]. Returns (loss [B, T], clipped [B, T] bool).
-    For A > 0 the ratio is capped at 1 + clip_high; for A < 0 it is floored at
-    1 - clip_low, and the loss is also capped at -A * dual_clip so a huge ratio
-    on a bad sample cannot blow up the step.
+    logp, old_logp: [B, T]; adv: [B]. Returns (loss [B, T], clipped [B, T] bool). For A > 0 the ratio is capped at
+    1 + clip_high; for A < 0 it is floored at 1 - clip_low, and the loss is also capped at -A * dual_clip so a huge
+    ratio on a bad sample cannot blow up the step.
     """
     adv = adv[:, None]
     ratio = torch.exp(logp - old_logp)
@@ -256,13 +253,6 @@ def global_batch(samples: list[Sample]) -> list[Sample]:
             [Sample([], [0] * n, adv, role, adapter, r) for n, adv, role, adapter in part])]
 
 
-def all_reduce_sum(flat: torch.Tensor) -> torch.Tensor:
-    """A flat gradient summed over ranks, in place (the loss weights already count the global mini-batch)."""
-    if dist.is_initialized():
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    return flat
-
-
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step over all adapters (`update_adapter` each); returns per-role metrics (`role/name`)
@@ -307,9 +297,11 @@ def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Op
                 means[role, "loss_share"].append(share)
             opt.zero_grad(set_to_none=True)
             role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums, rank)
-            if dist.is_initialized():  # from here on every rank holds the same gradient
-                _set_flat_grad(params, all_reduce_sum(_flat_grad(params)))
-                role_grads = {r: all_reduce_sum(g) for r, g in role_grads.items()}
+            if dist.is_initialized():  # summed over ranks (the weights count the global mini-batch): equal everywhere
+                grad = _flat_grad(params)
+                for flat in (grad, *role_grads.values()):
+                    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                _set_flat_grad(params, grad)
             for k, v in _role_gradient_stats(role_grads).items():  # empty for a one-role mini-batch
                 means[k].append(v)
             role = mb[0].role

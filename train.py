@@ -47,6 +47,7 @@ from eval import (
     keep_metrics_until,
     number,
     read_run_args,
+    run_episodes,
     usage_error,
     write_args,
 )
@@ -303,14 +304,13 @@ class Trainer:
     tokenizer: object
     optimizers: dict                        # adapter -> (AdamW, schedule)
     engine: object                          # HF or vLLM sampling engine
-    opts: workflows.WorkflowOptions         # prompts and control flow
     settings: UpdateSettings                # the GRPO update
     grad_ema: dict                          # I6 state, carried across steps
 
 
 def build_trainer(args, device: str = "cpu") -> Trainer:
-    """The model with its adapters, one optimizer per adapter, the generation engine and the workflow and update
-    settings, all from the flags."""
+    """The model with its adapters, one optimizer per adapter, the generation engine and the update settings, all
+    from the flags."""
     try:
         model, tokenizer = policies.load_model(args.model, getattr(torch, args.dtype), device, args.seed)
     except (OSError, ValueError) as e:  # a hub id that is not cached here, a folder with broken files
@@ -330,8 +330,6 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
                                  args.vllm_gpu_memory, args.dtype, args.seed) if args.engine == "vllm" else \
         policies.HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
                           args.share_prompts)
-    opts = workflows.WorkflowOptions(args.prompts, args.evalopt_context, args.n_votes, args.max_iterations,
-                                     args.max_subtasks)
     settings = UpdateSettings(
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or 1 << 62, agg=args.agg,
@@ -340,18 +338,14 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
         merge_instance_steps=args.merge_instance_steps, kl_coef=args.kl_coef, coherence=args.coherence,
         coherence_window=args.coherence_window, share_prompts=args.share_prompts,
         skip_zero_advantage=args.skip_zero_advantage)
-    return Trainer(model, tokenizer, optimizers, engine, opts, settings, {})
+    return Trainer(model, tokenizer, optimizers, engine, settings, {})
 
 
 def run_workflow(tasks_: list[tasks.Task], n: int, args, t: Trainer, desc: str) -> list[workflows.Episode]:
-    """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun), prompts encoded
-    with the chat template and calls routed to their adapters (SP / IP), rewarded with the run's credit."""
-    episodes = workflows.rollout(grpo.share(tasks_), n, args.workflow, t.engine,
-                                 lambda messages: policies.chat_prompt_ids(t.tokenizer, messages, args.enable_thinking),
-                                 lambda name: policies.route_adapter(name, args.policy), t.opts,
-                                 args.max_prompt_tokens, desc)
-    workflows.assign_rewards(episodes, args.credit)
-    return episodes
+    """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun), each call on its
+    adapter (SP / IP), rewarded with the run's credit: `eval.run_episodes`, which evaluation runs too."""
+    return run_episodes(grpo.share(tasks_), n, vars(args), t.engine, t.tokenizer,
+                        lambda name: policies.route_adapter(name, args.policy), args.max_prompt_tokens, desc)
 
 
 def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:

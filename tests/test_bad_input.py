@@ -168,7 +168,7 @@ def test_a_model_that_cannot_load_is_one_line_before_any_write(scene, capsys, mo
 EVAL_CASES = [
     (["--run", "norun"], "norun: not a run folder (no args.json; train.py writes one)"),
     (["--run", "run", "--n", "0"], "argument --samples/--n: must be >= 1, got 0"),
-    (["--run", "run", "--temperature", "-1"], "argument --temperature: must be >= 0, got -1.0"),
+    (["--run", "run", "--temperature", "-1"], "argument --temperature: must be >= 0, got -1"),
     (["--run", "run", "--device", "cuda"], "--device cuda: expected auto, cpu, or cuda with a visible CUDA device"),
     (["--run", "run", "--step", "7"], "run has no checkpoint for step 7 (have [1])"),
     (["--run", "untrained"], "untrained has no checkpoints"),

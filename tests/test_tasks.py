@@ -286,13 +286,6 @@ def test_load_math_answer_from_reward_model(tmp_path):
     assert [t.answer for t in tasks] == ["\\frac{0}{3}", "\\frac{2}{3}", "\\frac{4}{3}"]
 
 
-def test_load_math_explicit_fields(tmp_path):
-    rows = [{"q": "What is 2 + 2?", "a": 4}, {"q": "What is 1/2 + 1/2?", "a": 1}]
-    tasks = load_math(_write_jsonl(tmp_path / "own.jsonl", rows), question_field="q", answer_field="a")
-    assert [(t.id, t.question, t.answer) for t in tasks] == [("own-0", "What is 2 + 2?", "4"),
-                                                            ("own-1", "What is 1/2 + 1/2?", "1")]
-
-
 def test_load_math_missing_field_names_file_and_row(tmp_path):
     rows = [_dapo_row(i, chat=True) for i in range(3)]
     del rows[1]["solution"]
