@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -273,7 +274,9 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
         if by_adapter[adapter]:
             update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, (means, sums, counts))
         means[adapter, "lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
-        sched.step()
+        with warnings.catch_warnings():  # a step without an optimizer step (no rows, all skipped) is on purpose
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler.step\(\)` before", UserWarning)
+            sched.step()
     return step_metrics(means, sum_over_ranks(sums), counts, cfg, next(iter(optimizers), ""))
 
 

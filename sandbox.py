@@ -352,7 +352,6 @@ class _CallServer:
         os.set_blocking(self.inp, False)
         self.buf = bytearray()
         self.dead: _Fail | None = None
-        self.calls = 0
 
     def _died(self, what: str) -> _Fail:
         status = _wait(self.proc, time.monotonic() + 1.0)
@@ -432,7 +431,6 @@ class _CallServer:
         JSON with tags (we never unmarshal what a program wrote)."""
         if self.dead is not None:
             raise self.dead
-        self.calls += 1
         payload = marshal.dumps((list(args), dict(kwargs)))
         self._write(len(payload).to_bytes(4, "little") + payload, deadline)
         kind, value = self._reply(deadline)

@@ -2,6 +2,8 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -14,3 +16,23 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # tests that do not need torch still run
     pass
+
+
+@pytest.fixture
+def make_lora_model():
+    """A built-in model (seed 0) with one LoRA adapter `shared` (rank 4) whose B is random and nonzero, so lora_A
+    gets gradients too. Built anew and seeded on every call (lora_A's init draws from torch's global generator),
+    so no test sees another's optimizer steps or random state."""
+    from policies import add_adapters, load_model
+
+    def make(name: str = "tiny", dtype=None):
+        torch.manual_seed(0)
+        model, _ = load_model(name, dtype or torch.float32)
+        model = add_adapters(model, ["shared"], rank=4)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(1)
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(0.05 * torch.randn(p.shape, generator=g))
+        return model
+    return make

@@ -122,23 +122,11 @@ def _grads(model, samples, **cfg):
     return captured[0]
 
 
-def _lora_model(name="tiny-qwen3", dtype=torch.float32):
-    torch.manual_seed(0)
-    model, _ = load_model(name, dtype)
-    model = add_adapters(model, ["shared"], rank=4)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    return model
-
-
-def test_grad_checkpointing_gives_the_same_gradients_and_recomputes(monkeypatch):
+def test_grad_checkpointing_gives_the_same_gradients_and_recomputes(monkeypatch, make_lora_model):
     """Equal within 1e-6 (fp32: the recomputed forward runs the same kernels on the same inputs); each decoder
     layer's MLP runs twice as often with checkpointing (the recompute in backward), so the mechanism is really
     on. (Forward hooks do not fire in the recompute, so the MLP's forward itself is counted.)"""
-    model = _lora_model()
+    model = make_lora_model("tiny-qwen3")
     samples = _rows()
     calls = []
     for layer in model.get_base_model().model.layers:
@@ -153,7 +141,7 @@ def test_grad_checkpointing_gives_the_same_gradients_and_recomputes(monkeypatch)
     assert max(float(a.abs().max()) for a in plain) > 1e-3
 
 
-def test_token_budget_cuts_micro_batches_and_gradients_do_not_depend_on_it():
+def test_token_budget_cuts_micro_batches_and_gradients_do_not_depend_on_it(make_lora_model):
     samples = _rows(seed=3, n=8)
     prompts, completions = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
     widths = {i: len(prompts[i]) + len(completions[i]) for i in range(8)}
@@ -163,17 +151,17 @@ def test_token_budget_cuts_micro_batches_and_gradients_do_not_depend_on_it():
         assert all(len(part) * max(widths[i] for i in part) <= budget or len(part) == 1 for part in cut)
     assert len(micro_batches(prompts, completions, 8, 1)) == 8
     assert len(micro_batches(prompts, completions, 8, 10 ** 9)) == 1
-    model = _lora_model()
+    model = make_lora_model("tiny-qwen3")
     ref = _grads(model, samples, micro_batch_size=8)
     for budget in (1, 60):
         got = _grads(model, samples, micro_batch_size=8, max_tokens_per_micro_batch=budget)
         assert max(float((a - b).abs().max()) for a, b in zip(ref, got)) < 1e-6  # fp32 sums in another order
 
 
-def test_chunked_logprobs_equal_the_full_logits_computation(monkeypatch):
+def test_chunked_logprobs_equal_the_full_logits_computation(monkeypatch, make_lora_model):
     """Log-probs, entropies and gradients through the chunked LM head (chunks of 5 completion tokens here) equal
     log_softmax over full [B, T, V] logits, within fp32 rounding (1e-5)."""
-    model = _lora_model()
+    model = make_lora_model("tiny-qwen3")
     samples = _rows(seed=4)
     prompts, completions = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
     params = adapter_parameters(model, "shared")
@@ -198,8 +186,8 @@ def test_chunked_logprobs_equal_the_full_logits_computation(monkeypatch):
     assert int(mask.sum()) > 5 * 3  # several chunks really ran
 
 
-def test_bf16_weights_with_fp32_lora_and_optimizer_state():
-    model = _lora_model(dtype=torch.bfloat16)
+def test_bf16_weights_with_fp32_lora_and_optimizer_state(make_lora_model):
+    model = make_lora_model("tiny-qwen3", torch.bfloat16)
     base = [p for n, p in model.named_parameters() if "lora_" not in n]
     lora = adapter_parameters(model, "shared")
     assert {p.dtype for p in base} == {torch.bfloat16} and {p.dtype for p in lora} == {torch.float32}

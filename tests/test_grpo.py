@@ -277,19 +277,9 @@ COMPLETION_LENS = [1, 6, 3, 8, 2, 5, 7, 4]
 
 
 @pytest.fixture
-def lora_model():
-    """Tiny model + one LoRA adapter `shared` (rank 4) with random nonzero B, so lora_A gets gradients too.
-    Built anew and seeded for every test (lora_A's init draws from torch's global generator), so no test sees
-    another's optimizer steps or random state."""
-    torch.manual_seed(0)
-    model, _ = load_model("tiny")
-    model = add_adapters(model, ["shared"], rank=4)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    return model
+def lora_model(make_lora_model):
+    """The tiny Llama with one adapter `shared` whose B is random (conftest.make_lora_model)."""
+    return make_lora_model("tiny")
 
 
 def _synthetic_samples(roles=None, seed=0):
