@@ -397,11 +397,12 @@ def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[tuple[str, str], float]:
     """Each role's own gradient norm (before clipping), its share of the roles' summed norms (finding 3: under
-    SP, how much of the update each role drives), and the cosine between every pair of roles."""
+    SP, how much of the update each role drives), and the cosine between every pair of roles with a gradient."""
     norms = {r: float(g.norm()) for r, g in role_grads.items()}
     out = {(r, "role_grad_norm"): n for r, n in norms.items()}
-    out.update({(r, "grad_norm_share"): n / (sum(norms.values()) or 1.0) for r, n in norms.items()})
-    roles = sorted(role_grads)
+    if sum(norms.values()) > 0:  # a zero gradient (every advantage 0) has no shares: left out, not counted as 0
+        out.update({(r, "grad_norm_share"): n / sum(norms.values()) for r, n in norms.items()})
+    roles = sorted(r for r in role_grads if norms[r] > 0)  # a cosine needs two nonzero gradients
     for i, a in enumerate(roles):
         for b in roles[i + 1:]:
             out["grad_cos", f"{a}-{b}"] = float(torch.cosine_similarity(role_grads[a], role_grads[b], dim=0))

@@ -1,8 +1,8 @@
-"""Tasks and rewards: what the agents are asked, and how their answers are scored (docs/method.md,
-"Rewards and credit").
+"""Tasks and rewards: what the agents are asked, and how their answers are scored.
 
-GRPO learns only from a scalar outcome reward, so the grader *is* the training signal: a lenient grader rewards
-sloppy or copied answers, a brittle one gives zeros for right answers and starves the group of variance.
+GRPO learns only from a scalar outcome reward, so the grader *is* the training signal (docs/method.md, "Rewards and
+credit"): a lenient grader rewards sloppy or copied answers, a brittle one gives zeros for right answers and
+starves the group of variance.
 - math: seeded synthetic arithmetic (offline) or DAPO-format rows (a local file or a hub id); the reward reads
   the LAST balanced \\boxed{...} after </think> and compares it with the answer, as text, then by math-verify;
 - code: HumanEval (offline) or DeepCoder-format rows; the reward runs the LAST fenced python block after
@@ -101,7 +101,7 @@ def synthetic_math(n: int, difficulty: int = 1, seed: int = 0) -> list[Task]:
 
 def math_splits(n_train: int = 2000, n_val: int = 200, difficulty: int = 1,
                 seed: int = 0) -> tuple[list[Task], list[Task]]:
-    """Disjoint (train, val) from one stream; val is drawn first, so for a seed it is the same whatever n_train."""
+    """Disjoint (train, val) from one stream; val is drawn first, so a seed's val is the same for any n_train."""
     if n_train < 0 or n_val < 0:
         raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_val={n_val}")
     problems = _unique_problems(random.Random(seed), difficulty, n_val + n_train)

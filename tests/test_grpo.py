@@ -733,6 +733,26 @@ def test_a_partial_last_mini_batch_counts_its_rows_over_the_mini_batch_size(lora
     assert _max_diff(merged, alone) < 1e-6
 
 
+def test_a_mini_batch_without_gradient_has_no_gradient_shares(lora_model):
+    """Two SP mini-batches, one whose advantages are all 0 (its gradient is exactly 0): its roles' gradient shares
+    and cosine are undefined and left out, so the step's shares are the other mini-batch's and still sum to 1
+    (they used to be averaged with zeros: 0.5 in all)."""
+    live = _synthetic_samples(roles=["generator"] * 3 + ["aggregator"], seed=9)
+    dead = [Sample(s.prompt_ids, s.completion_ids, 0.0, s.role, s.adapter) for s in live]
+    params = adapter_parameters(lora_model, "shared")
+    sgd = torch.optim.SGD(params, lr=0.0)
+    opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
+    cfg = UpdateSettings(max_grad_norm=1e9, temperature=0.7, mini_batch_size=4)
+    both = update_policy(lora_model, live + dead, opts, cfg)
+    alone = update_policy(lora_model, live, opts, cfg)
+    assert both["generator/grad_norm_share"] + both["aggregator/grad_norm_share"] == pytest.approx(1.0, abs=1e-12)
+    for key in ("generator/grad_norm_share", "grad_cos/aggregator-generator"):
+        assert both[key] == pytest.approx(alone[key], rel=1e-6)  # lr 0: the live mini-batch is the same both times
+    only_dead = update_policy(lora_model, dead, opts, cfg)
+    assert only_dead["generator/role_grad_norm"] == 0.0
+    assert not [k for k in only_dead if "grad_norm_share" in k or k.startswith("grad_cos")]
+
+
 def test_sp_logs_each_roles_share_of_the_loss_and_of_the_gradient(lora_model):
     """An SP mini-batch of 6 generator and 2 aggregator samples: loss_share is each role's share of the loss weight
     (seq-mean-token-mean: its share of the samples, 6/8 and 2/8); grad_norm_share is its own gradient's norm over
