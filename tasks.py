@@ -14,6 +14,7 @@ starves the group of variance.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import math
 import os
@@ -193,8 +194,8 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
         raise DataError(f"{source}: file not found")
     try:
         if suffix == ".jsonl":
-            with open(source, encoding="utf-8") as f:
-                lines = [(i, line) for i, line in enumerate(f) if line.strip()][:limit]
+            with open(source, encoding="utf-8") as f:  # reads no further than the limit
+                lines = list(itertools.islice(((i, line) for i, line in enumerate(f) if line.strip()), limit))
             rows = []
             for row, (i, line) in enumerate(lines):
                 try:
@@ -210,7 +211,8 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
             return rows[:limit]
         if suffix == ".parquet":
             import pyarrow.parquet as pq
-            return pq.read_table(source).to_pylist()[:limit]
+            table = pq.read_table(source)
+            return (table if limit is None else table.slice(0, limit)).to_pylist()  # only the rows it returns
         import datasets
         ds = datasets.load_dataset(source, config, split=split)
         return list(ds.select(range(min(limit, len(ds)))) if limit is not None else ds)
