@@ -99,21 +99,39 @@ def read_run_args(run_dir: str, named_as: str | None = None) -> dict:
         usage_error(f"{named_as or run_dir}: unreadable args.json ({e})")
 
 
-def read_results(path: str) -> list[dict]:
-    """A JSONL file (eval.jsonl, metrics.jsonl) as records; [] if there is none yet."""
+def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> list[dict]:
+    """A JSONL file (eval.jsonl, metrics.jsonl) as records; [] if there is none yet. A last line cut off before
+    its newline (a run stopped while writing it) is left out, with a warning; any other line that is not a JSON
+    object with `keys` is a one-line error."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.readlines()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if i < len(lines) or line.endswith("\n"):
+                usage_error(f"{path} line {i}: not valid JSON")
+            if warn:
+                print(f"warning: {path} line {i} was cut off while it was written; left out")
+            continue
+        if not isinstance(record, dict) or not all(k in record for k in keys):
+            usage_error(f"{path} line {i}: expected a JSON object" + (f" with {', '.join(keys)}" if keys else ""))
+        records.append(record)
+    return records
 
 
 def keep_metrics_until(path: str, step: int) -> None:
-    """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from)."""
+    """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from) and a last line
+    cut off while it was written (`train.resume_args` has checked the file and reported that line)."""
     if os.path.exists(path):
-        with open(path) as f:
-            lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
+        records = [r for r in read_results(path, ("step",), warn=False) if r["step"] <= step]
         with open(path + ".tmp", "w") as f:
-            f.writelines(lines)
+            f.writelines(json_line(r) for r in records)
         os.replace(path + ".tmp", path)
 
 
@@ -127,16 +145,24 @@ def holds_run(folder: str) -> bool:
     return any(os.path.exists(os.path.join(folder, f)) for f in ("args.json", "metrics.jsonl", "checkpoints"))
 
 
+def check_writable(path: str, flag: str, folder: bool) -> None:
+    """`path` (a folder, or a file with `folder=False`) can be written: if it exists it is of that kind, and its
+    nearest existing parent is a writable folder. One line otherwise, before anything loads or is written."""
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        usage_error(f"{flag} {path}: expected {'a folder' if folder else 'a file'}, and this is not one")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        usage_error(f"{flag} {path}: cannot write there ({parent} is not a writable folder)")
+
+
 def check_run_dir(run_dir: str, overwrite: bool) -> None:
     """A new run needs a folder that holds no run (or --overwrite) and that it can create; nothing is written."""
     if holds_run(run_dir) and not overwrite:
         usage_error(f"{run_dir} already holds a run; continue it with --resume {run_dir}, choose a new --run-dir, "
                     "or pass --overwrite to move it aside")
-    parent = os.path.abspath(run_dir)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        usage_error(f"cannot write run folder {run_dir}: {parent} is not a writable folder")
+    check_writable(run_dir, "--run-dir", folder=True)
 
 
 def write_args(args: argparse.Namespace) -> None:
@@ -364,7 +390,9 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
             r["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, sa_run)
             dump_trajectories(episodes, r["trajectories"])
         if world()[0] == 0:
-            with open(args.out or os.path.join(run_dir, "eval.jsonl"), "a") as f:
+            out = args.out or os.path.join(run_dir, "eval.jsonl")
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # --out may name a new folder
+            with open(out, "a") as f:
                 f.write(json.dumps(r, allow_nan=False) + "\n")
         m = r["metrics"]
         tqdm.write(f"{r['cell']} {mode} step {step}: accuracy {m['accuracy']:.3f} (std {m['accuracy_std']:.3f} over "
@@ -376,6 +404,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
 
 # ---------------------------------------------------------------- plots and the results table
 
+EVAL_KEYS = ("cell", "mode", "step", "n", "tasks", "metrics")  # what a plot or table reads of an evaluation record
 ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"), ("response_len", "response length (tokens)"),
                ("loss_share", "loss share")]
 
@@ -388,19 +417,23 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
+    runs = [(read_run_args(r), read_results(os.path.join(r, "metrics.jsonl"), ("step",)),
+             read_results(os.path.join(r, "eval.jsonl"), EVAL_KEYS)) for r in run_dirs]  # all read, then drawn
+    for r, (_, metrics, _) in zip(run_dirs, runs):
+        if not metrics:
+            usage_error(f"{r}: no metrics yet (metrics.jsonl is missing or empty)")
     os.makedirs(out_dir, exist_ok=True)
-    cells = [cell_name(read_run_args(r)) for r in run_dirs]  # the folder name tells apart runs of one cell
+    cells = [cell_name(args) for args, _, _ in runs]  # the folder name tells apart runs of one cell
     labels = [f"{c} ({os.path.basename(os.path.normpath(r))})" if cells.count(c) > 1 else c
               for c, r in zip(cells, run_dirs)]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig_acc, ax = plt.subplots(figsize=(7, 4.5))
     bases: dict[tuple, tuple[float, str, str]] = {}
-    for i, (run, label) in enumerate(zip(run_dirs, labels)):
-        args, metrics = read_run_args(run), read_results(os.path.join(run, "metrics.jsonl"))
+    for i, ((args, metrics, evals), label) in enumerate(zip(runs, labels)):
         val = [(m["step"], m["val/success"]) for m in metrics if "val/success" in m]
         if val:
             ax.plot(*zip(*val), marker="o", color=colors[i % len(colors)], label=label)
-        base = [r["metrics"]["accuracy"] for r in read_results(os.path.join(run, "eval.jsonl")) if r["mode"] == "base"]
+        base = [r["metrics"]["accuracy"] for r in evals if r["mode"] == "base"]
         base += [m["val/success"] for m in metrics if m["step"] == 0 and "val/success" in m]
         if base:
             name = "-".join(cells[i].split("-")[:1] + cells[i].split("-")[2:])  # the cell without its policy
@@ -411,9 +444,9 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
     ax.set(xlabel="training step", ylabel="validation accuracy", ylim=(0, 1.02),
            title="Validation accuracy (step 0: before training)")
     fig_roles, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    for i, (run, label) in enumerate(zip(run_dirs, labels)):
-        steps = [m for m in read_results(os.path.join(run, "metrics.jsonl")) if m["step"] > 0]
-        for j, role in enumerate(ROLES[read_run_args(run)["workflow"]]):
+    for i, ((args, metrics, _), label) in enumerate(zip(runs, labels)):
+        steps = [m for m in metrics if m["step"] > 0]
+        for j, role in enumerate(ROLES[args["workflow"]]):
             for panel, (key, _) in zip(axes.flat, ROLE_PANELS):
                 points = [(m["step"], m[f"{role}/{key}"]) for m in steps if m.get(f"{role}/{key}") is not None]
                 if points:
@@ -424,8 +457,9 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
         panel.xaxis.get_major_locator().set_params(integer=True)
         panel.grid(alpha=0.3)
     axes.flat[3].set_ylim(0, 1.05)  # a role's share of its adapter's loss weight (IP: always 1)
-    ax.legend(fontsize=8)
-    axes.flat[0].legend(fontsize=7)
+    for panel, size in ((ax, 8), (axes.flat[0], 7)):
+        if panel.get_legend_handles_labels()[0]:  # a run without validation has no curve to name
+            panel.legend(fontsize=size)
     fig_roles.suptitle("Per-role training metrics (colour: run, line style: role)")
     out = {}
     for name, fig in (("val_accuracy", fig_acc), ("roles", fig_roles)):
@@ -499,6 +533,8 @@ def check_eval_args(args: argparse.Namespace) -> None:
     if not args.run:
         usage_error("--run-dir RUN is needed (or a command: plot, table; see --help)")
     read_run_args(args.run)  # a folder that is not a run: one line
+    if args.out:
+        check_writable(args.out, "--out", folder=False)
     if args.mode in SA_MODES and args.sa_run:
         read_run_args(args.sa_run)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
@@ -514,7 +550,7 @@ def results_command(paths: list[str]) -> str:
     for path in files:
         if not os.path.exists(path):
             usage_error(f"no evaluation results at {path} (run `python eval.py --run-dir RUN` first)")
-    records = [r for path in files for r in read_results(path)]
+    records = [r for path in files for r in read_results(path, EVAL_KEYS)]
     if not records:
         usage_error(f"no evaluation records in {', '.join(paths)} (run `python eval.py --run-dir RUN` first)")
     print(results_table(records))
@@ -526,12 +562,9 @@ def main(argv: list[str] | None = None):
     if args.command == "table":
         return results_command(args.results)
     if args.command == "plot":
-        for run in args.runs:  # every run readable and with metrics before any figure is drawn
-            read_run_args(run)
-            if not read_results(os.path.join(run, "metrics.jsonl")):
-                usage_error(f"{run}: no metrics yet (metrics.jsonl is missing or empty)")
-        figures = plot_runs(args.runs, args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])),
-                                                                "plots"))
+        out = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
+        check_writable(out, "--out", folder=True)
+        figures = plot_runs(args.runs, out)
         print("\n".join(f"wrote {path}" for _, path in figures.values()))
         return figures
     check_eval_args(args)

@@ -46,6 +46,7 @@ from eval import (
     json_line,
     keep_metrics_until,
     number,
+    read_results,
     read_run_args,
     run_episodes,
     usage_error,
@@ -202,6 +203,7 @@ def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argpars
     """The saved flags of the run in `args.resume`, with the RESUMABLE flags the command line gives applied
     (each printed); any other flag given is refused, since it would change what the run trains."""
     run = read_run_args(args.resume, f"--resume {args.resume}")
+    read_results(os.path.join(args.resume, "metrics.jsonl"), ("step",))  # a bad line stops here, a cut one warns
     refused = sorted(given - set(RESUMABLE) - {"resume"})
     if refused:
         usage_error(f"--resume continues a run with its own settings; --{', --'.join(refused).replace('_', '-')} "

@@ -31,9 +31,13 @@ def finished_run(tmp_path_factory):
 
 @pytest.fixture
 def scene(finished_run, tmp_path, monkeypatch):
-    """The scratch folder, as the working directory: run/ (finished), untrained/ (args.json only), norun/ (empty),
-    empty_model/ (no config.json), blocker (a file), empty.jsonl, and data/ with one bad row per file."""
+    """The scratch folder, as the working directory: run/ (finished), bad_metrics/ (run/ with a metrics line that is
+    not JSON), untrained/ (args.json only), norun/ (empty), empty_model/ (no config.json), blocker (a file),
+    empty.jsonl, and data/ with one bad row per file."""
     shutil.copytree(finished_run, tmp_path / "run")
+    shutil.copytree(finished_run, tmp_path / "bad_metrics")
+    metrics = tmp_path / "bad_metrics" / "metrics.jsonl"
+    metrics.write_text('{"step": 0, "val/succ\n' + metrics.read_text())
     (tmp_path / "untrained").mkdir()
     shutil.copy(tmp_path / "run" / "args.json", tmp_path / "untrained" / "args.json")
     for folder in ("norun", "empty_model", "data"):
@@ -123,7 +127,9 @@ TRAIN_CASES = [  # (argv, what the one line must say)
     (["--task", "deepcoder", "--data", "data/code_no_tests.jsonl"], "code_no_tests.jsonl: row 1: missing field"),
     (["--n-train", "300"], "could only draw 243 distinct difficulty-0 problems"),
     (["--run-dir", "run"], "run already holds a run; continue it with --resume run, choose a new --run-dir"),
-    (["--run-dir", "blocker/run"], "cannot write run folder blocker/run"),
+    (["--run-dir", "blocker/run"], "--run-dir blocker/run: cannot write there ("),
+    (["--run-dir", "blocker"], "--run-dir blocker: expected a folder, and this is not one"),
+    (["--resume", "bad_metrics"], "bad_metrics/metrics.jsonl line 1: not valid JSON"),
     (["--resume", "norun"], "--resume norun: not a run folder (no args.json; train.py writes one)"),
     (["--resume", "run", "--lr", "0.1"], "--resume continues a run with its own settings; --lr cannot change"),
     (["--resume", "run", "--seed", "3", "--lr", "0.1"], "--lr, --seed cannot change mid-run"),
@@ -179,7 +185,12 @@ EVAL_CASES = [
     (["--run", "run", "--bogus"], "unrecognized arguments: --bogus"),
     (["plot", "norun"], "norun: not a run folder"),
     (["plot", "untrained"], "untrained: no metrics yet (metrics.jsonl is missing or empty)"),
+    (["--run", "run", "--out", "run"], "--out run: expected a file, and this is not one"),
+    (["--run", "run", "--out", "blocker/results.jsonl"], "--out blocker/results.jsonl: cannot write there ("),
+    (["plot", "bad_metrics"], "bad_metrics/metrics.jsonl line 1: not valid JSON"),
+    (["plot", "run", "--out", "blocker"], "--out blocker: expected a folder, and this is not one"),
     (["table", "run"], "no evaluation results at run/eval.jsonl"),
+    (["table", "run/metrics.jsonl"], "run/metrics.jsonl line 1: expected a JSON object with cell, mode, step, n, "),
     (["table", "empty.jsonl"], "no evaluation records in empty.jsonl"),
 ]
 
@@ -189,6 +200,29 @@ def test_eval_bad_input_is_one_line_and_writes_nothing(scene, capsys, argv, mess
     before = snapshot(scene)
     assert message in one_line_error(E.main, argv, capsys)
     assert snapshot(scene) == before
+
+
+@pytest.mark.filterwarnings("error")  # and the plot of a run without validation draws no empty legend
+def test_a_metrics_line_cut_off_while_written_is_left_out_once_with_a_warning(scene, capsys):
+    """A run stopped while it wrote a line leaves that line without its newline: resume and plot leave it out
+    (and say so, once each), and the resumed run's metrics.jsonl is whole again."""
+    with open(scene / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "rew')
+    train.main(["--resume", "run", "--steps", "2"])
+    assert capsys.readouterr().out.count("run/metrics.jsonl line 2 was cut off while it was written; left out") == 1
+    lines = (scene / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2]
+    with open(scene / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')
+    E.main(["plot", "run", "--out", "plots"])
+    assert capsys.readouterr().out.count("line 3 was cut off while it was written; left out") == 1
+    assert sorted(os.listdir(scene / "plots")) == ["roles.png", "val_accuracy.png"]
+
+
+def test_eval_out_may_name_a_new_folder(scene):
+    E.main(["--run", "run", "--out", "results/eval.jsonl"])
+    (record,) = E.read_results(str(scene / "results" / "eval.jsonl"), E.EVAL_KEYS)
+    assert (record["cell"], record["mode"], record["step"]) == ("Single-SP-Tiny-Math", "trained", 1)
 
 
 def test_n_1_warns_that_there_is_no_group_baseline(capsys):
