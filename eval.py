@@ -87,16 +87,29 @@ def number(cast, low: float, high: float | None = None, low_open: bool = False, 
     return parse
 
 
-def read_run_args(run_dir: str, named_as: str | None = None) -> dict:
-    """RUN/args.json; a folder that is not a run folder is a one-line error that names it `named_as` (e.g. the
-    flag that gave it) or its path."""
+# What evaluation reads of a run's args.json (EVAL_RUN_KEYS) and what a plot's labels read (NAME_KEYS); a run folder
+# written by an older train.py may lack some, and `train.py --resume RUN` rewrites it with today's defaults.
+NAME_KEYS = ("model", "task", "data", "difficulty", "workflow", "policy")
+EVAL_RUN_KEYS = (*NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed", "credit", "prompts", "evalopt_context",
+                 "n_votes", "max_iterations", "max_subtasks", "lora_rank", "lora_alpha", "temperature", "top_p",
+                 "max_new_tokens", "gen_batch_size", "enable_thinking")
+
+
+def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ...] = ()) -> dict:
+    """RUN/args.json; a folder that is not a run folder, or whose args.json lacks one of `keys`, is a one-line
+    error that names it `named_as` (e.g. the flag that gave it) or its path."""
     try:
         with open(os.path.join(run_dir, "args.json")) as f:
-            return json.load(f)
+            run_args = json.load(f)
     except FileNotFoundError:
         usage_error(f"{named_as or run_dir}: not a run folder (no args.json; train.py writes one)")
     except (OSError, ValueError) as e:
         usage_error(f"{named_as or run_dir}: unreadable args.json ({e})")
+    if not isinstance(run_args, dict) or any(k not in run_args for k in keys):
+        missing = ", ".join(k for k in keys if not isinstance(run_args, dict) or k not in run_args)
+        usage_error(f"{named_as or run_dir}: args.json lacks {missing or 'its flags'} (an older train.py wrote it: "
+                    f"`python train.py --resume {run_dir}` rewrites it with today's defaults)")
+    return run_args
 
 
 def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> list[dict]:
@@ -278,19 +291,23 @@ def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
 
 
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None, step: int) -> None:
-    """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter as `sa`."""
-    if mode == "trained":
-        policies.load_adapters(model, os.path.join(policies.checkpoint_folder(run_dir, step), "adapters"))
-    elif mode in SA_MODES:  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
-        saved = route_adapter("generator", sa_args["policy"])
-        folder = os.path.join(policies.checkpoint_folder(sa_run, step), "adapters")
-        weights = policies.read_adapters(folder, [saved], str(model.device))
-        policies.load_adapters(model, "", {SA_ADAPTER: weights[saved]})
+    """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter as `sa`. A
+    checkpoint that does not read back whole is one line (evaluations of earlier steps are already saved)."""
+    folder = os.path.join(policies.checkpoint_folder(sa_run if mode in SA_MODES else run_dir, step), "adapters")
+    try:
+        if mode == "trained":
+            policies.load_adapters(model, folder)
+        elif mode in SA_MODES:  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
+            saved = route_adapter("generator", sa_args["policy"])
+            weights = policies.read_adapters(folder, [saved], str(model.device))
+            policies.load_adapters(model, "", {SA_ADAPTER: weights[saved]})
+    except Exception as e:  # a missing, truncated or corrupted adapter file
+        usage_error(f"cannot read checkpoint {os.path.dirname(folder)}: {type(e).__name__}: {e}")
 
 
 def check_sa_run(run_args: dict, sa_run: str) -> dict:
     """The SA run's args, after checking it is a single-agent run on the same model and task."""
-    sa_args = read_run_args(sa_run)
+    sa_args = read_run_args(sa_run, f"--sa-run {sa_run}", EVAL_RUN_KEYS)
     if sa_args["workflow"] != "single":
         usage_error(f"--sa-run {sa_run} trained workflow {sa_args['workflow']!r}, not 'single'")
     for key in ("model", "task"):
@@ -363,7 +380,7 @@ def trajectory_folder(run_dir: str, dataset: str, mode: str, step: int, sa_run: 
 def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Namespace) -> list[dict]:
     """Evaluate each step of one mode (the model loads once), from the command line's settings (`args`); each
     record is appended to the results file as soon as it is done. Under torchrun each rank runs a share."""
-    run_args = read_run_args(run_dir)
+    run_args = read_run_args(run_dir, keys=EVAL_RUN_KEYS)
     sa_run = args.sa_run if mode in SA_MODES else None
     sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run)) if mode in SA_MODES else None
     eval_set = eval_tasks(run_args, args.data)
@@ -417,7 +434,7 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> dict[str, tuple]:
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    runs = [(read_run_args(r), read_results(os.path.join(r, "metrics.jsonl"), ("step",)),
+    runs = [(read_run_args(r, keys=NAME_KEYS), read_results(os.path.join(r, "metrics.jsonl"), ("step",)),
              read_results(os.path.join(r, "eval.jsonl"), EVAL_KEYS)) for r in run_dirs]  # all read, then drawn
     for r, (_, metrics, _) in zip(run_dirs, runs):
         if not metrics:
@@ -532,11 +549,11 @@ def check_eval_args(args: argparse.Namespace) -> None:
     """One line for each bad value, before any model loads."""
     if not args.run:
         usage_error("--run-dir RUN is needed (or a command: plot, table; see --help)")
-    read_run_args(args.run)  # a folder that is not a run: one line
+    read_run_args(args.run, keys=EVAL_RUN_KEYS)  # a folder that is not a run: one line
     if args.out:
         check_writable(args.out, "--out", folder=False)
     if args.mode in SA_MODES and args.sa_run:
-        read_run_args(args.sa_run)
+        read_run_args(args.sa_run, f"--sa-run {args.sa_run}", EVAL_RUN_KEYS)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
                                                                   and not torch.cuda.is_available()):
         usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA device")

@@ -31,13 +31,18 @@ def finished_run(tmp_path_factory):
 
 @pytest.fixture
 def scene(finished_run, tmp_path, monkeypatch):
-    """The scratch folder, as the working directory: run/ (finished), bad_metrics/ (run/ with a metrics line that is
-    not JSON), untrained/ (args.json only), norun/ (empty), empty_model/ (no config.json), blocker (a file),
-    empty.jsonl, and data/ with one bad row per file."""
-    shutil.copytree(finished_run, tmp_path / "run")
-    shutil.copytree(finished_run, tmp_path / "bad_metrics")
+    """The scratch folder, as the working directory: run/ (finished) and three damaged copies of it (bad_metrics/: a
+    metrics line that is not JSON; old_run/: an args.json without two flags added since; no_adapter/: a checkpoint
+    without its adapter), untrained/ (args.json only), norun/ (empty), empty_model/ (no config.json), blocker (a
+    file), empty.jsonl, and data/ with one bad row per file."""
+    for name in ("run", "bad_metrics", "old_run", "no_adapter"):
+        shutil.copytree(finished_run, tmp_path / name)
     metrics = tmp_path / "bad_metrics" / "metrics.jsonl"
     metrics.write_text('{"step": 0, "val/succ\n' + metrics.read_text())
+    old_args = json.loads((tmp_path / "old_run" / "args.json").read_text())
+    del old_args["credit"], old_args["enable_thinking"]
+    (tmp_path / "old_run" / "args.json").write_text(json.dumps(old_args))
+    shutil.rmtree(tmp_path / "no_adapter" / "checkpoints" / "step_000001" / "adapters" / "shared")
     (tmp_path / "untrained").mkdir()
     shutil.copy(tmp_path / "run" / "args.json", tmp_path / "untrained" / "args.json")
     for folder in ("norun", "empty_model", "data"):
@@ -187,6 +192,10 @@ EVAL_CASES = [
     (["plot", "untrained"], "untrained: no metrics yet (metrics.jsonl is missing or empty)"),
     (["--run", "run", "--out", "run"], "--out run: expected a file, and this is not one"),
     (["--run", "run", "--out", "blocker/results.jsonl"], "--out blocker/results.jsonl: cannot write there ("),
+    (["--run", "old_run"], "old_run: args.json lacks credit, enable_thinking (an older train.py wrote it: "
+                           "`python train.py --resume old_run` rewrites it with today's defaults)"),
+    (["--run", "run", "--mode", "sa-transfer", "--sa-run", "old_run"], "--sa-run old_run: args.json lacks credit"),
+    (["--run", "no_adapter"], "cannot read checkpoint no_adapter/checkpoints/step_000001: FileNotFoundError: "),
     (["plot", "bad_metrics"], "bad_metrics/metrics.jsonl line 1: not valid JSON"),
     (["plot", "run", "--out", "blocker"], "--out blocker: expected a folder, and this is not one"),
     (["table", "run"], "no evaluation results at run/eval.jsonl"),
@@ -217,6 +226,16 @@ def test_a_metrics_line_cut_off_while_written_is_left_out_once_with_a_warning(sc
     E.main(["plot", "run", "--out", "plots"])
     assert capsys.readouterr().out.count("line 3 was cut off while it was written; left out") == 1
     assert sorted(os.listdir(scene / "plots")) == ["roles.png", "val_accuracy.png"]
+
+
+def test_resume_gives_an_old_run_folder_the_flags_it_lacks(scene, capsys):
+    """The remedy the old_run error names works: the run resumes with nothing to train, and its args.json then has
+    today's defaults for the two flags, so it evaluates."""
+    train.main(["--resume", "old_run"])
+    saved = json.loads((scene / "old_run" / "args.json").read_text())
+    assert (saved["credit"], saved["enable_thinking"]) == ("outcome", False)
+    (record,) = E.main(["--run", "old_run"])
+    assert (record["cell"], record["step"]) == ("Single-SP-Tiny-Math", 1)
 
 
 def test_eval_out_may_name_a_new_folder(scene):
