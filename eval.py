@@ -87,8 +87,7 @@ def number(cast, low: float, high: float | None = None, low_open: bool = False, 
     return parse
 
 
-# What evaluation reads of a run's args.json (EVAL_RUN_KEYS) and what a plot's labels read (NAME_KEYS); a run folder
-# written by an older train.py may lack some, and `train.py --resume RUN` rewrites it with today's defaults.
+# What evaluation reads of a run's args.json, and what a plot's labels read (an older train.py's run may lack some)
 NAME_KEYS = ("model", "task", "data", "difficulty", "workflow", "policy")
 EVAL_RUN_KEYS = (*NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed", "credit", "prompts", "evalopt_context",
                  "n_votes", "max_iterations", "max_subtasks", "lora_rank", "lora_alpha", "temperature", "top_p",
@@ -105,10 +104,11 @@ def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ..
         usage_error(f"{named_as or run_dir}: not a run folder (no args.json; train.py writes one)")
     except (OSError, ValueError) as e:
         usage_error(f"{named_as or run_dir}: unreadable args.json ({e})")
-    if not isinstance(run_args, dict) or any(k not in run_args for k in keys):
-        missing = ", ".join(k for k in keys if not isinstance(run_args, dict) or k not in run_args)
-        usage_error(f"{named_as or run_dir}: args.json lacks {missing or 'its flags'} (an older train.py wrote it: "
-                    f"`python train.py --resume {run_dir}` rewrites it with today's defaults)")
+    if not isinstance(run_args, dict):
+        usage_error(f"{named_as or run_dir}: unreadable args.json (not a JSON object)")
+    if any(k not in run_args for k in keys):
+        usage_error(f"{named_as or run_dir}: args.json lacks {', '.join(k for k in keys if k not in run_args)} (an "
+                    f"older train.py wrote it: `python train.py --resume {run_dir}` rewrites it with today's defaults)")
     return run_args
 
 

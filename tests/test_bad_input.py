@@ -33,8 +33,8 @@ def finished_run(tmp_path_factory):
 def scene(finished_run, tmp_path, monkeypatch):
     """The scratch folder, as the working directory: run/ (finished) and three damaged copies of it (bad_metrics/: a
     metrics line that is not JSON; old_run/: an args.json without two flags added since; no_adapter/: a checkpoint
-    without its adapter), untrained/ (args.json only), norun/ (empty), empty_model/ (no config.json), blocker (a
-    file), empty.jsonl, and data/ with one bad row per file."""
+    without its adapter), untrained/ (args.json only), list_args/ (an args.json that is a list), norun/ (empty),
+    empty_model/ (no config.json), blocker (a file), empty.jsonl, and data/ with one bad row per file."""
     for name in ("run", "bad_metrics", "old_run", "no_adapter"):
         shutil.copytree(finished_run, tmp_path / name)
     metrics = tmp_path / "bad_metrics" / "metrics.jsonl"
@@ -45,8 +45,9 @@ def scene(finished_run, tmp_path, monkeypatch):
     shutil.rmtree(tmp_path / "no_adapter" / "checkpoints" / "step_000001" / "adapters" / "shared")
     (tmp_path / "untrained").mkdir()
     shutil.copy(tmp_path / "run" / "args.json", tmp_path / "untrained" / "args.json")
-    for folder in ("norun", "empty_model", "data"):
+    for folder in ("norun", "empty_model", "data", "list_args"):
         (tmp_path / folder).mkdir(exist_ok=True)
+    (tmp_path / "list_args" / "args.json").write_text("[1]")
     (tmp_path / "blocker").write_text("a file, not a folder")
     (tmp_path / "empty.jsonl").write_text("")
     good_math = json.dumps({"prompt": "What is 2+2?", "solution": "4"})
@@ -134,6 +135,7 @@ TRAIN_CASES = [  # (argv, what the one line must say)
     (["--run-dir", "run"], "run already holds a run; continue it with --resume run, choose a new --run-dir"),
     (["--run-dir", "blocker/run"], "--run-dir blocker/run: cannot write there ("),
     (["--run-dir", "blocker"], "--run-dir blocker: expected a folder, and this is not one"),
+    (["--resume", "list_args"], "--resume list_args: unreadable args.json (not a JSON object)"),
     (["--resume", "bad_metrics"], "bad_metrics/metrics.jsonl line 1: not valid JSON"),
     (["--resume", "norun"], "--resume norun: not a run folder (no args.json; train.py writes one)"),
     (["--resume", "run", "--lr", "0.1"], "--resume continues a run with its own settings; --lr cannot change"),
@@ -192,6 +194,7 @@ EVAL_CASES = [
     (["plot", "untrained"], "untrained: no metrics yet (metrics.jsonl is missing or empty)"),
     (["--run", "run", "--out", "run"], "--out run: expected a file, and this is not one"),
     (["--run", "run", "--out", "blocker/results.jsonl"], "--out blocker/results.jsonl: cannot write there ("),
+    (["--run", "list_args"], "list_args: unreadable args.json (not a JSON object)"),
     (["--run", "old_run"], "old_run: args.json lacks credit, enable_thinking (an older train.py wrote it: "
                            "`python train.py --resume old_run` rewrites it with today's defaults)"),
     (["--run", "run", "--mode", "sa-transfer", "--sa-run", "old_run"], "--sa-run old_run: args.json lacks credit"),
