@@ -421,7 +421,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
 
 # ---------------------------------------------------------------- plots and the results table
 
-EVAL_KEYS = ("cell", "mode", "step", "n", "tasks", "metrics")  # what a plot or table reads of an evaluation record
+EVAL_KEYS = ("cell", "dataset", "mode", "step", "n", "tasks", "metrics")  # what plots and tables read of a record
 ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"), ("response_len", "response length (tokens)"),
                ("loss_share", "loss share")]
 
@@ -491,17 +491,18 @@ TABLE_METRICS = ["accuracy", "pass@2", "any_correct", "generator/acc", "aggregat
 
 
 def results_table(records: list[dict]) -> str:
-    """A markdown table of evaluation records (one row each, in order): the columns of TABLE_METRICS that
-    some record has; accuracy with its std over the samples (n > 1); `-` where a metric does not apply."""
+    """A markdown table of evaluation records (one row each, in order: what ran on which set, then the metrics of
+    TABLE_METRICS that some record has); accuracy with its std over samples (n > 1); `-`: the metric does not apply."""
     columns = [k for k in TABLE_METRICS if any(r["metrics"].get(k) is not None for r in records)]
-    lines = ["| cell | mode | step | samples | " + " | ".join(columns) + " |",
-             "|---|---|---|---|" + "---|" * len(columns)]
+    head = ["cell", "dataset", "mode", "step", "samples", *columns]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in records:
         m = r["metrics"]
         mode = f"{r['mode']} ({r['sa_cell']})" if r["mode"] in SA_MODES else r["mode"]
         accuracy = f"{m['accuracy']:.3f}" + (f" ± {m['accuracy_std']:.3f}" if r["n"] > 1 else "")  # std needs n > 1
-        cells = [accuracy if k == "accuracy" else "-" if m.get(k) is None else f"{m[k]:.3f}" for k in columns]
-        lines.append(f"| {r['cell']} | {mode} | {r['step']} | {r['n']} x {r['tasks']} | " + " | ".join(cells) + " |")
+        row = [r["cell"], r["dataset"], mode, str(r["step"]), f"{r['n']} x {r['tasks']}"]
+        row += [accuracy if k == "accuracy" else "-" if m.get(k) is None else f"{m[k]:.3f}" for k in columns]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -586,8 +587,7 @@ def main(argv: list[str] | None = None):
         return figures
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
-    rank_device = init_distributed()  # under torchrun each rank evaluates a share of the tasks
-    args.device = rank_device or args.device
+    args.device = init_distributed() or args.device  # under torchrun each rank evaluates a share of the tasks
     try:
         return evaluate_steps(args.run, args.mode, steps, args)
     finally:

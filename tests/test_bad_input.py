@@ -202,7 +202,7 @@ EVAL_CASES = [
     (["plot", "bad_metrics"], "bad_metrics/metrics.jsonl line 1: not valid JSON"),
     (["plot", "run", "--out", "blocker"], "--out blocker: expected a folder, and this is not one"),
     (["table", "run"], "no evaluation results at run/eval.jsonl"),
-    (["table", "run/metrics.jsonl"], "run/metrics.jsonl line 1: expected a JSON object with cell, mode, step, n, "),
+    (["table", "run/metrics.jsonl"], "run/metrics.jsonl line 1: expected a JSON object with cell, dataset, mode, "),
     (["table", "empty.jsonl"], "no evaluation records in empty.jsonl"),
 ]
 

@@ -245,24 +245,25 @@ def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
 
 
 def test_results_table_rows_columns_and_missing_metrics(tmp_path):
-    """`eval.py table`: one row per record, in order; accuracy (with its std when n > 1); `-` where a metric does not
-    apply
-    (no aggregator in a single-agent cell); columns no record has are left out (pass@2 needs n >= 2)."""
-    single = {"cell": "SA-SP-SmolLM2-Math", "mode": "base", "step": 0, "n": 1, "tasks": 32,
+    """`eval.py table`: one row per record, in order, with the set it was evaluated on; accuracy (with its std when
+    n > 1); `-` where a metric does not apply (no aggregator in a single-agent cell); columns no record has are left
+    out (pass@2 needs n >= 2)."""
+    single = {"cell": "SA-SP-SmolLM2-Math", "dataset": "math-d0", "mode": "base", "step": 0, "n": 1, "tasks": 32,
               "metrics": {"accuracy": 0.5, "accuracy_std": 0.0, "generator/acc": 0.5, "fallback_rate": 0.0}}
-    voting = {"cell": "Voting-IP-SmolLM2-Math", "mode": "sa-transfer", "sa_cell": "SA-SP-SmolLM2-Math", "step": 10,
-              "n": 2, "tasks": 32, "metrics": {"accuracy": 0.625, "accuracy_std": 0.03125, "any_correct": 0.75,
-                                               "generator/acc": 0.59375, "aggregator/acc": 0.625,
-                                               "aggregator/format_ok": None, "fallback_rate": 0.125}}
+    voting = {"cell": "Voting-IP-SmolLM2-Math", "dataset": "aime2025", "mode": "sa-transfer",
+              "sa_cell": "SA-SP-SmolLM2-Math", "step": 10, "n": 2, "tasks": 32,
+              "metrics": {"accuracy": 0.625, "accuracy_std": 0.03125, "any_correct": 0.75, "generator/acc": 0.59375,
+                          "aggregator/acc": 0.625, "aggregator/format_ok": None, "fallback_rate": 0.125}}
     path = tmp_path / "eval.jsonl"
     path.write_text(json.dumps(single) + "\n" + json.dumps(voting) + "\n")
     table = E.main(["table", str(path)])  # what `python eval.py table FILE` prints
     assert table.splitlines() == [
-        "| cell | mode | step | samples | accuracy | any_correct | generator/acc | aggregator/acc | fallback_rate |",
-        "|---|---|---|---|---|---|---|---|---|",
-        "| SA-SP-SmolLM2-Math | base | 0 | 1 x 32 | 0.500 | - | 0.500 | - | 0.000 |",  # n = 1: no std
-        "| Voting-IP-SmolLM2-Math | sa-transfer (SA-SP-SmolLM2-Math) | 10 | 2 x 32 | 0.625 ± 0.031 | 0.750 | 0.594 | "
-        "0.625 | 0.125 |"]
+        "| cell | dataset | mode | step | samples | accuracy | any_correct | generator/acc | aggregator/acc | "
+        "fallback_rate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| SA-SP-SmolLM2-Math | math-d0 | base | 0 | 1 x 32 | 0.500 | - | 0.500 | - | 0.000 |",  # n = 1: no std
+        "| Voting-IP-SmolLM2-Math | aime2025 | sa-transfer (SA-SP-SmolLM2-Math) | 10 | 2 x 32 | 0.625 ± 0.031 | 0.750 "
+        "| 0.594 | 0.625 | 0.125 |"]
     with pytest.raises(SystemExit):  # the message: tests/test_bad_input.py
         E.main(["table", str(tmp_path / "missing")])
 
