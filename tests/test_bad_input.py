@@ -231,7 +231,7 @@ def test_a_metrics_line_cut_off_while_written_is_left_out_once_with_a_warning(sc
     assert sorted(os.listdir(scene / "plots")) == ["roles.png", "val_accuracy.png"]
 
 
-def test_resume_gives_an_old_run_folder_the_flags_it_lacks(scene, capsys):
+def test_resume_gives_an_old_run_folder_the_flags_it_lacks(scene):
     """The remedy the old_run error names works: the run resumes with nothing to train, and its args.json then has
     today's defaults for the two flags, so it evaluates."""
     train.main(["--resume", "old_run"])
