@@ -6,25 +6,25 @@ mini-batch counts in the loss, and the loss is sum(weight * token_loss). That ma
 visible: micro-batching is plain gradient accumulation; a role's share of the loss under SP is the sum of its
 tokens' weights (finding 3); re-weighting roles is multiplying their tokens' weights. Under IP each adapter
 is updated on its own role's calls, one optimizer step per mini-batch, so a role with three instances takes
-three steps per training step (finding 4). Under torchrun the ranks split the rows and sum the gradients.
+three steps per training step (finding 4). Under torchrun the ranks split the rows and sum the gradients
+(infra/distributed.py moves the values). Metrics are counted as numerator and denominator (infra/tallies.py)
+and turned into rates once, at the end of the update.
 
     python -m pytest tests/test_grpo.py      # hand-computed checks of everything here
 """
 from __future__ import annotations
 
 import math
-import os
-import sys
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Hashable
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
+from infra.distributed import all_reduce_sum, gather, world
+from infra.tallies import Tallies, add_tallies, rates
 from policies import adapter_parameters, completion_logprobs, micro_batches, policy_logprobs, use_adapter
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -190,56 +190,22 @@ def old_logprobs(model, adapter: str, group: list[Sample], step_size: int, cfg: 
     return out
 
 
-# ---------------------------------------------------------------- several ranks (torchrun)
+def training_samples(episodes: list, scale_by_std: bool = True, rank: int = 0) -> list[Sample]:
+    """Every call of every episode as one GRPO row: its reward compared within its group (`group_advantages`,
+    the key from `Call.group_key`), its tokens, its role type and the adapter it trains (`Call.adapter`, set by
+    the rollout from the policy).
 
-DIST_TIMEOUT_MIN = 30  # a rank that waits this long for the others in a collective gives up with an error
-
-
-def init_distributed() -> str | None:
-    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): the process group (nccl on CUDA, gloo on CPU), and this
-    rank's device; only rank 0 prints. A plain `python train.py` has no process group: None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return None
-    local = int(os.environ["LOCAL_RANK"])
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=DIST_TIMEOUT_MIN))
-    if dist.get_rank() != 0:
-        sys.stdout = open(os.devnull, "w")  # for the life of the process
-    return f"cuda:{local}" if cuda else "cpu"
-
-
-def share(items: list) -> list:
-    """This rank's contiguous share of a batch (all of it without torchrun); ranks in order give the batch back,
-    so a task's n samples stay on one rank and group advantages need no communication."""
-    rank, size = world()
-    k, extra = divmod(len(items), size)
-    start = rank * k + min(rank, extra)
-    return items[start:start + k + (rank < extra)]
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size) under torchrun; (0, 1) for a plain `python train.py` (no process group)."""
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def gather(value) -> list:
-    """Every rank's `value` (any picklable object), in rank order; [value] without a process group."""
-    if not dist.is_initialized():
-        return [value]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def sum_over_ranks(values: dict[tuple, float]) -> dict[tuple, float]:
-    """Additive statistics (token counts, loss sums...) summed over ranks, in float64 on every rank."""
-    out: dict[tuple, float] = defaultdict(float)
-    for part in gather(dict(values)):
-        for k, v in part.items():
-            out[k] += v
-    return out
+    Example: one task, n = 2 Voting episodes, 3 generators and an aggregator in each:
+      8 calls   generator0, generator1, generator2, aggregator, in episode 0 and again in episode 1
+      4 groups  (task, generator0, 0), (task, generator1, 0), (task, generator2, 0), (task, aggregator, 0): each
+                compares an instance's call in episode 0 with its call in episode 1
+      SP        8 rows, all on adapter `shared`
+      IP        6 rows on `generator`, 2 on `aggregator`
+    (tests/test_workflows.py, test_worked_example_one_voting_task_becomes_rows, builds exactly this.)
+    """
+    calls = [(e.task.id, c) for e in episodes for c in e.calls]
+    advantages = group_advantages([c.reward for _, c in calls], [c.group_key(i) for i, c in calls], scale_by_std)
+    return [Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, rank) for (_, c), a in zip(calls, advantages)]
 
 
 def global_batch(samples: list[Sample]) -> list[Sample]:
@@ -259,34 +225,42 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
     """One GRPO training step over all adapters (`update_adapter` each); returns per-role metrics (`role/name`)
     and totals. Every adapter's schedule advances once per training step, as in verl. `grad_ema` carries the I6
     state from step to step. Under torchrun `samples` is the global batch, the same on every rank; each rank runs
-    the rows it holds (`Sample.rank`) and gradients are summed over ranks."""
+    the rows it holds (`Sample.rank`), gradients are summed over ranks, and so are the metrics' counts."""
     by_adapter: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         if s.completion_ids:
             by_adapter[s.adapter].append(s)
     unknown = set(by_adapter) - set(optimizers)
     assert not unknown, f"samples for adapters without an optimizer: {sorted(unknown)}"
-    means: dict[tuple[str, str], list[float]] = defaultdict(list)  # (role or adapter, name) -> values to average
-    sums: dict[tuple[str, str], float] = defaultdict(float)        # (role, name) -> this rank's rows' sums
-    counts: dict[tuple[str, str], float] = defaultdict(float)      # (role, name) -> optimizer steps ("": totals)
+    t: Tallies = defaultdict(lambda: [0.0, 0.0])
+    t["nonfinite_steps"][1] = 1.0  # a count (see `_count`), 0 unless a step is skipped
+    if cfg.skip_zero_advantage:
+        t["skipped_rows"][1] = float(world()[0] == 0)
     grad_ema = {} if grad_ema is None else grad_ema
     for adapter, (opt, sched) in optimizers.items():
         if by_adapter[adapter]:
-            update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, (means, sums, counts))
-        means[adapter, "lr"].append(opt.param_groups[0]["lr"])  # the lr this step used
+            update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, t)
+        _mean(t, f"{adapter}/lr", opt.param_groups[0]["lr"])  # the lr this step used
         with warnings.catch_warnings():  # a step without an optimizer step (no rows, all skipped) is on purpose
             warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler.step\(\)` before", UserWarning)
             sched.step()
-    return step_metrics(means, sum_over_ranks(sums), counts, cfg, next(iter(optimizers), ""))
+    m = rates(add_tallies(gather(dict(t))))  # every rank's counts added: the same metrics on every rank
+    m["lr"] = m.get(f"{next(iter(optimizers), '')}/lr") or 0.0
+    return m
 
 
 def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Optimizer, cfg: UpdateSettings,
-                   grad_ema: dict, stats: tuple[dict, dict, dict]) -> None:
-    """One adapter's part of a step: one optimizer step per mini-batch of `mini_batch_size` samples (or a
-    single step over all of them with `merge_instance_steps`), accumulating over micro-batches."""
-    means, sums, counts = stats
+                   grad_ema: dict, t: Tallies) -> None:
+    """One adapter's part of a training step, like any PPO update: per mini-batch, zero the gradient, accumulate
+    it over micro-batches, clip, step. What is particular to GRPO for workflows: the loss weights
+    (`minibatch_weights`), each role's own gradient under SP (`accumulate_gradients`), and I6's scaling."""
     rank, _ = world()
     params = adapter_parameters(model, adapter)
+    # Why IP takes 3 generator steps per training step (finding 4): --mini-batch-size defaults to a training step's
+    # episodes (tasks x n; the paper's 512 = 64 x 8), and under IP the `generator` adapter's group holds every
+    # generator call, n_votes = 3 per episode, so it is cut into 3 mini-batches (3 optimizer steps) while the
+    # aggregator's 1 call per episode makes 1. Under SP all 4 calls per episode share one adapter: 4 steps.
+    # --merge-instance-steps makes one mini-batch of the whole group: one step per adapter per training step.
     step_size = len(group) if cfg.merge_instance_steps else cfg.mini_batch_size
     old = old_logprobs(model, adapter, group, step_size, cfg, rank)
     with use_adapter(model, adapter):
@@ -296,58 +270,53 @@ def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Op
             # as verl: a mini-batch's loss counts its rows over the mini-batch size, so a partial last one (a
             # role with a variable number of calls) takes a proportionally smaller step
             weights = [w * len(mb) / step_size for w in minibatch_weights(mb, cfg)]
-            for role, share in role_shares(mb, weights).items():
-                means[role, "loss_share"].append(share)
             opt.zero_grad(set_to_none=True)
-            role_grads = _accumulate(model, params, mb, mb_old, weights, cfg, sums, rank)
-            if dist.is_initialized():  # summed over ranks (the weights count the global mini-batch): equal everywhere
-                grad = _flat_grad(params)
-                for flat in (grad, *role_grads.values()):
-                    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-                _set_flat_grad(params, grad)
-            for k, v in _role_gradient_stats(role_grads).items():  # empty for a one-role mini-batch
-                means[k].append(v)
-            role = mb[0].role
-            if role in cfg.coherence:
-                means[role, "coherence_scale"].append(_coherence_scale(params, grad_ema, adapter,
-                                                                       cfg.coherence[role], cfg.coherence_window))
+            role_grads = accumulate_gradients(model, params, mb, mb_old, weights, cfg, t, rank)
+            sum_gradients_over_ranks(params, role_grads)
+            scale = coherence_scale(params, grad_ema, adapter, cfg.coherence[mb[0].role], cfg.coherence_window) \
+                if mb[0].role in cfg.coherence else None  # I6 (IP: one role per adapter)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             # skip a non-finite step (counted), and an all-zero-weight one (a role weighted 0: weight
             # decay and Adam's momentum would still move the adapter)
             stepped = math.isfinite(grad_norm) and any(weights)
             if stepped:
                 opt.step()
-            counts["", "nonfinite_steps"] += not math.isfinite(grad_norm)
             opt.zero_grad(set_to_none=True)
-            for role in {s.role for s in mb}:
-                counts[role, "opt_steps"] += stepped
-                means[role, "grad_norm"].append(grad_norm)
+            record_minibatch(t, mb, weights, role_grads, grad_norm, stepped, scale)
         model.eval()
 
 
-TOKEN_STATS = ("pg_loss", "clip_frac", "entropy", "approx_kl", "kl_base")  # summed per token, then averaged
+def record_minibatch(t: Tallies, mb: list[Sample], weights: list[float], role_grads: dict[str, torch.Tensor],
+                     grad_norm: float, stepped: bool, coherence: float | None) -> None:
+    """A mini-batch's update metrics: each role's loss share, its own gradient's norm, share and cosines (SP),
+    the I6 scale, the clipped-before norm, and the optimizer steps taken or skipped."""
+    for role, share in role_shares(mb, weights).items():
+        _mean(t, f"{role}/loss_share", share)
+    for key, value in _role_gradient_stats(role_grads).items():  # empty for a one-role mini-batch
+        _mean(t, key, value)
+    if coherence is not None:
+        _mean(t, f"{mb[0].role}/coherence_scale", coherence)
+    _count(t, "nonfinite_steps", not math.isfinite(grad_norm))
+    for role in {s.role for s in mb}:
+        _count(t, f"{role}/opt_steps", stepped)
+        _mean(t, f"{role}/grad_norm", grad_norm)
 
 
-def step_metrics(means: dict, sums: dict, counts: dict, cfg: UpdateSettings, first_adapter: str) -> dict[str, float]:
-    """The accumulated numbers, named once: `role/name` per role (or adapter), `name` for totals."""
-    def key(owner: str, name: str) -> str:
-        return f"{owner}/{name}" if owner else name
-    m = {key(*k): sum(v) / len(v) for k, v in means.items()}
-    m.update({key(*k): v for k, v in counts.items()})  # opt_steps also for a role whose rows were all skipped
-    for (owner, name), v in sums.items():
-        if name in TOKEN_STATS:
-            m[key(owner, name)] = v / sums[owner, "tokens"]
-        elif name == "skipped_rows":
-            m[name] = v
-    m.setdefault("nonfinite_steps", 0.0)
-    if cfg.skip_zero_advantage:
-        m.setdefault("skipped_rows", 0.0)
-    m["lr"] = m.get(f"{first_adapter}/lr", 0.0)
-    return m
+def _mean(t: Tallies, key: str, value: float) -> None:
+    """A value to average (over mini-batches; every rank adds the same ones, so the average is unchanged)."""
+    t[key][0] += value
+    t[key][1] += 1
 
 
-def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: list, weights: list[float],
-                cfg: UpdateSettings, sums: dict, rank: int = 0) -> dict[str, torch.Tensor]:
+def _count(t: Tallies, key: str, value: float) -> None:
+    """A number to report as a total: its denominator is 1 (and every rank adds the same total)."""
+    t[key][0] += value
+    t[key][1] = 1.0
+
+
+def accumulate_gradients(model, params: list[torch.nn.Parameter], mb: list[Sample], old: list,
+                         weights: list[float], cfg: UpdateSettings, t: Tallies,
+                         rank: int = 0) -> dict[str, torch.Tensor]:
     """Backward over one mini-batch in micro-batches, formed role by role; when the mini-batch holds several roles
     (SP), the gradient is snapshotted after each role, so each role's own gradient comes free: the loss is a sum.
     (Measured cost of the role order and snapshots: +6% of a tiny-model update, none on SmolLM2.)"""
@@ -355,14 +324,14 @@ def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: 
         idx = [i for i in idx if mb[i].rank == rank]  # the rows this rank holds
         if cfg.skip_zero_advantage:  # their loss is 0 * ratio: no gradient (a KL term would still have one)
             kept = [i for i in idx if mb[i].advantage != 0.0 or cfg.kl_coef.get(mb[i].role, 0.0) > 0]
-            sums["", "skipped_rows"] += len(idx) - len(kept)
+            t["skipped_rows"][0] += len(idx) - len(kept)  # rows split over ranks: their total (rank 0 counts den 1)
             idx = kept
         # rows sorted by length, so each micro-batch pads to rows of about its own length (SP mixes short
         # generator rows with long aggregator rows), and a prompt's copies share one pass over it
         for cut in micro_batches([mb[i].prompt_ids for i in idx], [mb[i].completion_ids for i in idx],
                                  cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
             part = [idx[j] for j in cut]
-            _micro_step(model, [mb[i] for i in part], [old[i] for i in part], [weights[i] for i in part], cfg, sums)
+            _micro_step(model, [mb[i] for i in part], [old[i] for i in part], [weights[i] for i in part], cfg, t)
 
     roles = sorted({s.role for s in mb})
     if len(roles) == 1:
@@ -376,6 +345,15 @@ def _accumulate(model, params: list[torch.nn.Parameter], mb: list[Sample], old: 
         role_grads[role], before = after - before, after
     _zero_missing_grads(params)
     return role_grads
+
+
+def sum_gradients_over_ranks(params: list[torch.nn.Parameter], role_grads: dict[str, torch.Tensor]) -> None:
+    """Under torchrun: the adapter's gradient and each role's snapshot summed over ranks (the loss weights count
+    the global mini-batch, so the sum is the gradient one process would have); nothing for one process."""
+    if world()[1] > 1:
+        grad = _flat_grad(params)
+        all_reduce_sum([grad, *role_grads.values()])
+        _set_flat_grad(params, grad)
 
 
 def _zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
@@ -395,22 +373,22 @@ def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]).float()
 
 
-def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[tuple[str, str], float]:
+def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
     """Each role's own gradient norm (before clipping), its share of the roles' summed norms (finding 3: under
     SP, how much of the update each role drives), and the cosine between every pair of roles with a gradient."""
     norms = {r: float(g.norm()) for r, g in role_grads.items()}
-    out = {(r, "role_grad_norm"): n for r, n in norms.items()}
+    out = {f"{r}/role_grad_norm": n for r, n in norms.items()}
     if sum(norms.values()) > 0:  # a zero gradient (every advantage 0) has no shares: left out, not counted as 0
-        out.update({(r, "grad_norm_share"): n / sum(norms.values()) for r, n in norms.items()})
+        out.update({f"{r}/grad_norm_share": n / sum(norms.values()) for r, n in norms.items()})
     roles = sorted(r for r in role_grads if norms[r] > 0)  # a cosine needs two nonzero gradients
     for i, a in enumerate(roles):
         for b in roles[i + 1:]:
-            out["grad_cos", f"{a}-{b}"] = float(torch.cosine_similarity(role_grads[a], role_grads[b], dim=0))
+            out[f"grad_cos/{a}-{b}"] = float(torch.cosine_similarity(role_grads[a], role_grads[b], dim=0))
     return out
 
 
-def _coherence_scale(params: list[torch.nn.Parameter], grad_ema: dict[str, torch.Tensor], adapter: str,
-                     lam: float, window: int) -> float:
+def coherence_scale(params: list[torch.nn.Parameter], grad_ema: dict[str, torch.Tensor], adapter: str,
+                    lam: float, window: int) -> float:
     """I6, as the reference: shrink a gradient that keeps pointing where the recent ones pointed.
 
     scale = 1 - lam * clamp(cos(g, EMA g), 0, 1), applied before clipping, so it lies in [1 - lam, 1]. The EMA
@@ -429,38 +407,39 @@ def _coherence_scale(params: list[torch.nn.Parameter], grad_ema: dict[str, torch
 
 
 def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weights: list[float], cfg: UpdateSettings,
-                sums: dict) -> None:
-    """Forward + backward of one micro-batch; its weights already carry the mini-batch normalisation."""
+                t: Tallies) -> None:
+    """Forward + backward of one micro-batch; its weights already carry the mini-batch normalisation. Per-role
+    token statistics are tallied as (sum over tokens, tokens), averaged per token at the end."""
     device = next(model.parameters()).device
     prompts, completions = [s.prompt_ids for s in micro], [s.completion_ids for s in micro]
     logp, mask, entropy = completion_logprobs(model, prompts, completions, cfg.temperature, with_entropy=True,
-                                              share_prompts=cfg.share_prompts)
+                                              share_prompts=cfg.share_prompts)  # [B, T] each
     old_logp = logp.detach().clone()  # `None` = on-policy: ratio 1, gradient of the ratio intact
     for i, o in enumerate(old):
         if o is not None:  # rows are right-aligned (see completion_logprobs)
             old_logp[i, logp.shape[1] - len(o):] = o.to(device)
-    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=device)
+    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=device)  # [B]
     pg_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-    token_loss = pg_loss
-    beta = torch.tensor([cfg.kl_coef.get(s.role, 0.0) for s in micro], dtype=logp.dtype, device=device)
+    token_loss = pg_loss  # [B, T]
+    beta = torch.tensor([cfg.kl_coef.get(s.role, 0.0) for s in micro], dtype=logp.dtype, device=device)  # [B]
     kl = None
     if bool((beta > 0).any()):  # I1: only the named roles pay beta * KL(role || base), k3 estimator
         with torch.no_grad(), use_adapter(model, None):
             ref_logp, _, _ = completion_logprobs(model, prompts, completions, cfg.temperature,
                                                  share_prompts=cfg.share_prompts)
         log_r = ref_logp - logp
-        kl = (torch.exp(log_r) - log_r - 1) * mask
+        kl = (torch.exp(log_r) - log_r - 1) * mask  # [B, T]
         token_loss = token_loss + beta[:, None] * kl
-    w = torch.tensor(weights, dtype=logp.dtype, device=device)[:, None]
+    w = torch.tensor(weights, dtype=logp.dtype, device=device)[:, None]  # [B, 1]
     (token_loss * mask * w).sum().backward()
-    with torch.no_grad():  # per-role token statistics, summed here and averaged per token at the end
+    with torch.no_grad():
         log_ratio = (logp - old_logp) * mask
         for i, s in enumerate(micro):
             n = float(mask[i].sum())
-            sums[s.role, "tokens"] += n
-            sums[s.role, "pg_loss"] += float((pg_loss[i] * mask[i]).sum())
-            sums[s.role, "clip_frac"] += float((clipped[i].float() * mask[i]).sum())
-            sums[s.role, "entropy"] += float(entropy[i].sum())
-            sums[s.role, "approx_kl"] += float((0.5 * log_ratio[i] ** 2).sum())
+            stats = {"pg_loss": (pg_loss[i] * mask[i]).sum(), "clip_frac": (clipped[i].float() * mask[i]).sum(),
+                     "entropy": entropy[i].sum(), "approx_kl": (0.5 * log_ratio[i] ** 2).sum()}
             if kl is not None and beta[i] > 0:
-                sums[s.role, "kl_base"] += float(kl[i].sum())
+                stats["kl_base"] = kl[i].sum()
+            for name, value in stats.items():
+                t[f"{s.role}/{name}"][0] += float(value)
+                t[f"{s.role}/{name}"][1] += n

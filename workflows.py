@@ -12,12 +12,12 @@ Metrics are kept as numerators and denominators (`episode_tallies`), so batches 
 """
 from __future__ import annotations
 
-import itertools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from infra.tallies import Tallies, rates
 from tasks import Task, grade_many
 
 # ---------------------------------------------------------------- records
@@ -281,71 +281,12 @@ WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], Stage]] = {
     "evalopt": evaluator_optimizer,
     "orchworkers": orchestrator_workers,
 }
-# The paper's token limits per task kind and workflow: (prompt, response) in training, then in evaluation. The
-# aggregator, evaluator and synthesizer prompts hold several full solutions, hence the longer prompts there.
-PAPER_LENGTHS = {
-    ("math", "single"): (15360, 5120, 15360, 8192), ("math", "voting"): (20480, 5120, 25600, 8192),
-    ("math", "orchworkers"): (20480, 5120, 25600, 8192), ("math", "evalopt"): (30720, 5120, 30720, 8192),
-    ("code", "single"): (4096, 2048, 4096, 5120), ("code", "voting"): (10240, 2048, 20480, 5120),
-    ("code", "orchworkers"): (10240, 2048, 20480, 5120), ("code", "evalopt"): (10240, 2048, 15360, 5120),
-}
 ROLES = {  # role types of each workflow: the adapters IP creates
     "single": ["generator"],
     "voting": ["generator", "aggregator"],
     "evalopt": ["generator", "evaluator"],
     "orchworkers": ["orchestrator", "worker", "synthesizer"],
 }
-
-
-# ---------------------------------------------------------------- the paper's cells
-
-# `--cell {Workflow}-{Policy}-{Scale}-{Task}` names a cell of the paper's grid; `cell_defaults` gives its flags.
-CELL_WORKFLOWS = {"Single": "single", "SA": "single", "Voting": "voting", "EvalOpt": "evalopt",
-                  "OrchWorkers": "orchworkers"}
-CELL_SCALES = {"0.6B": "Qwen/Qwen3-0.6B", "1.7B": "Qwen/Qwen3-1.7B", "4B": "Qwen/Qwen3-4B"}
-CELL_TASKS = {"Math": dict(task="dapo", data="open-r1/DAPO-Math-17k-Processed", data_config="en", max_iterations=3),
-              "Code": dict(task="deepcoder", data="agentica-org/DeepCoder-Preview-Dataset",
-                           data_config="primeintellect", max_iterations=2)}
-PAPER_HYPERPARAMETERS = dict(  # the reference's training config, the same for every cell
-    tasks_per_step=64, n=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
-    max_grad_norm=1.0, warmup_steps=15, lr_schedule="cosine", steps=500, val_every=10, save_every=5,
-    temperature=0.7, top_p=1.0, n_val=1 << 30, prompts="paper", dtype="bfloat16", grad_checkpointing=True,
-    micro_batch_size=512, max_tokens_per_micro_batch=51200)  # verl's token budget per GPU (4B code: 40,960)
-
-
-def cell_defaults(cell: str) -> dict:
-    """The flags of a cell such as `Voting-IP-1.7B-Math` (case-insensitive; SA = Single): workflow, policy,
-    Qwen3 model, data, the paper's prompt / response limits for that workflow and task, and its
-    hyperparameters (train.py applies them under the flags a command line gives). Raises ValueError (one line)."""
-    valid = [CELL_WORKFLOWS, {"SP": "sp", "IP": "ip"}, CELL_SCALES, CELL_TASKS]
-    parts = cell.split("-")
-    found = [next((v for k, v in options.items() if k.lower() == part.lower()), None)
-             for options, part in zip(valid, parts)]
-    if len(parts) != 4 or None in found:
-        raise ValueError(f"bad --cell {cell!r}: expected Workflow-Policy-Scale-Task with Workflow in "
-                         f"{'|'.join(CELL_WORKFLOWS)}, Policy in SP|IP, Scale in {'|'.join(CELL_SCALES)}, Task in "
-                         f"{'|'.join(CELL_TASKS)} (python train.py --list-cells)")
-    workflow, policy, model, task = found
-    prompt_tokens, new_tokens = PAPER_LENGTHS["code" if task["task"] == "deepcoder" else "math", workflow][:2]
-    out = dict(PAPER_HYPERPARAMETERS, **task, workflow=workflow, policy=policy, model=model,
-               max_prompt_tokens=prompt_tokens, max_new_tokens=new_tokens)
-    if model == CELL_SCALES["4B"] and task["task"] == "deepcoder":
-        out["max_tokens_per_micro_batch"] = 40960
-    return out
-
-
-def list_cells() -> str:
-    """The 48 cells of the grid, one line each: what `--cell NAME` sets (token limits as prompt/response)."""
-    row = "{:<26} {:<16} {:<54} {:<11} {:<11} {}"
-    lines = [row.format("cell", "model", "data", "train", "eval", "Eval-Opt budget")]
-    for workflow, scale, task, policy in itertools.product(["Single", "Voting", "EvalOpt", "OrchWorkers"],
-                                                            CELL_SCALES, CELL_TASKS, ["SP", "IP"]):
-        c = cell_defaults(f"{workflow}-{policy}-{scale}-{task}")
-        lengths = PAPER_LENGTHS["code" if task == "Code" else "math", c["workflow"]]
-        lines.append(row.format(f"{workflow}-{policy}-{scale}-{task}", c["model"], f"{c['data']} {c['data_config']}",
-                                f"{lengths[0]}/{lengths[1]}", f"{lengths[2]}/{lengths[3]}",
-                                c["max_iterations"] if workflow == "EvalOpt" else "-"))
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- driver
@@ -380,6 +321,17 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, encode: Callable[[
         for ep, _, cs in pending:
             ep.calls += cs
         running = [(ep, stage) for ep, stage, _ in pending]
+    return episodes
+
+
+def run_episodes(tasks: list[Task], n: int, flags: dict, engine, encode: Callable[[list[dict]], list[int]],
+                 route: Callable[[str], str], max_prompt_tokens: int | None, desc: str = "rollout") -> list[Episode]:
+    """The rollout that training, validation and evaluation all run: `n` episodes per task of the workflow the
+    run's flags name (`flags`: train.py's flags, or a run's args.json), then each call's reward (`credit`)."""
+    opts = WorkflowOptions(flags["prompts"], flags["evalopt_context"], flags["n_votes"], flags["max_iterations"],
+                           flags["max_subtasks"])
+    episodes = rollout(tasks, n, flags["workflow"], engine, encode, route, opts, max_prompt_tokens, desc)
+    assign_rewards(episodes, flags["credit"])
     return episodes
 
 
@@ -432,7 +384,6 @@ def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
                 raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
 
 
-Tallies = dict[str, list[float]]  # metric -> [numerator, denominator]: sums over episodes (and over ranks)
 PARSE_PATHS = (("boxed", "digit", "default"), ("strategy", "numbered", "lines", "whole"))  # first: no fallback
 
 
@@ -487,20 +438,6 @@ def _workflow_tallies(e: Episode, add: Callable[[str, float], None], t: Tallies)
                 add("worker_success_rate", c.metrics["correct"])
     if "fallback" in e.metrics:
         add("fallback_rate", e.metrics["fallback"] is not None)
-
-
-def add_tallies(parts: list[Tallies]) -> Tallies:
-    out: Tallies = defaultdict(lambda: [0.0, 0.0])
-    for part in parts:
-        for key, (num, den) in part.items():
-            out[key][0] += num
-            out[key][1] += den
-    return dict(out)
-
-
-def rates(tallies: Tallies) -> dict[str, float | None]:
-    """numerator / denominator for each metric; None (JSON null) where there was nothing to count."""
-    return {k: num / den if den else None for k, (num, den) in sorted(tallies.items())}
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float | None]:

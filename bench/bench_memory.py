@@ -79,10 +79,11 @@ def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab:
 
     import policies
     from grpo import Sample, UpdateSettings, _micro_step
+    from infra import models
     torch.manual_seed(0)
-    tok = policies.tiny_tokenizer()
-    policies.QWEN3_SHAPES["bench"] = {**policies.QWEN3_SHAPES["tiny-qwen3"], "vocab_size": vocab or len(tok)}
-    model = policies.add_adapters(policies.random_qwen3("bench", tok), ["shared"], rank=RANK)
+    tok = models.tiny_tokenizer()
+    models.QWEN3_SHAPES["bench"] = {**models.QWEN3_SHAPES["tiny-qwen3"], "vocab_size": vocab or len(tok)}
+    model = policies.add_adapters(models.random_qwen3("bench", tok), ["shared"], rank=RANK)
     if checkpointing:
         policies.enable_grad_checkpointing(model)
     cfg = UpdateSettings(temperature=0.7, share_prompts=False, micro_batch_size=rows)
@@ -93,7 +94,7 @@ def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab:
                         .tolist(), 1.0, "generator", "shared") for _ in range(n)]
         with policies.use_adapter(model, "shared"), SavedBytes(model) as saved:
             model.train()
-            _micro_step(model, batch, [None] * n, [1.0 / (n * c)] * n, cfg, defaultdict(float))
+            _micro_step(model, batch, [None] * n, [1.0 / (n * c)] * n, cfg, defaultdict(lambda: [0.0, 0.0]))
         return saved.total
 
     micro_batch(1, 3, 2)
@@ -109,11 +110,12 @@ def layer_bytes(shape: dict, checkpointing: bool, tokens: int = 256) -> float:
     import torch
 
     import policies
+    from infra import models
     saved = []
     for layers in (1, 2):
-        policies.QWEN3_SHAPES["bench"] = dict(shape, num_hidden_layers=layers, head_dim=128, vocab_size=512)
+        models.QWEN3_SHAPES["bench"] = dict(shape, num_hidden_layers=layers, head_dim=128, vocab_size=512)
         torch.manual_seed(0)
-        model = policies.random_qwen3("bench", policies.tiny_tokenizer()).to(torch.bfloat16)
+        model = models.random_qwen3("bench", models.tiny_tokenizer()).to(torch.bfloat16)
         model = policies.add_adapters(model, ["shared"], rank=RANK)
         if checkpointing:
             policies.enable_grad_checkpointing(model)

@@ -81,7 +81,7 @@ def main() -> None:
     flags += ["--skip-zero-advantage"] if args.skip_zero_advantage else []
     flags += ["--no-share-prompts"] if args.no_share_prompts else []
     ours_args = train.parse_args(flags)
-    train.policies.seed_everything(0)
+    train.checkpoints.seed_everything(0)
     trainer = train.build_trainer(ours_args, "cpu")
     if not args.free_length:
         trainer.model.generation_config.min_new_tokens = args.new_tokens
@@ -102,7 +102,7 @@ def main() -> None:
     def math_reward(completions, question, **_):
         return [grade(by_question[q], c[0]["content"]).reward for c, q in zip(completions, question)]
 
-    train.policies.seed_everything(0)
+    train.checkpoints.seed_everything(0)
     trl_model, _ = load_model(args.model)
     trl_times: list[float] = []
 

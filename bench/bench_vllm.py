@@ -28,7 +28,9 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from policies import VLLM_MISSING, Generation, HFEngine, VLLMEngine, add_adapters, tiny_tokenizer  # noqa: E402
+from infra.models import tiny_tokenizer  # noqa: E402
+from infra.vllm_engine import VLLM_MISSING, VLLMEngine  # noqa: E402
+from policies import Generation, HFEngine, add_adapters, eos_token_ids, to_generation  # noqa: E402
 
 ADAPTERS = ["alpha", "beta"]
 
@@ -111,8 +113,9 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     # ---- vLLM
-    engine = VLLMEngine(base_folder.name, model, tok, args.new_tokens, temperature=0.0, gpu_memory=args.gpu_memory,
-                        dtype=args.dtype, max_model_len=args.prompt_len + args.new_tokens)
+    engine = VLLMEngine(base_folder.name, model, tok, eos_token_ids(model, tok), to_generation, args.new_tokens,
+                        temperature=0.0, gpu_memory=args.gpu_memory, dtype=args.dtype,
+                        max_model_len=args.prompt_len + args.new_tokens)
     engine.sampling = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, min_tokens=args.new_tokens,
                                      stop_token_ids=sorted(engine.eos_ids), logprobs=0, detokenize=False)
     vllm_rate, vllm_out = tokens_per_s(engine, prompts, adapters, args.new_tokens, args.repeats)

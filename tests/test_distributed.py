@@ -41,12 +41,12 @@ class Deterministic:
 
 if os.environ.get("DETERMINISTIC"):
     train.policies.HFEngine = Deterministic
-save = train.save_checkpoint
-def save_and_dump(run_dir, step, trainer, *a, **k):  # every rank's adapters, to compare ranks
-    torch.save({{n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}},
+save = train.checkpoints.save_checkpoint
+def save_and_dump(run_dir, step, model, *a, **k):  # every rank's adapters, to compare ranks
+    torch.save({{n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}},
                os.path.join(run_dir, f"rank{{rank}}_step{{step}}.pt"))
-    return save(run_dir, step, trainer, *a, **k)
-train.save_checkpoint = save_and_dump
+    return save(run_dir, step, model, *a, **k)
+train.checkpoints.save_checkpoint = save_and_dump
 fail_at = os.environ.get("FAIL_RANK1_AT_STEP")
 if fail_at:
     step_fn = train.train_step

@@ -11,7 +11,11 @@ from test_workflows import TOK, ScriptedEngine  # the scripted engine: canned ou
 
 import eval as E
 import train
+from infra import runfolder
+from infra.cells import cell_name
+from policies import chat_encoder
 from tasks import Task
+from workflows import run_episodes
 
 TASK = Task("t1", "What is 2 + 2?", "4", "math")
 
@@ -45,16 +49,16 @@ def test_pass_at_k_metrics_average_tasks_and_stop_at_n():
 
 def test_cell_and_dataset_names():
     base = dict(workflow="voting", policy="ip", model="smollm2", task="math", difficulty=0, data=None)
-    assert E.cell_name(base) == "Voting-IP-SmolLM2-Math"
-    assert E.cell_name({**base, "workflow": "evalopt", "policy": "sp", "model": "Qwen/Qwen3-1.7B", "task": "dapo"}) \
+    assert cell_name(base) == "Voting-IP-SmolLM2-Math"
+    assert cell_name({**base, "workflow": "evalopt", "policy": "sp", "model": "Qwen/Qwen3-1.7B", "task": "dapo"}) \
         == "EvalOpt-SP-1.7B-Math"
-    assert E.cell_name({**base, "workflow": "orchworkers", "model": "tiny", "task": "code"}) == \
+    assert cell_name({**base, "workflow": "orchworkers", "model": "tiny", "task": "code"}) == \
         "OrchWorkers-IP-Tiny-Code"
-    assert E.cell_name({**base, "workflow": "single", "model": "Qwen/Qwen3-0.6B"}) == "Single-IP-0.6B-Math"
-    assert E.dataset_name(base) == "math-d0"
-    assert E.dataset_name({**base, "task": "code"}) == "humaneval"
-    assert E.dataset_name({**base, "task": "dapo", "data": "data/dapo_test.jsonl"}) == "dapo_test"
-    assert E.dataset_name({**base, "task": "dapo", "data": "open-r1/DAPO-Math-17k-Processed"}) == \
+    assert cell_name({**base, "workflow": "single", "model": "Qwen/Qwen3-0.6B"}) == "Single-IP-0.6B-Math"
+    assert runfolder.dataset_name(base) == "math-d0"
+    assert runfolder.dataset_name({**base, "task": "code"}) == "humaneval"
+    assert runfolder.dataset_name({**base, "task": "dapo", "data": "data/dapo_test.jsonl"}) == "dapo_test"
+    assert runfolder.dataset_name({**base, "task": "dapo", "data": "open-r1/DAPO-Math-17k-Processed"}) == \
         "DAPO-Math-17k-Processed"
 
 
@@ -79,7 +83,8 @@ def test_modes_route_adapters(workflow, policy):
     routed = {}
     for mode in E.MODES:
         engine = ScriptedEngine(SCRIPTS[workflow])
-        eps = E.run_episodes([TASK], 2, run_args(workflow, policy), engine, TOK, E.mode_route(mode, policy), None)
+        eps = run_episodes([TASK], 2, run_args(workflow, policy), engine, chat_encoder(TOK), E.mode_route(mode, policy),
+                           None)
         routed[mode] = {(c.role, c.adapter) for e in eps for c in e.calls}
         assert {a for _, a in routed[mode]} == {a for _, a in engine.calls}
     assert {a for _, a in routed["sa-transfer"]} == {"sa"}    # one adapter for every role of the workflow
@@ -96,7 +101,8 @@ def voting_episodes():
     gens = iter(["\\boxed{4}"] * 3 + ["\\boxed{3}"] * 3 + ["\\boxed{5}", "\\boxed{4}", "\\boxed{6}"])
     picks = iter(["\\boxed{2}", "\\boxed{1}", "solution 3 looks best"])
     engine = ScriptedEngine({"generator": lambda p: next(gens), "aggregator": lambda p: next(picks)})
-    return E.run_episodes([TASK], 3, run_args("voting", "ip"), engine, TOK, E.mode_route("trained", "ip"), None)
+    return run_episodes([TASK], 3, run_args("voting", "ip"), engine, chat_encoder(TOK), E.mode_route("trained", "ip"),
+                        None)
 
 
 def test_per_role_regrading_and_evaluation_metrics():
@@ -115,7 +121,7 @@ def test_per_role_regrading_and_evaluation_metrics():
 
 def test_undefined_rates_are_null_in_results():
     engine = ScriptedEngine({"generator": lambda p: "\\boxed{4}", "evaluator": lambda p: "\\boxed{Correct}"})
-    eps = E.run_episodes([TASK], 2, run_args("evalopt"), engine, TOK, E.mode_route("trained", "ip"), None)
+    eps = run_episodes([TASK], 2, run_args("evalopt"), engine, chat_encoder(TOK), E.mode_route("trained", "ip"), None)
     m = E.evaluation_metrics(eps)
     assert m["fix_rate"] is None and m["p_retry_first_wrong"] is None  # no first attempt was wrong
     assert m["break_rate"] == 0.0 and m["retry_rate"] == 0.0 and m["evaluator/acc"] == 1.0
@@ -124,8 +130,8 @@ def test_undefined_rates_are_null_in_results():
 
 def test_trajectory_dump_layout_and_content(tmp_path):
     eps = voting_episodes()
-    folder = E.trajectory_folder(str(tmp_path), "math-d0", "trained", 3)
-    paths = E.dump_trajectories(eps, folder)
+    folder = runfolder.trajectory_folder(str(tmp_path), "math-d0", "trained", 3)
+    paths = runfolder.dump_trajectories(eps, folder)
     assert folder == os.path.join(str(tmp_path), "trajectories", "math-d0", "trained-step_000003")
     assert sorted(os.listdir(folder)) == ["episode_t1_0.json", "episode_t1_1.json", "episode_t1_2.json"]
     assert len(paths) == 3
@@ -142,9 +148,10 @@ def test_trajectory_dump_layout_and_content(tmp_path):
     assert calls[3]["metrics"]["parse"] == "digit" and calls[3]["correct"] is False
     assert "Solution 3" in calls[3]["messages"][-1]["content"]
     # task ids with a slash (HumanEval/0) still make one flat file name
-    E.dump_trajectories(eps[:1], str(tmp_path / "x"))
+    runfolder.dump_trajectories(eps[:1], str(tmp_path / "x"))
     eps[0].task = Task("HumanEval/0", "q", "", "code")
-    assert os.path.basename(E.dump_trajectories(eps[:1], str(tmp_path / "x"))[0]) == "episode_HumanEval-0_0.json"
+    (path,) = runfolder.dump_trajectories(eps[:1], str(tmp_path / "x"))
+    assert os.path.basename(path) == "episode_HumanEval-0_0.json"
 
 
 # ---------------------------------------------------------------- real tiny runs
@@ -177,8 +184,8 @@ def test_one_step_and_every_checkpoint(runs):
     assert [(r["step"], r["mode"], r["cell"], r["dataset"], r["n"]) for r in first] == \
         [(1, "trained", "Voting-IP-Tiny-Math", "math-d0", 1)]
     assert [r["step"] for r in E.main(["--run", run, "--mode", "trained", "--every-checkpoint"])] == [1, 2]
-    assert [r["step"] for r in E.read_results(os.path.join(run, "eval.jsonl"))] == [1, 1, 2]
-    record = E.read_results(os.path.join(run, "eval.jsonl"))[-1]
+    assert [r["step"] for r in runfolder.read_results(os.path.join(run, "eval.jsonl"))] == [1, 1, 2]
+    record = runfolder.read_results(os.path.join(run, "eval.jsonl"))[-1]
     expected = {"accuracy", "accuracy_std", "pass@1", "generator/acc", "aggregator/acc", "any_correct"}
     assert expected <= set(record["metrics"])
 
@@ -195,7 +202,7 @@ def test_base_mode_is_step_zero_without_adapters(runs):
 
 def test_sa_transfer_loads_the_sa_adapter_into_every_role(runs, tmp_path, capsys):
     from peft.utils import load_peft_weights
-    sa_args, voting_args = E.read_run_args(runs["sa"]), E.read_run_args(runs["voting_ip"])
+    sa_args, voting_args = runfolder.read_run_args(runs["sa"]), runfolder.read_run_args(runs["voting_ip"])
     torch.manual_seed(123)  # a fresh adapter init that differs from the saved one
     model, _ = E.build_model(voting_args, "sa-transfer", sa_args, "cpu")
     assert list(model.peft_config) == ["sa"]
@@ -232,11 +239,11 @@ def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["Voting-IP-Tiny-Math", "Voting-SP-Tiny-Math", "base"]
     for line, run in zip(lines, run_dirs):
-        metrics = E.read_results(os.path.join(run, "metrics.jsonl"))
+        metrics = runfolder.read_results(os.path.join(run, "metrics.jsonl"))
         val = [(m["step"], m["val/success"]) for m in metrics if "val/success" in m]
         assert list(line.get_xdata()) == [0, 1, 2] and list(line.get_ydata()) == [v for _, v in val]
     # no base record in its eval.jsonl: the step-0 validation
-    step0 = E.read_results(os.path.join(runs["voting_ip"], "metrics.jsonl"))[0]
+    step0 = runfolder.read_results(os.path.join(runs["voting_ip"], "metrics.jsonl"))[0]
     assert list(lines[2].get_ydata()) == [step0["val/success"]] * 2 and lines[2].get_linestyle() == "--"
     panels = figures["roles"][0].axes
     assert [p.get_title() for p in panels] == ["gradient norm", "entropy", "response length (tokens)",

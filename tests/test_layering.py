@@ -1,58 +1,118 @@
-"""The layering the code promises, checked from the source: which project module imports which, and the sizes a
-reader can hold in one sitting (files at most 600 lines, functions at most 60)."""
+"""The layering the code promises, checked from the source: the six concept files hold the method and import one
+way (README, "The files"); infra/ holds the machinery and never imports a concept file; and every file stays a
+size a reader can hold in one sitting."""
 import ast
+import glob
 import os
+import subprocess
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = ("sandbox", "tasks", "workflows", "policies", "grpo", "train", "eval")
-ALLOWED = {  # module -> the project modules it may import (data flows one way)
-    "sandbox": set(),                                        # runs programs against tests; knows no Task
-    "tasks": {"sandbox"},
-    "workflows": {"tasks"},                                   # the engine, routing and encoding are passed in
-    "policies": set(),                                        # no workflow or GRPO code
-    "grpo": {"policies"},
-    "eval": {"grpo", "policies", "tasks", "workflows"},       # never train
-    "train": {"eval", "grpo", "policies", "tasks", "workflows"},
+CONCEPT = ("tasks", "workflows", "policies", "grpo", "train", "eval")
+INFRA = tuple(sorted(f"infra.{os.path.basename(p)[:-3]}" for p in glob.glob(os.path.join(ROOT, "infra", "*.py"))
+                     if not p.endswith("__init__.py")))
+ALLOWED = {  # concept file -> the project modules it may import (data flows one way: no cycles)
+    "tasks": {"infra.data", "infra.sandbox"},
+    "workflows": {"tasks", "infra.tallies"},                      # the engine, routing and encoding are passed in
+    "policies": {"infra.models"},                                 # no workflow or GRPO code
+    "grpo": {"policies", "infra.distributed", "infra.tallies"},
+    "eval": {"tasks", "workflows", "policies", "grpo", *INFRA},   # never train
+    "train": {"tasks", "workflows", "policies", "grpo", "eval", *INFRA},
 }
+CONCEPT_MAX_LINES, CONCEPT_TOTAL_LINES, INFRA_MAX_LINES, FUNCTION_MAX_LINES = 500, 2500, 400, 60
+
+
+def path_of(module: str, root: str = ROOT) -> str:
+    return os.path.join(root, *module.split(".")) + ".py"
 
 
 def project_imports(module: str, root: str = ROOT) -> set[str]:
-    """The project modules a file imports, anywhere in it (top level or inside functions)."""
-    with open(os.path.join(root, f"{module}.py")) as f:
+    """The project modules a file imports, anywhere in it (top level or inside functions): concept files by name,
+    infra modules as `infra.<name>` (`from infra import cells` and `from infra.cells import X` alike)."""
+    with open(path_of(module, root)) as f:
         tree = ast.parse(f.read())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    return found & set(MODULES)
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names} if node.module == "infra" else set()
+    return {name for name in found if name in CONCEPT or name in INFRA}
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_imports_follow_the_layering(module):
+@pytest.mark.parametrize("module", CONCEPT)
+def test_concept_files_import_one_way(module):
     extra = project_imports(module) - ALLOWED[module]
     assert not extra, f"{module}.py imports {extra}"
 
 
-def test_the_check_catches_a_forbidden_import(tmp_path):
-    """The rule is not vacuous: a workflows.py that imports policies, even inside a function, is caught."""
-    with open(os.path.join(ROOT, "workflows.py")) as f:
+@pytest.mark.parametrize("module", INFRA)
+def test_infra_never_imports_a_concept_file(module):
+    upward = project_imports(module) & set(CONCEPT)
+    assert not upward, f"{module} imports the concept files {upward}"
+
+
+def test_infra_imports_have_no_cycle():
+    graph = {m: project_imports(m) & set(INFRA) for m in INFRA}
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, f"import cycle: {' -> '.join(path + (m,))}"
+        if m not in done:
+            for n in graph[m]:
+                visit(n, path + (m,))
+            done.add(m)
+    for m in INFRA:
+        visit(m, ())
+
+
+def test_the_checks_catch_a_forbidden_import(tmp_path):
+    """The rules are not vacuous: a workflows.py that imports policies inside a function, and an infra module that
+    imports a concept file, are both caught."""
+    with open(path_of("workflows")) as f:
         source = f.read()
     (tmp_path / "workflows.py").write_text(source + "\n\ndef late():\n    from policies import route_adapter\n")
-    assert project_imports("workflows", str(tmp_path)) == {"tasks", "policies"} > ALLOWED["workflows"]
-
-
-@pytest.mark.parametrize("module", MODULES)
-def test_files_and_functions_stay_readable(module):
-    with open(os.path.join(ROOT, f"{module}.py")) as f:
+    assert project_imports("workflows", str(tmp_path)) - ALLOWED["workflows"] == {"policies"}
+    (tmp_path / "infra").mkdir()
+    with open(path_of("infra.checkpoints")) as f:
         source = f.read()
-    assert source.startswith('"""'), f"{module}.py opens without a docstring"
-    assert "shared/" not in source, f"{module}.py points outside the repository"
-    if module != "sandbox":  # the six concept files
-        assert source.count("\n") <= 600, f"{module}.py has {source.count(chr(10))} lines"
-    long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
-    assert not long, f"{module}.py: functions over 60 lines: {long}"
+    (tmp_path / "infra" / "checkpoints.py").write_text(source + "\nimport grpo\n")
+    assert project_imports("infra.checkpoints", str(tmp_path)) & set(CONCEPT) == {"grpo"}
+
+
+def file_facts(module: str) -> tuple[str, int, list[tuple[str, int]]]:
+    with open(path_of(module)) as f:
+        source = f.read()
+    functions = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    sizes = [(n.name, n.end_lineno - n.lineno + 1) for n in functions]
+    long = [(name, size) for name, size in sizes if size > FUNCTION_MAX_LINES]
+    return source, source.count("\n"), long
+
+
+@pytest.mark.parametrize("module", CONCEPT + INFRA)
+def test_files_and_functions_stay_readable(module):
+    source, lines, long = file_facts(module)
+    assert source.startswith('"""'), f"{module} opens without a docstring"
+    assert "shared/" not in source, f"{module} points outside the repository"
+    limit = CONCEPT_MAX_LINES if module in CONCEPT else None if module == "infra.sandbox" else INFRA_MAX_LINES
+    assert limit is None or lines <= limit, f"{module} has {lines} lines (at most {limit})"
+    assert not long, f"{module}: functions over {FUNCTION_MAX_LINES} lines: {long}"
+
+
+def test_the_method_fits_in_one_sitting():
+    total = sum(file_facts(m)[1] for m in CONCEPT)
+    assert total <= CONCEPT_TOTAL_LINES, f"the six concept files have {total} lines (at most {CONCEPT_TOTAL_LINES})"
+
+
+def test_the_top_level_is_the_design_card():
+    """Top level: the six concept files, infra/, and what every project has; anything else needs a reason. Read
+    from git's index, so a user's runs/ or plots/ do not count."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if files.returncode != 0:
+        pytest.skip("not a git checkout")
+    allowed = {*(f"{m}.py" for m in CONCEPT), "infra", "tests", "bench", "docs", "README.md", "requirements.txt",
+               "pyproject.toml", ".ci", ".gitignore"}
+    extra = {path.split("/")[0] for path in files.stdout.splitlines()} - allowed
+    assert not extra, f"top-level entries outside the design card: {sorted(extra)}"

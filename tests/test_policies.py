@@ -12,22 +12,20 @@ import peft
 import pytest
 import torch
 
+from infra.checkpoints import load_adapters, save_adapters
+from infra.models import CHATML, tiny_tokenizer
+from infra.vllm_engine import VLLMEngine
 from policies import (
     BASE,
-    CHATML,
     HFEngine,
-    VLLMEngine,
     adapter_parameters,
     add_adapters,
     chat_prompt_ids,
     completion_logprobs,
-    load_adapters,
     load_model,
     policy_logprobs,
     route_adapter,
-    save_adapters,
     shared_prompt_cache,
-    tiny_tokenizer,
     use_adapter,
 )
 
@@ -455,7 +453,7 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed: `import vllm` fails
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine sets it; keep the test's env unchanged
     with pytest.raises(SystemExit) as e:
-        VLLMEngine("unused-folder", None, None)  # the import is checked before anything else is touched
+        VLLMEngine("unused-folder", None, None, set(), None)  # the import is checked before anything else is touched
     assert str(e.value).startswith("error: --engine vllm needs vLLM") and "pip install vllm" in str(e.value)
     assert "README" in str(e.value) and "\n" not in str(e.value)
 

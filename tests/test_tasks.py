@@ -13,7 +13,11 @@ from fractions import Fraction
 
 import pytest
 
-from tasks import DataError, Grade, Task, grade, grade_math, last_boxed, load_math, math_splits, synthetic_math
+from tasks import DataError, Grade, Task, grade, grade_math, last_boxed, load_tasks, math_splits, synthetic_math
+
+
+def load_math(source, **kwargs):
+    return load_tasks("dapo", source, **kwargs)
 
 B = lambda s: "\\boxed{" + s + "}"  # noqa: E731
 
@@ -324,3 +328,22 @@ def test_load_math_missing_file(tmp_path):
     with pytest.raises(DataError, match="not found") as err:
         load_math(source)
     assert source in str(err.value)
+
+
+def test_a_hub_id_without_a_network_is_one_line_at_once(monkeypatch):
+    """No network (the hub's host does not resolve): one line that names the remedies, without the hub client's
+    ~30 s of retries. getaddrinfo is patched to fail, so the test behaves alike on a machine with a network."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    start = time.monotonic()
+    with pytest.raises(DataError, match=r"^org/dataset: the hub cannot be reached from here \(no network\?\); pass "
+                                        r"a local copy with --data FILE"):
+        load_math("org/dataset")
+    assert time.monotonic() - start < 5  # was ~26 s: five retries, 1 + 2 + 4 + 8 + 8 s apart

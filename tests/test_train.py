@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 import grpo
-import policies
 import train
+from infra import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "tiny", "--tasks-per-step", "3", "--n", "2", "--max-new-tokens", "24", "--val-every", "0",
@@ -92,7 +92,7 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path, capsys):
 def test_keep_last_prunes_old_checkpoints(tmp_path):
     run_dir = str(tmp_path / "run")
     train.main([*TINY, "--steps", "3", "--keep-last", "2", "--run-dir", run_dir])
-    assert policies.checkpoint_steps(run_dir) == [2, 3]
+    assert checkpoints.checkpoint_steps(run_dir) == [2, 3]
 
 
 def test_nan_loss_skips_the_step_and_repeated_nans_stop_the_run(tmp_path, monkeypatch, capsys):
@@ -158,7 +158,7 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path):
     assert p.returncode == 0, out
     done = [m["step"] for m in metrics(run_dir)]
     assert "stopped after step" in out and done[-1] < 50
-    assert policies.checkpoint_steps(run_dir) == [done[-1]]  # --save-every 0 saves only on the way out
+    assert checkpoints.checkpoint_steps(run_dir) == [done[-1]]  # --save-every 0 saves only on the way out
     p = run_train(["--resume", run_dir, "--steps", str(done[-1] + 1)])
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0 and f"from step {done[-1]}" in out, out
@@ -191,7 +191,7 @@ def test_second_ctrl_c_stops_at_once_with_one_line(tmp_path):
     assert p.returncode == 130, out
     assert rest.strip().splitlines()[-1] == "interrupt: stopping now, without saving this step"
     assert "Traceback" not in out and "KeyboardInterrupt" not in out
-    assert policies.checkpoint_steps(run_dir) == [1]
+    assert checkpoints.checkpoint_steps(run_dir) == [1]
 
 
 def test_metrics_are_strict_json_with_undefined_rates_as_null(tmp_path):

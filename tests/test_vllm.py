@@ -21,7 +21,17 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU (
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from policies import BASE, HFEngine, VLLMEngine, add_adapters, chat_prompt_ids, logprob_drift, tiny_tokenizer  # noqa: E402
+from infra.models import tiny_tokenizer  # noqa: E402
+from infra.vllm_engine import VLLMEngine  # noqa: E402
+from policies import (  # noqa: E402
+    BASE,
+    HFEngine,
+    add_adapters,
+    chat_prompt_ids,
+    eos_token_ids,
+    logprob_drift,
+    to_generation,
+)
 
 pytestmark = pytest.mark.vllm
 NEW_TOKENS = 16
@@ -56,7 +66,8 @@ def setup(tmp_path_factory):
     _randomize_lora(model, "alpha", seed=1)
     _randomize_lora(model, "beta", seed=2)
     hf = HFEngine(model, tok, max_new_tokens=NEW_TOKENS, temperature=0.0)
-    vllm = VLLMEngine(path, model, tok, max_new_tokens=NEW_TOKENS, temperature=0.0, dtype="float32", max_model_len=512)
+    vllm = VLLMEngine(path, model, tok, eos_token_ids(model, tok), to_generation, max_new_tokens=NEW_TOKENS,
+                      temperature=0.0, dtype="float32", max_model_len=512)
     prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 7*8?", "Say hi", "2+2=")]
     # every prompt under base, alpha and beta, interleaved, so one stage mixes base rows with both adapters
     rows = [(p, a) for p in prompts for a in ("alpha", None, "beta", BASE)]

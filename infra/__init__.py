@@ -1,0 +1,14 @@
+"""The machinery that runs the method: nothing here is needed to learn it, and nothing here imports the six
+concept files at the top level (they import from here).
+
+    runfolder.py    flag types and one-line errors, args.json, metrics.jsonl / eval.jsonl, dumps, Ctrl-C
+    checkpoints.py  seeding and random state, adapters as PEFT folders, atomic checkpoints and resume
+    distributed.py  torchrun: the process group, each rank's share, gathering values, summing gradients
+    tallies.py      metrics as numerator and denominator, added over batches and ranks, divided once
+    models.py       the built-in models (tiny, tiny-qwen3, random-qwen3-0.6b) and the packaged SmolLM2
+    vllm_engine.py  the vLLM sampling engine and its log-prob drift check
+    data.py         DAPO, DeepCoder and HumanEval rows, and the paper's train / held-out split
+    cells.py        the paper's 48 cells and the flags each sets
+    plots.py        validation and per-role curves of runs
+    sandbox.py      runs an untrusted program against tests (the code reward)
+"""

