@@ -111,7 +111,9 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
             import pyarrow.parquet as pq
             table = pq.read_table(source)
             return (table if limit is None else table.slice(0, limit)).to_pylist()  # only the rows it returns
-        if not _hub_reachable():
+        if not os.path.exists(source) and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+            raise DataError(f"{source}: cannot load: no such file or folder, and not a hub id such as org/name")
+        if not os.path.exists(source) and not _hub_reachable():  # a local dataset folder needs no hub
             raise DataError(f"{source}: the hub cannot be reached from here (no network?); pass a local copy with "
                             "--data FILE (.jsonl, .json or .parquet), or set HF_HUB_OFFLINE=1 to read the hub's cache")
         import datasets
