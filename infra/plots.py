@@ -75,3 +75,55 @@ def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) ->
         fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=120)
         out[name] = (fig, os.path.join(out_dir, f"{name}.png"))
     return out
+
+
+# ---------------------------------------------------------------- the toy-world study (infra/study.py)
+
+STUDY_PANELS = [("Voting", ["voting-sp", "voting-sp-equal", "voting-ip", "voting-ip-merged", "voting-ip-i6"]),
+                ("Eval-Opt", ["evalopt-sp", "evalopt-ip"]), ("Orch-Workers", ["orchworkers-sp", "orchworkers-ip"])]
+
+
+def seed_curves(out: str, name: str, seeds: int, key: str) -> tuple[list[int], list[list[float]]]:
+    """(steps, one list of `key` per seed) of a grid configuration, on the steps every seed has."""
+    per_seed = []
+    for seed in range(seeds):
+        metrics = read_results(os.path.join(out, f"{name}-s{seed}", "metrics.jsonl"), ("step",), warn=False)
+        per_seed.append({m["step"]: m[key] for m in metrics if m.get(key) is not None})
+    steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
+    return steps, [[s[t] for t in steps] for s in per_seed]
+
+
+def plot_study(out: str, names: list[str], seeds: int) -> list[str]:
+    """Validation accuracy against step for every configuration, the mean over seeds with a band from the lowest
+    to the highest seed, one panel per workflow (the single agent in each, dashed), and Voting-SP's loss and
+    gradient shares per role. Returns the PNG paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    for ax, (title, panel) in zip(axes, STUDY_PANELS):
+        for name in ["single", *panel]:
+            steps, curves = seed_curves(out, name, seeds, "val/success")
+            if steps and name in names:
+                mean = [sum(c) / len(c) for c in zip(*curves)]
+                line, = ax.plot(steps, mean, linestyle="--" if name == "single" else "-", label=name)
+                ax.fill_between(steps, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)],
+                                color=line.get_color(), alpha=0.15)
+        ax.set(title=f"{title}: validation accuracy", xlabel="training step", ylim=(0, 1.02))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for role, style in (("generator", "-"), ("aggregator", "--")):
+        for key, color in (("loss_share", "tab:blue"), ("grad_norm_share", "tab:red")):
+            steps, curves = seed_curves(out, "voting-sp", seeds, f"{role}/{key}")
+            if steps:
+                axes[3].plot(steps, [sum(c) / len(c) for c in zip(*curves)], style, color=color, label=f"{role} {key}")
+    axes[3].set(title="Voting-SP: each role's share", xlabel="training step", ylim=(0, 1.02))
+    if axes[3].get_legend_handles_labels()[0]:  # a study without voting-sp has none
+        axes[3].legend(fontsize=7)
+    axes[3].grid(alpha=0.3)
+    fig.suptitle(f"Toy world, mean over {seeds} seeds (band: lowest to highest seed)")
+    fig.tight_layout()
+    path = os.path.join(out, "study_curves.png")
+    fig.savefig(path, dpi=110)
+    return [path]

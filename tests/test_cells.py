@@ -1,6 +1,7 @@
 """The paper's cells on one GPU, proved on CPU: cells by name, the schedule, the held-out split, and the memory plan
 (activation checkpointing, token-budget micro-batches, chunked log-probs, bf16 weights with fp32 LoRA), then a dress
 rehearsal of a math and a code cell with the real Qwen3 class at a tiny size."""
+import importlib.util
 import json
 import os
 
@@ -209,7 +210,7 @@ def test_engine_and_attention_choices_are_printed(capsys, monkeypatch, tmp_path)
     args = train.parse_args(["--model", "tiny"])
     assert args.engine == "hf" and "engine: hf (no CUDA device)" in capsys.readouterr().out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(train.importlib.util, "find_spec", lambda name: object())  # as if vllm were installed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if vllm were installed
     assert train.parse_args(["--model", "tiny"]).engine == "vllm"
     assert "engine: vllm (CUDA and vLLM found)" in capsys.readouterr().out
     monkeypatch.undo()

@@ -282,3 +282,17 @@ def test_a_cells_run_is_evaluated_with_the_papers_evaluation_lengths(cell, lengt
     a run that is not a cell keeps its own training lengths."""
     args = vars(train.parse_args(["--cell", cell] if cell else ["--model", "tiny"]))
     assert E.eval_lengths(args) == lengths
+
+
+def test_the_study_dry_run_lists_the_grid(tmp_path, capsys):
+    """`python -m infra.study --dry-run`: every configuration x seed as a train.py command, then eval.py's four modes
+    on each multi-agent run (the SA modes with the single-agent run of the same seed); nothing is written."""
+    from infra import study
+    study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines if ln.startswith("eval.py")]
+    assert len(trains) == 10 * 3 and len(evals) == 9 * 3 * 4 and len(lines) == len(trains) + len(evals)
+    i6 = "--workflow voting --policy ip --coherence generator=0.3 --seed 2 --steps 150"
+    assert sum(i6 in ln for ln in trains) == 1
+    assert sum(f"--mode sa-transfer --samples 2 --sa-run {tmp_path / 'study' / 'single-s1'}" in ln for ln in evals) == 9
+    assert not os.path.exists(tmp_path / "study")

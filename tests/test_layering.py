@@ -15,7 +15,7 @@ INFRA = tuple(sorted(f"infra.{os.path.basename(p)[:-3]}" for p in glob.glob(os.p
 ALLOWED = {  # concept file -> the project modules it may import (data flows one way: no cycles)
     "tasks": {"infra.data", "infra.sandbox"},
     "workflows": {"tasks", "infra.tallies"},                      # the engine, routing and encoding are passed in
-    "policies": {"infra.models"},                                 # no workflow or GRPO code
+    "policies": {"infra.models", "infra.toy"},                    # no workflow or GRPO code
     "grpo": {"policies", "infra.distributed", "infra.tallies"},
     "eval": {"tasks", "workflows", "policies", "grpo", *INFRA},   # never train
     "train": {"tasks", "workflows", "policies", "grpo", "eval", *INFRA},
