@@ -46,6 +46,7 @@ from infra.runfolder import (
     NAME_KEYS,
     HelpFormatter,
     Parser,
+    WriteError,
     append_record,
     check_writable,
     dataset_name,
@@ -55,6 +56,7 @@ from infra.runfolder import (
     read_run_args,
     trajectory_folder,
     usage_error,
+    writing,
 )
 from infra.tallies import Tallies, add_tallies, rates
 from policies import BASE, route_adapter
@@ -229,9 +231,11 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
             r.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
         if args.dump:  # each rank its own episodes
             r["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, sa_run)
-            dump_trajectories(episodes, r["trajectories"])
+            with writing(f"the trajectories of step {step}", run_dir):
+                dump_trajectories(episodes, r["trajectories"])
         if distributed.world()[0] == 0:  # --out may name a new folder; a line cut off by a crash is dropped first
-            append_record(args.out or os.path.join(run_dir, "eval.jsonl"), r)
+            with writing(args.out or "RUN/eval.jsonl", run_dir):
+                append_record(args.out or os.path.join(run_dir, "eval.jsonl"), r)
         m = r["metrics"]
         tqdm.write(f"{r['cell']} {mode} step {step}: accuracy {m['accuracy']:.3f} (std {m['accuracy_std']:.3f} over "
                    f"{args.n} samples x {len(eval_set)} tasks), "
@@ -334,7 +338,11 @@ def main(argv: list[str] | None = None):
     if args.command == "plot":
         out = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
         check_writable(out, "--out", folder=True)
-        figures = plot_runs(args.runs, out, ROLES)
+        try:
+            with writing(f"the plots in {out}", out):
+                figures = plot_runs(args.runs, out, ROLES)
+        except WriteError as error:
+            usage_error(f"{error}")
         print("\n".join(f"wrote {path}" for _, path in figures.values()))
         return figures
     check_eval_args(args)
@@ -342,6 +350,9 @@ def main(argv: list[str] | None = None):
     args.device = distributed.init_distributed() or args.device  # under torchrun: each rank a share of the tasks
     try:
         return evaluate_steps(args.run, args.mode, steps, args)
+    except WriteError as error:  # the records of the steps before it are saved
+        print(f"error: {error}; the evaluations finished before it are saved", file=sys.stderr)
+        raise SystemExit(1) from None
     finally:
         distributed.close_distributed()
 

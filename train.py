@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from infra.runfolder import (
     GracefulStop,
     HelpFormatter,
     Parser,
+    WriteError,
     check_environment,
     check_run_dir,
     given_flags,
@@ -47,8 +49,10 @@ from infra.runfolder import (
     number,
     read_results,
     read_run_args,
+    role_values,
     usage_error,
     write_args,
+    writing,
 )
 from infra.tallies import add_tallies, rates
 from workflows import ROLES, WORKFLOWS
@@ -213,32 +217,16 @@ def resume_args(p: Parser, args: argparse.Namespace, given: set[str]) -> argpars
     return out
 
 
-def role_values(spec: str | None, flag: str, workflow: str, kind) -> dict[str, float]:
-    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: roles of the workflow, values of
-    `kind` (an argparse type from `number`); anything else is a one-line error."""
-    out: dict[str, float] = {}
-    for item in spec.split(",") if spec else []:
-        role, sep, text = (s.strip() for s in item.partition("="))
-        if not sep or not role:
-            usage_error(f"{flag} expects role=value[,role=value...], got {spec!r}")
-        if role not in ROLES[workflow]:
-            usage_error(f"{flag}: {role!r} is not a role of {workflow} (its roles: {', '.join(ROLES[workflow])})")
-        try:
-            out[role] = kind(text)
-        except argparse.ArgumentTypeError as e:
-            usage_error(f"{flag} {role}: {e}")
-    return out
-
-
 def check_args(args: argparse.Namespace) -> None:
     """Flags that contradict each other or the workflow stop here, with one line, before anything loads."""
     if args.max_iterations is None:
         args.max_iterations = 2 if args.task in ("code", "deepcoder") else 3  # the paper's budgets
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in ROLES[args.workflow])
-    args.role_weights = role_values(args.role_weights, "--role-weights", args.workflow, NONNEGATIVE)
-    args.kl_coef = role_values(args.kl_coef, "--kl-coef", args.workflow, POSITIVE)
-    args.coherence = role_values(args.coherence, "--coherence", args.workflow, FRACTION)
+    roles = (args.workflow, ROLES[args.workflow])
+    args.role_weights = role_values(args.role_weights, "--role-weights", *roles, NONNEGATIVE)
+    args.kl_coef = role_values(args.kl_coef, "--kl-coef", *roles, POSITIVE)
+    args.coherence = role_values(args.coherence, "--coherence", *roles, FRACTION)
     if args.role_weights and not any(args.role_weights.values()):
         usage_error("--role-weights are all 0: no role would train")
     if args.role_weights and args.policy == "ip":
@@ -400,21 +388,38 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
         import wandb
         logger = wandb.init(project="marl-workflows", config=vars(args))
     print("config:", json.dumps(vars(args), sort_keys=True))
-    if rank == 0:
-        write_args(args)                         # the first write into the run folder
-    metrics_path, start = os.path.join(args.run_dir, "metrics.jsonl"), 0
-    if args.resume:
-        start = checkpoints.resume_from_checkpoint(args.run_dir, t.model, t.optimizers, t.grad_ema, args.seed)
-        if args.engine == "vllm":
-            t.engine.sync_adapters(t.model)  # vLLM started from the fresh adapters: give it the checkpoint's
+    try:
         if rank == 0:
-            keep_metrics_until(metrics_path, start)
-        if start >= args.steps:
-            print(f"nothing to train: {args.run_dir} is at step {start}; extend it with --steps N (N > {start})")
-    with open(metrics_path if rank == 0 else os.devnull, "a") as metrics_file:
-        train_loop(args, start, train_tasks, val_tasks, t, metrics_file, logger)
+            with writing("RUN/args.json", args.run_dir):
+                write_args(args)                 # the first write into the run folder
+        metrics_path, start = os.path.join(args.run_dir, "metrics.jsonl"), 0
+        if args.resume:
+            start = checkpoints.resume_from_checkpoint(args.run_dir, t.model, t.optimizers, t.grad_ema, args.seed)
+            if args.engine == "vllm":
+                t.engine.sync_adapters(t.model)  # vLLM started from the fresh adapters: give it the checkpoint's
+            if rank == 0:
+                with writing("RUN/metrics.jsonl", args.run_dir):
+                    keep_metrics_until(metrics_path, start)
+            if start >= args.steps:
+                print(f"nothing to train: {args.run_dir} is at step {start}; extend it with --steps N (N > {start})")
+        with writing("RUN/metrics.jsonl", args.run_dir):
+            metrics_file = open(metrics_path if rank == 0 else os.devnull, "a")
+        with metrics_file:
+            train_loop(args, start, train_tasks, val_tasks, t, metrics_file, logger)
+    except WriteError as e:
+        stop_on_write_error(e, args.run_dir)
     print(f"run folder: {args.run_dir}")
     return args.run_dir
+
+
+def stop_on_write_error(e: WriteError, run_dir: str) -> None:
+    """A full disk, a read-only or removed run folder: one line that says what could not be written and why, the
+    last good checkpoint, and how to continue (a partial checkpoint was removed; nothing reads it)."""
+    steps = checkpoints.checkpoint_steps(run_dir) if os.path.isdir(run_dir) else []
+    then = (f"the last good checkpoint is step {steps[-1]}; once it can be written, continue with: python train.py "
+            f"--resume {run_dir}") if steps else "no checkpoint was saved; start the run again once it can be written"
+    print(f"error: {e}; {then}", file=sys.stderr)
+    raise SystemExit(1)
 
 
 def nothing_to_train(args) -> bool:
@@ -441,8 +446,9 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
         if args.val_every and start == 0:
             m = validate(val_tasks, args, t)
             print(f"step 0 | val acc {m['val/success']:.3f}")
-            metrics_file.write(json_line({"step": 0, **m}))
-            metrics_file.flush()
+            with writing("RUN/metrics.jsonl", args.run_dir):
+                metrics_file.write(json_line({"step": 0, **m}))
+                metrics_file.flush()
         for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
             pos = (step - 1) * args.tasks_per_step
             m = {"step": step, **train_step([train_tasks[order[(pos + i) % len(order)]]
@@ -452,12 +458,13 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
             tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
                        + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
                        + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
-            metrics_file.write(json_line(m))
-            metrics_file.flush()
+            with writing("RUN/metrics.jsonl", args.run_dir):
+                metrics_file.write(json_line(m))
+                metrics_file.flush()
             if logger:
                 logger.log(m, step=step)
-            if size > 1:  # a Ctrl-C that reached one rank stops them all after the same step
-                stop.requested = any(distributed.gather(stop.requested))
+            if size > 1:  # a stop request that reached one rank stops them all after the same step
+                stop.signum = next((s for s in distributed.gather(stop.signum) if s is not None), None)
             if (args.save_every and step % args.save_every == 0) or step == args.steps or stop.requested:
                 checkpoints.save_checkpoint(args.run_dir, step, t.model, t.optimizers, t.grad_ema, args.keep_last)
             bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
@@ -467,6 +474,8 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
                                  "check the data.")
             if stop.requested:
                 print(f"stopped after step {step}; continue with: python train.py --resume {args.run_dir}")
+                if stop.signum != signal.SIGINT:  # a scheduler's stop: non-zero, so that it can requeue the job
+                    raise SystemExit(128 + stop.signum)
                 break
     finally:
         stop.restore()

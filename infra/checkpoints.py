@@ -22,6 +22,7 @@ from peft import PeftModel, set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
 from infra.distributed import barrier, gather, world
+from infra.runfolder import WriteError, writing
 
 
 def seed_everything(seed: int) -> None:
@@ -99,22 +100,33 @@ def save_checkpoint(run_dir: str, step: int, model: PeftModel, optimizers: dict,
     states, final = gather(rng_state()), checkpoint_folder(run_dir, step)
     if world()[0] == 0:
         tmp = final + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_adapters(model, os.path.join(tmp, "adapters"))
-        torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()},
-                    "grad_ema": grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({"step": step}, f)
-        for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
-            for name in files:
-                with open(os.path.join(root, name), "rb") as fh:
-                    os.fsync(fh.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
+        try:
+            with writing(f"the checkpoint of step {step} ({final})", run_dir):
+                _write_checkpoint(tmp, final, step, model, optimizers, grad_ema, states)
+        except WriteError:
+            shutil.rmtree(tmp, ignore_errors=True)  # never read as a checkpoint; removed to free its space
+            raise
         for old in checkpoint_steps(run_dir)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(checkpoint_folder(run_dir, old), ignore_errors=True)
     barrier()
     return final
+
+
+def _write_checkpoint(tmp: str, final: str, step: int, model: PeftModel, optimizers: dict, grad_ema: dict,
+                      states: list) -> None:
+    """Write into `tmp`, flush every file to disk, then rename `tmp` to `final` (the checkpoint appears whole)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapters(model, os.path.join(tmp, "adapters"))
+    torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (o, s) in optimizers.items()},
+                "grad_ema": grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
+    with open(os.path.join(tmp, "state.json"), "w") as f:
+        json.dump({"step": step}, f)
+    for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
 
 
 def resume_from_checkpoint(run_dir: str, model: PeftModel, optimizers: dict, grad_ema: dict, seed: int) -> int:

@@ -15,11 +15,14 @@ are in checkpoints.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib.util
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -98,6 +101,23 @@ def check_environment(args: argparse.Namespace) -> None:
         usage_error(vllm_engine.VLLM_MISSING)
     if problem := models.model_problem(args.model):
         usage_error(problem)
+
+
+def role_values(spec: str | None, flag: str, workflow: str, roles: list[str], kind) -> dict[str, float]:
+    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: `roles` of the workflow, values of
+    `kind` (an argparse type from `number`); anything else is a one-line error."""
+    out: dict[str, float] = {}
+    for item in spec.split(",") if spec else []:
+        role, sep, text = (s.strip() for s in item.partition("="))
+        if not sep or not role:
+            usage_error(f"{flag} expects role=value[,role=value...], got {spec!r}")
+        if role not in roles:
+            usage_error(f"{flag}: {role!r} is not a role of {workflow} (its roles: {', '.join(roles)})")
+        try:
+            out[role] = kind(text)
+        except argparse.ArgumentTypeError as e:
+            usage_error(f"{flag} {role}: {e}")
+    return out
 
 
 # ---------------------------------------------------------------- args.json
@@ -261,20 +281,59 @@ def dump_trajectories(episodes: list, folder: str) -> list[str]:
 
 # ---------------------------------------------------------------- stopping
 
+WHY = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up", errno.EROFS: "the file system "
+       "is read-only", errno.ENOENT: "the folder is gone", errno.EACCES: "permission denied", errno.EPERM:
+       "permission denied"}
+
+
+class WriteError(Exception):
+    """A write into the run folder failed: `what` could not be written, and `reason` says why (disk full,
+    read-only, folder gone...). train.py and eval.py turn it into one line."""
+
+    def __init__(self, what: str, error: BaseException, folder: str):
+        self.what = what
+        if isinstance(error, OSError) and error.errno in WHY:
+            self.reason = WHY[error.errno]
+        elif not isinstance(error, OSError) and os.path.isdir(folder) and shutil.disk_usage(folder).free < 2 ** 26:
+            self.reason = "the disk is full"  # torch's serializer reports a full disk as a RuntimeError
+        else:
+            self.reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        super().__init__(f"could not write {what}: {self.reason}")
+
+
+@contextlib.contextmanager
+def writing(what: str, folder: str):
+    """Run a write into the run folder `folder`; an OS error (or torch's serializer failing) becomes WriteError."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        raise WriteError(what, e, folder) from e
+
+
+STOP_SIGNALS = {signal.SIGINT: "interrupt", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
+
+
 class GracefulStop:
-    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second: stop at once, in one line
-    (the last checkpoint on disk is still complete: saves are atomic)."""
+    """A stop request: Ctrl-C, or SIGTERM / SIGUSR1 from a scheduler (Slurm's --signal, Kubernetes, torchrun passing
+    a stop on). The first finishes the current step, saves a checkpoint and stops; `signum` says which came. A
+    second stops at once, in one line (the last checkpoint on disk is still complete: saves are atomic)."""
 
     def __init__(self):
-        self.requested = False
-        self.previous = signal.signal(signal.SIGINT, self._handle)
+        self.signum: int | None = None
+        self.previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def restore(self) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
     def _handle(self, signum, frame):
+        name = STOP_SIGNALS[signum]
         if self.requested:
-            print("\ninterrupt: stopping now, without saving this step", file=sys.stderr, flush=True)
-            os._exit(130)
-        self.requested = True
-        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)")
+            print(f"\n{name}: stopping now, without saving this step", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum = signum
+        print(f"\n{name}: finishing this step, then saving a checkpoint (a second signal stops at once)", flush=True)

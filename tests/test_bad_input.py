@@ -5,6 +5,7 @@ holds a finished run, data files with bad rows, a model folder without weights a
 checks: exit status 2, exactly one line on stderr starting `error:` that says what is wrong (no traceback),
 and not one file or folder created, changed or removed anywhere in the scratch folder.
 """
+import errno
 import hashlib
 import json
 import os
@@ -315,3 +316,14 @@ def test_a_data_config_with_a_local_file_is_named(scene, capsys):
            "is a local file" in capsys.readouterr().err
     train.parse_args(["--model", "tiny", "--task", "dapo", "--data", "org/dataset", "--data-config", "en"])
     assert "--data-config" not in capsys.readouterr().err
+
+
+def test_an_evaluation_that_cannot_be_saved_ends_in_one_line(scene, capsys, monkeypatch):
+    def full(path, record):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(E, "append_record", full)
+    with pytest.raises(SystemExit) as stop:
+        E.main(["--run", "run"])
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: could not write RUN/eval.jsonl: the disk is full; the evaluations finished before it are saved"

@@ -8,6 +8,7 @@ prompt, its adapter and which copy of the prompt it is within the batch) and the
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -173,3 +174,24 @@ def test_the_readme_torchrun_commands_run_as_written(tmp_path):
     with open(os.path.join(run_dir, "eval.jsonl")) as f:
         (record,) = [json.loads(line) for line in f]  # written once, by rank 0
     assert (record["n"], record["tasks"], record["step"]) == (2, 4, 1)
+
+
+def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves_once(tmp_path):
+    """torchrun passes a SIGTERM on to its workers; the ranks agree on the step to stop after, rank 0 saves that
+    step once, the run exits non-zero (a scheduler requeues it), and --resume under torchrun continues it."""
+    run_dir = str(tmp_path / "run")
+    p = launch(tmp_path, [*TINY, "--steps", "50", "--val-every", "0", "--save-every", "0", "--run-dir", run_dir],
+               ranks=2)
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while (not os.path.exists(metrics_path) or not open(metrics_path).read().strip()) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode != 0
+    done = [m["step"] for m in metrics(run_dir)]
+    assert done == list(range(1, done[-1] + 1)) and done[-1] < 50, out
+    assert f"stopped after step {done[-1]}; continue with: python train.py --resume {run_dir}" in out
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == [f"step_{done[-1]:06d}"]
+    finish(launch(tmp_path, ["--resume", run_dir, "--steps", str(done[-1] + 1)], ranks=2))
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, done[-1] + 2))

@@ -1,7 +1,9 @@
 """Runs that survive: exact resume after SIGKILL, atomic checkpoints with fallback, guarded numerics,
 and one-line errors for bad flags and bad data (issue: runs that survive)."""
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from safetensors.torch import load_file
 
 import grpo
 import train
-from infra import checkpoints
+from infra import checkpoints, runfolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "tiny", "--tasks-per-step", "3", "--n", "2", "--max-new-tokens", "24", "--val-every", "0",
@@ -207,3 +209,59 @@ def test_metrics_are_strict_json_with_undefined_rates_as_null(tmp_path):
     assert [m["step"] for m in lines] == [0, 1]
     assert lines[1]["p_retry_first_right"] is None and lines[1]["val/p_retry_first_right"] is None
     assert lines[1]["p_retry_first_wrong"] == 1.0  # defined rates stay numbers
+
+
+# ---------------------------------------------------------------- stops that lose nothing
+
+def test_sigterm_finishes_the_step_saves_and_exits_non_zero_for_a_requeue(tmp_path):
+    """SIGTERM (a scheduler's stop) during step 2 or later: the step is finished and saved, the resume command is
+    printed, and the exit status is 128 + 15, so that Slurm or Kubernetes sees a job to requeue; --resume then
+    continues as after Ctrl-C."""
+    run_dir = str(tmp_path / "run")
+    p = run_train([*TINY, "--steps", "50", "--save-every", "0", "--run-dir", run_dir])
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while (not os.path.exists(metrics_path) or not open(metrics_path).read().strip()) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 128 + signal.SIGTERM, out
+    done = [m["step"] for m in metrics(run_dir)]
+    assert "SIGTERM: finishing this step" in out and done[-1] < 50
+    assert f"stopped after step {done[-1]}; continue with: python train.py --resume {run_dir}" in out
+    assert checkpoints.checkpoint_steps(run_dir) == [done[-1]]
+    p = run_train(["--resume", run_dir, "--steps", str(done[-1] + 1)])
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and f"from step {done[-1]}" in out, out
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, done[-1] + 2))
+
+
+@pytest.mark.parametrize("error,reason", [
+    (OSError(errno.ENOSPC, "No space left on device"), "the disk is full"),
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"), "the disk is full"),
+    (OSError(errno.EROFS, "Read-only file system"), "the file system is read-only"),
+])
+def test_a_checkpoint_that_cannot_be_written_ends_in_one_line(tmp_path, monkeypatch, capsys, error, reason):
+    """The step-2 checkpoint's write fails (patched): no traceback but one line that says what and why, names the
+    last good checkpoint and the resume command; the partial folder is gone. torch's serializer reports a full
+    disk as a RuntimeError, so that case is recognised by the disk's free space (patched to 0 here)."""
+    run_dir = str(tmp_path / "run")
+    save = checkpoints.torch.save
+
+    def failing_save(obj, path, *a, **k):
+        if "step_000002" in str(path):
+            raise error
+        return save(obj, path, *a, **k)
+    monkeypatch.setattr(checkpoints.torch, "save", failing_save)
+    monkeypatch.setattr(runfolder.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0))
+    with pytest.raises(SystemExit) as stop:
+        train.main([*TINY, "--steps", "3", "--run-dir", run_dir])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 1 and err[-1] == (
+        f"error: could not write the checkpoint of step 2 ({run_dir}/checkpoints/step_000002): {reason}; the last "
+        f"good checkpoint is step 1; once it can be written, continue with: python train.py --resume {run_dir}")
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step_000001"]
+    monkeypatch.setattr(checkpoints.torch, "save", save)
+    train.main(["--resume", run_dir])  # the room is back: steps 2 and 3 again, the cut run's step-2 line dropped
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
+    assert checkpoints.checkpoint_steps(run_dir) == [1, 2, 3]
