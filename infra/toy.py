@@ -6,8 +6,8 @@ trained on the transcripts; a small Llama is warmed up on them by supervised lea
 has two habits, a careful one that works the problem out (`3 + 4 = 7.`, then the answer) and a hurried one that
 does not, and a knob (`KNOBS`) sets how often it is careful. The warm-up copies those habits, so the model starts
 with every role's format and a middling skill in each, and GRPO has a behaviour to reinforce that carries over to
-problems it has not trained on: being careful. What it is not: a model of the paper's 0.6B-4B models; what a toy
-world can and cannot show is said in docs/findings.md.
+problems it has not trained on: being careful. What it is not: a model of the paper's 0.6B-4B models (the README's
+"The toy world" says what a toy world can and cannot show).
 
     python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~3 min)
 """
