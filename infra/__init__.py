@@ -1,7 +1,7 @@
 """The machinery that runs the method: nothing here is needed to learn it, and nothing here imports the six
 concept files at the top level (they import from here).
 
-    runfolder.py    flag types and one-line errors, args.json, metrics.jsonl / eval.jsonl, dumps, Ctrl-C
+    runfolder.py    flag types and one-line errors, args.json, the JSONL files, dumps, stop signals, write errors
     checkpoints.py  seeding and random state, adapters as PEFT folders, atomic checkpoints and resume
     distributed.py  torchrun: the process group, each rank's share, gathering values, summing gradients
     tallies.py      metrics as numerator and denominator, added over batches and ranks, divided once
@@ -9,6 +9,8 @@ concept files at the top level (they import from here).
     vllm_engine.py  the vLLM sampling engine and its log-prob drift check
     data.py         DAPO, DeepCoder and HumanEval rows, and the paper's train / held-out split
     cells.py        the paper's 48 cells and the flags each sets
-    plots.py        validation and per-role curves of runs
+    plots.py        validation and per-role curves of runs, and the study's figure
+    toy.py          the toy world: an oracle's transcripts, a tokenizer and a small model warmed up on them
+    study.py        the toy-world study: the findings' grid over seeds, evaluation and figures
     sandbox.py      runs an untrusted program against tests (the code reward)
 """

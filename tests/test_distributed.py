@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from test_train import signal_after_first_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -182,11 +183,7 @@ def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves_once(tmp_
     run_dir = str(tmp_path / "run")
     p = launch(tmp_path, [*TINY, "--steps", "50", "--val-every", "0", "--save-every", "0", "--run-dir", run_dir],
                ranks=2)
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    deadline = time.time() + 300
-    while (not os.path.exists(metrics_path) or not open(metrics_path).read().strip()) and time.time() < deadline:
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
+    signal_after_first_step(p, run_dir, signal.SIGTERM)
     out, _ = p.communicate(timeout=300)
     assert p.returncode != 0
     done = [m["step"] for m in metrics(run_dir)]

@@ -148,14 +148,19 @@ def test_skip_zero_advantage_flag_counts_skipped_calls(tmp_path):
     assert m["skipped_rows"] == 3 * 2  # --tasks-per-step 3 x --n 2 single-agent calls
 
 
-def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path):
-    run_dir = str(tmp_path / "run")
-    p = run_train([*TINY, "--steps", "50", "--save-every", "0", "--run-dir", run_dir])
+def signal_after_first_step(p, run_dir, signum):
+    """Send `signum` to the run `p` once its first metrics line is written: during step 2 or later."""
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     deadline = time.time() + 300
     while (not os.path.exists(metrics_path) or not open(metrics_path).read().strip()) and time.time() < deadline:
         time.sleep(0.05)
-    p.send_signal(signal.SIGINT)  # during step 2 (or later): that step is finished, saved, then the run stops
+    p.send_signal(signum)
+
+
+def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path):
+    run_dir = str(tmp_path / "run")
+    p = run_train([*TINY, "--steps", "50", "--save-every", "0", "--run-dir", run_dir])
+    signal_after_first_step(p, run_dir, signal.SIGINT)  # that step is finished, saved, then the run stops
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out
     done = [m["step"] for m in metrics(run_dir)]
@@ -219,11 +224,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_non_zero_for_a_requeue(tmp_pa
     continues as after Ctrl-C."""
     run_dir = str(tmp_path / "run")
     p = run_train([*TINY, "--steps", "50", "--save-every", "0", "--run-dir", run_dir])
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    deadline = time.time() + 300
-    while (not os.path.exists(metrics_path) or not open(metrics_path).read().strip()) and time.time() < deadline:
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
+    signal_after_first_step(p, run_dir, signal.SIGTERM)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 128 + signal.SIGTERM, out
     done = [m["step"] for m in metrics(run_dir)]
