@@ -24,7 +24,7 @@ import time
 from infra.runfolder import read_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["--model", "toy", "--tasks-per-step", "8", "--group-size", "4", "--lr", "1e-3", "--max-new-tokens", "24",
+TRAIN = ["--model", "toy", "--tasks-per-step", "4", "--group-size", "4", "--lr", "1e-3", "--max-new-tokens", "24",
          "--n-val", "64", "--val-n", "2", "--val-every", "10", "--save-every", "50", "--difficulty", "0"]
 GRID = {  # name -> the flags that make it (on top of TRAIN); the names are the figures' labels
     "single": ["--workflow", "single"],
@@ -54,13 +54,17 @@ def train_command(out: str, name: str, seed: int, steps: int) -> list[str]:
             "--run-dir", folder]
 
 
-def eval_commands(out: str, name: str, seed: int, samples: int) -> list[list[str]]:
-    """eval.py's four modes on a multi-agent run's final checkpoint (the single-agent run of its seed is the SA
-    adapter); a mode already in the run's eval.jsonl is not run again."""
+def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]) -> list[list[str]]:
+    """eval.py on a multi-agent run's final checkpoint (the single-agent run of its seed is the SA adapter); a
+    mode already in the run's eval.jsonl is not run again. `trained` runs for every configuration; base and the
+    two transfer modes load no adapter of the run, so they run once per workflow and seed, on the workflow's
+    first configuration in the grid (voting-sp, evalopt-sp, orchworkers-sp)."""
     folder, sa = run_dir(out, name, seed), run_dir(out, "single", seed)
+    workflow_first = next(n for n in names if GRID[n][1] == GRID[name][1]) == name
     done = {r["mode"] for r in read_results(os.path.join(folder, "eval.jsonl"))}
     return [[sys.executable, "eval.py", "--run-dir", folder, "--mode", mode, "--samples", str(samples),
-             *(["--sa-run", sa] if mode.startswith("sa") else [])] for mode in MODES if mode not in done]
+             *(["--sa-run", sa] if mode.startswith("sa") else [])]
+            for mode in MODES if mode not in done and (mode == "trained" or workflow_first)]
 
 
 def finished(out: str, name: str, seed: int, steps: int) -> bool:
@@ -97,13 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
     log, start = os.path.join(args.out, "study.log"), time.time()
-    for name in names:
-        for seed in range(args.seeds):
+    for seed in range(args.seeds):  # seed by seed, so that a stopped study has whole seeds to show
+        for name in names:
             if not finished(args.out, name, seed, args.steps):
                 run(train_command(args.out, name, seed, args.steps), log, args.dry_run)
-    for name in names[1:]:
-        for seed in range(args.seeds):
-            for command in eval_commands(args.out, name, seed, args.samples):
+        for name in names[1:]:
+            for command in eval_commands(args.out, name, seed, args.samples, names):
                 run(command, log, args.dry_run)
     if not args.dry_run:
         from infra.plots import plot_study
