@@ -2,8 +2,8 @@
 figures with a band over seeds.
 
 What it is for: one command that trains the grid of docs/findings.md (single agent; Voting SP, SP with equal
-role weights, IP, IP with merged instance steps, IP with I6; Eval-Opt SP and IP; Orch-Workers SP and IP) on
-`--model toy`, runs eval.py's four modes on the final checkpoints, and draws the curves. Each run is an ordinary
+role weights, IP, IP with merged instance steps, IP with I6, IP with I1; Eval-Opt SP and IP; Orch-Workers SP and
+IP) on `--model toy`, runs eval.py's four modes on the final checkpoints, and draws the curves. Each run is an ordinary
 `python train.py` / `python eval.py` command in its own folder under --out: a finished run is skipped, a stopped
 one resumed, so the study can be stopped and started again. What it is not: the method (it only calls train.py
 and eval.py), nor part of the test suite.
@@ -33,6 +33,7 @@ GRID = {  # name -> the flags that make it (on top of TRAIN); the names are the 
     "voting-ip": ["--workflow", "voting", "--policy", "ip"],
     "voting-ip-merged": ["--workflow", "voting", "--policy", "ip", "--merge-instance-steps"],
     "voting-ip-i6": ["--workflow", "voting", "--policy", "ip", "--coherence", "generator=0.3"],
+    "voting-ip-i1": ["--workflow", "voting", "--policy", "ip", "--kl-coef", "generator=0.1,aggregator=0.1"],
     "evalopt-sp": ["--workflow", "evalopt", "--policy", "sp"],
     "evalopt-ip": ["--workflow", "evalopt", "--policy", "ip"],
     "orchworkers-sp": ["--workflow", "orchworkers", "--policy", "sp"],
