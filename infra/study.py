@@ -25,7 +25,8 @@ from infra.runfolder import read_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--model", "toy", "--tasks-per-step", "4", "--group-size", "4", "--lr", "1e-3", "--max-new-tokens", "24",
-         "--n-val", "64", "--val-n", "2", "--val-every", "10", "--save-every", "50", "--difficulty", "0", "--micro-batch-size", "16"]
+         "--n-val", "64", "--val-n", "2", "--val-every", "10", "--save-every", "50", "--difficulty", "0",
+         "--micro-batch-size", "16"]
 GRID = {  # name -> the flags that make it (on top of TRAIN); the names are the figures' labels
     "single": ["--workflow", "single"],
     "voting-sp": ["--workflow", "voting", "--policy", "sp"],
