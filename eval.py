@@ -39,7 +39,7 @@ from tqdm import tqdm
 import policies
 import tasks
 import workflows
-from infra import checkpoints, distributed
+from infra import checkpoints, distributed, memory
 from infra.cells import PAPER_LENGTHS, cell_name
 from infra.plots import EVAL_KEYS, plot_runs
 from infra.runfolder import (
@@ -194,7 +194,8 @@ def eval_tasks(run_args: dict, data: str | None) -> list[tasks.Task]:
     try:
         if data is None:
             return tasks.load_split(run_args["task"], run_args["data"], run_args["data_config"], run_args["n_train"],
-                                    run_args["n_val"], run_args["difficulty"], run_args["seed"])[1]
+                                    run_args["n_val"], run_args["difficulty"], run_args["seed"],
+                                    run_args.get("val_data"))[1]
         return tasks.load_tasks("deepcoder" if run_args["task"] in ("code", "deepcoder") else "dapo", data)
     except (tasks.DataError, ValueError) as e:
         usage_error(str(e))
@@ -214,14 +215,16 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     temp = run_args["temperature"] if args.temperature is None else args.temperature
     cell_prompt, cell_new = eval_lengths(run_args)
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
-    engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"])
+    engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"],
+                               max_tokens=memory.hf_generation_budget(model))  # on CUDA: the KV cache that fits
     dataset, records = dataset_name(run_args, args.data), []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, sa_run, sa_args, step)
         checkpoints.seed_everything(args.seed)  # every checkpoint samples with the same seed: differences are weights'
         start = time.time()
         episodes = workflows.run_episodes(distributed.share(eval_set), args.n, run_args, engine,
-                                          policies.chat_encoder(tokenizer, run_args["enable_thinking"]),
+                                          policies.chat_encoder(tokenizer, run_args["enable_thinking"],
+                                                                run_args.get("chat_template", "model")),
                                           mode_route(mode, run_args["policy"]), max_prompt, f"eval {mode} step {step}")
         r = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset, "mode": mode,
              "workflow": run_args["workflow"], "policy": run_args["policy"], "n": args.n, "tasks": len(eval_set),
@@ -347,7 +350,8 @@ def main(argv: list[str] | None = None):
         return figures
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
-    args.device = distributed.init_distributed() or args.device  # under torchrun: each rank a share of the tasks
+    # under torchrun: each rank evaluates a share of the tasks, on the device --device asks for
+    args.device = distributed.init_distributed(args.device) or args.device
     try:
         return evaluate_steps(args.run, args.mode, steps, args)
     except WriteError as error:  # the records of the steps before it are saved

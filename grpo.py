@@ -128,11 +128,17 @@ class UpdateSettings:
     coherence_window: int = 128        # I6: EMA of the gradient with tau = 1 - 1/window (the reference's 128)
     share_prompts: bool = True         # a prompt that rows share runs once (policies.shared_prompt_cache)
     skip_zero_advantage: bool = False  # no forward/backward for rows whose gradient is exactly 0 (advantage 0)
+    lr_schedule: str = "constant"      # verl-constant: the schedules step after each adapter update (`lr_multiplier`)
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str = "constant") -> float:
-    """The learning rate of training step `step` + 1 (the scheduler counts from 0), as a fraction of --lr: linear
-    warm-up over `warmup_steps`, then constant, or a half cosine that reaches 0 at training step `total_steps`."""
+    """The learning rate of scheduler step `step` (from 0) as a fraction of --lr. constant and cosine count
+    training steps: linear warm-up to 1 at step `warmup_steps` - 1, then constant, or a half cosine that reaches 0
+    at training step `total_steps`. verl-constant is what the reference's runs executed (docs/method.md): verl's
+    constant schedule with warm-up, which starts at 0 (the first update changes nothing) and counts adapter
+    updates (`update_policy`), so under IP with K adapters its warm-up ends after ceil(warmup_steps / K) steps."""
+    if schedule == "verl-constant":
+        return min(step, warmup_steps) / warmup_steps if warmup_steps else 1.0
     t = step + 1
     if t <= warmup_steps:
         return t / warmup_steps
@@ -223,7 +229,8 @@ def global_batch(samples: list[Sample]) -> list[Sample]:
 def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step over all adapters (`update_adapter` each); returns per-role metrics (`role/name`)
-    and totals. Every adapter's schedule advances once per training step, as in verl. `grad_ema` carries the I6
+    and totals. Every adapter's schedule advances once per training step (verl-constant: once per adapter update,
+    as the reference's runs did). `grad_ema` carries the I6
     state from step to step. Under torchrun `samples` is the global batch, the same on every rank; each rank runs
     the rows it holds (`Sample.rank`), gradients are summed over ranks, and so are the metrics' counts."""
     by_adapter: dict[str, list[Sample]] = defaultdict(list)
@@ -241,9 +248,14 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
         if by_adapter[adapter]:
             update_adapter(model, adapter, by_adapter[adapter], opt, cfg, grad_ema, t)
         _mean(t, f"{adapter}/lr", opt.param_groups[0]["lr"])  # the lr this step used
+        if cfg.lr_schedule != "verl-constant":
+            stepping = [sched]  # this adapter's schedule, once per training step
+        else:  # the reference's one scheduler, stepped by every adapter update that had rows: all advance together
+            stepping = [s for _, s in optimizers.values()] if by_adapter[adapter] else []
         with warnings.catch_warnings():  # a step without an optimizer step (no rows, all skipped) is on purpose
             warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler.step\(\)` before", UserWarning)
-            sched.step()
+            for schedule in stepping:
+                schedule.step()
     m = rates(add_tallies(gather(dict(t))))  # every rank's counts added: the same metrics on every rank
     m["lr"] = m.get(f"{next(iter(optimizers), '')}/lr") or 0.0
     return m
@@ -289,7 +301,12 @@ def update_adapter(model, adapter: str, group: list[Sample], opt: torch.optim.Op
 def record_minibatch(t: Tallies, mb: list[Sample], weights: list[float], role_grads: dict[str, torch.Tensor],
                      grad_norm: float, stepped: bool, coherence: float | None) -> None:
     """A mini-batch's update metrics: each role's loss share, its own gradient's norm, share and cosines (SP),
-    the I6 scale, the clipped-before norm, and the optimizer steps taken or skipped."""
+    the I6 scale, the clipped-before norm, and the optimizer steps taken or skipped. The token statistics that
+    `_micro_step` left on the device are read here, in one copy."""
+    on_device = [k for k, v in t.items() if isinstance(v[0], torch.Tensor)]
+    if on_device:
+        for key, value in zip(on_device, torch.stack([t[k][0].float() for k in on_device]).tolist()):
+            t[key][0] = value
     for role, share in role_shares(mb, weights).items():
         _mean(t, f"{role}/loss_share", share)
     for key, value in _role_gradient_stats(role_grads).items():  # empty for a one-role mini-batch
@@ -421,25 +438,27 @@ def _micro_step(model, micro: list[Sample], old: list[torch.Tensor | None], weig
     adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=device)  # [B]
     pg_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     token_loss = pg_loss  # [B, T]
-    beta = torch.tensor([cfg.kl_coef.get(s.role, 0.0) for s in micro], dtype=logp.dtype, device=device)  # [B]
+    betas = [cfg.kl_coef.get(s.role, 0.0) for s in micro]
     kl = None
-    if bool((beta > 0).any()):  # I1: only the named roles pay beta * KL(role || base), k3 estimator
+    if any(b > 0 for b in betas):  # I1: only the named roles pay beta * KL(role || base), k3 estimator
         with torch.no_grad(), use_adapter(model, None):
             ref_logp, _, _ = completion_logprobs(model, prompts, completions, cfg.temperature,
                                                  share_prompts=cfg.share_prompts)
         log_r = ref_logp - logp
         kl = (torch.exp(log_r) - log_r - 1) * mask  # [B, T]
-        token_loss = token_loss + beta[:, None] * kl
+        token_loss = token_loss + torch.tensor(betas, dtype=logp.dtype, device=device)[:, None] * kl
     w = torch.tensor(weights, dtype=logp.dtype, device=device)[:, None]  # [B, 1]
     (token_loss * mask * w).sum().backward()
-    with torch.no_grad():
+    with torch.no_grad():  # per-role sums stay on the device: `record_minibatch` reads them once per mini-batch
         log_ratio = (logp - old_logp) * mask
-        for i, s in enumerate(micro):
-            n = float(mask[i].sum())
-            stats = {"pg_loss": (pg_loss[i] * mask[i]).sum(), "clip_frac": (clipped[i].float() * mask[i]).sum(),
-                     "entropy": entropy[i].sum(), "approx_kl": (0.5 * log_ratio[i] ** 2).sum()}
-            if kl is not None and beta[i] > 0:
-                stats["kl_base"] = kl[i].sum()
-            for name, value in stats.items():
-                t[f"{s.role}/{name}"][0] += float(value)
-                t[f"{s.role}/{name}"][1] += n
+        per_row = {"pg_loss": (pg_loss * mask).sum(1), "clip_frac": (clipped.float() * mask).sum(1),
+                   "entropy": entropy.sum(1), "approx_kl": (0.5 * log_ratio ** 2).sum(1)}  # [B] each
+        if kl is not None:
+            per_row["kl_base"] = kl.sum(1)
+        for role in dict.fromkeys(s.role for s in micro):  # the roles in row order
+            rows = [i for i, s in enumerate(micro) if s.role == role]
+            index, tokens = torch.tensor(rows, device=device), sum(len(completions[i]) for i in rows)
+            for name, values in per_row.items():
+                if name != "kl_base" or cfg.kl_coef.get(role, 0.0) > 0:
+                    t[f"{role}/{name}"][0] += values[index].sum()
+                    t[f"{role}/{name}"][1] += tokens

@@ -78,8 +78,31 @@ def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = Fal
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-def chat_encoder(tokenizer, enable_thinking: bool = False) -> Callable[[list[dict]], list[int]]:
-    """`chat_prompt_ids` for one tokenizer: the `encode` a workflow's rollout is given."""
+RLLM_QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def rllm_qwen_text(messages: list[dict], enable_thinking: bool = False) -> str:
+    """A conversation as the reference's rLLM Qwen parser renders it, which is not Qwen3's own template: its
+    engine marks every call as a first message, so a default system message leads; with thinking off, every
+    assistant turn and the generation prompt carry an empty think block; an assistant turn's text is stripped."""
+    header = "<|im_start|>assistant\n" + ("" if enable_thinking else "<think>\n\n</think>\n\n")
+    text = "" if messages and messages[0]["role"] == "system" else \
+        f"<|im_start|>system\n{RLLM_QWEN_SYSTEM}<|im_end|>\n"
+    for m in messages:
+        if m["role"] == "assistant":
+            text += header + (m["content"] or "").strip() + "<|im_end|>\n"
+        else:
+            text += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+    return text + header
+
+
+def chat_encoder(tokenizer, enable_thinking: bool = False,
+                 template: str = "model") -> Callable[[list[dict]], list[int]]:
+    """The `encode` a workflow's rollout is given: `chat_prompt_ids` (template `model`, the tokenizer's own), or
+    `rllm_qwen_text` tokenized (template `rllm`, what the reference's runs fed Qwen3)."""
+    if template == "rllm":
+        return lambda messages: tokenizer(rllm_qwen_text(messages, enable_thinking),
+                                          add_special_tokens=False).input_ids
     return lambda messages: chat_prompt_ids(tokenizer, messages, enable_thinking)
 
 
@@ -196,22 +219,23 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
 
 class HFEngine:
     """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt and cut into
-    chunks of `batch_size` (less padding), returned in the caller's order; a chunk's repeated prompts are
-    prefilled once (`shared_prompt_cache`)."""
+    chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt + max_new_tokens), the KV
+    cache a chunk can fill), returned in the caller's order; a chunk's repeated prompts are prefilled once
+    (`shared_prompt_cache`)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.7,
-                 top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True):
+                 top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True, max_tokens: int = 1 << 62):
         self.model, self.tokenizer, self.max_new_tokens, self.batch_size = model, tokenizer, max_new_tokens, batch_size
-        self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
+        self.share_prompts, self.eos_ids, self.max_tokens = share_prompts, eos_token_ids(model, tokenizer), max_tokens
         self.sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
             else dict(do_sample=False)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list[Generation]:
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))  # a prompt's copies adjacent
+        # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and by tokens
+        chunks = micro_batches(prompts, [[0] * self.max_new_tokens] * len(prompts), self.batch_size, self.max_tokens)
         out: list[Generation | None] = [None] * len(prompts)
-        for start in tqdm(range(0, len(order), self.batch_size), desc=desc, leave=False, disable=None):
-            chunk = order[start:start + self.batch_size]
+        for chunk in tqdm(chunks, desc=desc, leave=False, disable=None):
             for i, g in zip(chunk, self._generate_chunk([prompts[i] for i in chunk], [adapters[i] for i in chunk])):
                 out[i] = g
         return out  # type: ignore[return-value]
@@ -333,26 +357,30 @@ def micro_batches(prompts: list[list[int]], completions: list[list[int]], max_ro
 def policy_logprobs(model, adapter: str | None, prompts: list[list[int]], completions: list[list[int]],
                     micro_batch: int = 8, temperature: float = 1.0, share_prompts: bool = True,
                     max_tokens: int = 1 << 62) -> list[torch.Tensor]:
-    """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference log-probs."""
+    """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference log-probs. One
+    copy to the CPU per micro-batch (rows are right-aligned, so a row's last len(completion) entries are its own)."""
     out: list[torch.Tensor | None] = [None] * len(prompts)
     with use_adapter(model, adapter):
         for part in micro_batches(prompts, completions, micro_batch, max_tokens):
-            logp, mask, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
-                                                temperature, share_prompts=share_prompts)
-            for i, row, m in zip(part, logp, mask):
-                out[i] = row[len(row) - int(m.sum()):].cpu()  # right-aligned
+            logp, _, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
+                                             temperature, share_prompts=share_prompts)
+            for i, row in zip(part, logp.cpu()):
+                out[i] = row[len(row) - len(completions[i]):]
     return out  # type: ignore[return-value]
 
 
 def logprob_drift(model, prompts: list[list[int]], completions: list[list[int]], adapters: list[str | None],
-                  engine_logprobs: list[list[float]], micro_batch: int = 8) -> float:
-    """Mean |engine log-prob - trainer log-prob| over the sampled tokens, each row under its adapter, both at
-    temperature 1. Near 0 in fp32; bf16 kernels or a stale adapter make it grow, and the PPO ratio is then taken
-    against a distribution nobody sampled from."""
-    diffs = []
+                  engine_logprobs: list[list[float]], micro_batch: int = 8,
+                  max_tokens: int = 1 << 62) -> dict[str | None, tuple[float, int]]:
+    """Per adapter, (sum of |engine log-prob - trainer log-prob|, tokens) over the sampled tokens, each row under
+    its adapter, both at temperature 1, in micro-batches within the update's token budget. Near 0 in fp32; bf16
+    kernels or a stale adapter make it grow, and the PPO ratio is then taken against a distribution nobody
+    sampled from."""
+    out = {}
     for adapter in sorted(set(adapters), key=str):
         rows = [i for i, a in enumerate(adapters) if a == adapter]
         trainer = policy_logprobs(model, adapter, [prompts[i] for i in rows], [completions[i] for i in rows],
-                                  micro_batch)
-        diffs += [(t - torch.tensor(engine_logprobs[i])).abs() for i, t in zip(rows, trainer)]
-    return torch.cat(diffs).mean().item()
+                                  micro_batch, max_tokens=max_tokens)
+        diffs = torch.cat([(t - torch.tensor(engine_logprobs[i], dtype=t.dtype)).abs() for i, t in zip(rows, trainer)])
+        out[adapter] = (diffs.sum().item(), len(diffs))
+    return out

@@ -35,7 +35,7 @@ import policies
 import tasks
 import workflows
 from grpo import UpdateSettings
-from infra import cells, checkpoints, distributed, toy, vllm_engine
+from infra import cells, checkpoints, distributed, memory, toy, vllm_engine
 from infra.runfolder import (
     GracefulStop,
     HelpFormatter,
@@ -59,7 +59,8 @@ from workflows import ROLES, WORKFLOWS
 
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device", "gen_batch_size",
-             "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing", "vllm_gpu_memory")
+             "gen_max_tokens", "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing",
+             "vllm_gpu_memory")
 MAX_NONFINITE_STEPS = 3  # training steps in a row with a non-finite loss or gradient before the run stops
 COUNT, COUNT0 = number(int, 1), number(int, 0)                  # >= 1, >= 0
 POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
@@ -75,6 +76,8 @@ def build_parser() -> Parser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype (GPU: bf16)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode (paper: off)")
+    g.add_argument("--chat-template", default="model", choices=["model", "rllm"], help="model: the tokenizer's "
+                   "own; rllm: as the reference's rLLM Qwen parser rendered it (cells)")
     g = p.add_argument_group("data")
     g.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"], help="math, code: "
                    "built in (synthetic, HumanEval); dapo, deepcoder: --data")
@@ -83,7 +86,9 @@ def build_parser() -> Parser:
     g.add_argument("--difficulty", type=int, default=0, choices=[0, 1], help="synthetic math: one op on 1- or "
                    "2-digit numbers")
     g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems")
-    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: of its held-out 10%%)")
+    g.add_argument("--n-val", type=COUNT, default=64, help="validation problems (loaded data: of its held-out rows)")
+    g.add_argument("--val-data", default=None, help="validate on this file or hub id instead (math cells: "
+                   "MathArena/aime_2025); default: --data's held-out rows")
     g = p.add_argument_group("workflow")
     g.add_argument("--workflow", default="single", choices=sorted(WORKFLOWS), help="its roles: "
                    + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items()))
@@ -142,8 +147,9 @@ def add_grpo_flags(p: Parser) -> None:
     g.add_argument("--lr", type=POSITIVE, default=5e-4, help="AdamW learning rate (paper: 2e-5 at rank 64)")
     g.add_argument("--weight-decay", type=NONNEGATIVE, default=0.01, help="AdamW weight decay (paper: 0.01)")
     g.add_argument("--warmup-steps", type=COUNT0, default=3, help="linear warm-up steps (paper: 15)")
-    g.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"], help="after warm-up; "
-                   "cosine: a half cosine to 0 at the last step (paper)")
+    g.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine", "verl-constant"], help="after "
+                   "warm-up; cosine: to 0 at the last step (the paper's config); verl-constant: what its runs did, "
+                   "from lr 0, counting adapter updates (cells)")
     g.add_argument("--max-grad-norm", type=POSITIVE, default=1.0, help="gradient clipping per adapter (paper: 1)")
 
 
@@ -157,6 +163,8 @@ def add_run_flags(p: Parser) -> None:
     g.add_argument("--max-prompt-tokens", type=COUNT, default=4096, help="a longer prompt ends its episode, as in "
                    "the paper (prompt_overflow)")
     g.add_argument("--gen-batch-size", type=COUNT, default=64, help="rows per generate() call (memory only)")
+    g.add_argument("--gen-max-tokens", type=COUNT0, default=0, help="hf: tokens per generate() call, rows x (prompt "
+                   "+ new tokens); 0 = on CUDA what the free memory holds as KV cache (infra/memory.py), on CPU none")
     g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4, help="vllm: fraction of GPU memory it takes")
     g = p.add_argument_group("run folder and logging")
     g.add_argument("--run-dir", default=None, help="run folder (default: runs/<workflow>-<policy>-<time>)")
@@ -235,8 +243,9 @@ def check_args(args: argparse.Namespace) -> None:
         usage_error("--coherence acts on a role's own adapter gradient; it needs --policy ip")
     if args.task in ("dapo", "deepcoder") and not args.data:
         usage_error(f"--task {args.task} needs --data PATH_OR_HUB_ID")
-    if args.data and args.task in ("math", "code"):
-        usage_error(f"--data is read by --task dapo or deepcoder; --task {args.task} has built-in data")
+    for flag, value in (("--data", args.data), ("--val-data", args.val_data)):
+        if value and args.task in ("math", "code"):
+            usage_error(f"{flag} is read by --task dapo or deepcoder; --task {args.task} has built-in data")
     if args.data_config and args.data and os.path.exists(args.data):
         print(f"warning: --data-config {args.data_config} is ignored: it names a hub dataset's config, and --data "
               f"{args.data} is a local file", file=sys.stderr)
@@ -249,7 +258,7 @@ def load_tasks(args) -> tuple[list[tasks.Task], list[tasks.Task]]:
     """(train, validation) tasks (`tasks.load_split`); a bad row or file is one line, exit status 2."""
     try:
         return tasks.load_split(args.task, args.data, args.data_config, args.n_train, args.n_val, args.difficulty,
-                                args.seed)
+                                args.seed, args.val_data)
     except (tasks.DataError, ValueError) as e:
         usage_error(str(e))
 
@@ -299,7 +308,7 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
                                     policies.to_generation, args.max_new_tokens, args.temperature, args.top_p,
                                     args.vllm_gpu_memory, args.dtype, args.seed) if args.engine == "vllm" else \
         policies.HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p, args.gen_batch_size,
-                          args.share_prompts)
+                          args.share_prompts, args.gen_max_tokens or memory.hf_generation_budget(model))
     settings = UpdateSettings(
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.n, micro_batch_size=args.micro_batch_size,
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or 1 << 62, agg=args.agg,
@@ -307,7 +316,7 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
         max_grad_norm=args.max_grad_norm, temperature=args.temperature, role_weights=args.role_weights,
         merge_instance_steps=args.merge_instance_steps, kl_coef=args.kl_coef, coherence=args.coherence,
         coherence_window=args.coherence_window, share_prompts=args.share_prompts,
-        skip_zero_advantage=args.skip_zero_advantage)
+        skip_zero_advantage=args.skip_zero_advantage, lr_schedule=args.lr_schedule)
     return Trainer(model, tokenizer, optimizers, engine, settings, {})
 
 
@@ -315,7 +324,7 @@ def run_workflow(tasks_: list[tasks.Task], n: int, args, t: Trainer, desc: str) 
     """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun), each call on its
     adapter (SP / IP), rewarded with the run's credit (`workflows.run_episodes`, which evaluation runs too)."""
     return workflows.run_episodes(distributed.share(tasks_), n, vars(args), t.engine,
-                                  policies.chat_encoder(t.tokenizer, args.enable_thinking),
+                                  policies.chat_encoder(t.tokenizer, args.enable_thinking, args.chat_template),
                                   lambda name: policies.route_adapter(name, args.policy), args.max_prompt_tokens, desc)
 
 
@@ -330,10 +339,10 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     samples = grpo.training_samples(episodes, args.std_scale, distributed.world()[0])
     calls = [c for e in episodes for c in e.calls]
     tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for c in calls), len(calls)]}
-    if args.engine == "vllm":  # before the update: the trainer still holds the weights vLLM sampled with
+    if args.engine == "vllm":  # vLLM asleep (its GPU memory freed), then the drift check, before the update
+        t.engine.sleep()       # changes the weights vLLM sampled with
         tallies.update(vllm_engine.vllm_drift(calls, lambda *rows: policies.logprob_drift(
-            t.model, *rows, micro_batch=args.micro_batch_size)))
-        t.engine.sleep()  # frees vLLM's GPU memory for the update (where sleep mode exists)
+            t.model, *rows, args.micro_batch_size, t.settings.max_tokens_per_micro_batch)))
     t1 = time.time()
     m = grpo.update_policy(t.model, grpo.global_batch(samples), t.optimizers, t.settings, t.grad_ema)
     t_update = time.time() - t1
@@ -362,17 +371,18 @@ def validate(val_tasks, args, t: Trainer) -> dict[str, float]:
 # ---------------------------------------------------------------- the run
 
 def main(argv: list[str] | None = None) -> str:
-    rank_device = distributed.init_distributed()  # torchrun: the process group and this rank's device; else None
+    distributed.quiet_other_ranks()  # torchrun: only rank 0 prints
     try:
-        return run(argv, rank_device)
+        return run(argv)
     finally:
         distributed.close_distributed()
 
 
-def run(argv: list[str] | None, rank_device: str | None) -> str:
+def run(argv: list[str] | None) -> str:
     args = parse_args(argv)                      # every flag checked: nothing loaded, nothing written yet
     if args.resume and nothing_to_train(args):  # before args.json is rewritten with this command's --steps
         return args.run_dir
+    rank_device = distributed.init_distributed(args.device)  # torchrun: the process group and this rank's device
     train_tasks, val_tasks = load_tasks(args)    # a bad row stops here, naming the file and the row
     if not args.resume:
         check_run_dir(args.run_dir, args.overwrite)
@@ -407,19 +417,9 @@ def run(argv: list[str] | None, rank_device: str | None) -> str:
         with metrics_file:
             train_loop(args, start, train_tasks, val_tasks, t, metrics_file, logger)
     except WriteError as e:
-        stop_on_write_error(e, args.run_dir)
+        checkpoints.stop_on_write_error(e, args.run_dir)
     print(f"run folder: {args.run_dir}")
     return args.run_dir
-
-
-def stop_on_write_error(e: WriteError, run_dir: str) -> None:
-    """A full disk, a read-only or removed run folder: one line that says what could not be written and why, the
-    last good checkpoint, and how to continue (a partial checkpoint was removed; nothing reads it)."""
-    steps = checkpoints.checkpoint_steps(run_dir) if os.path.isdir(run_dir) else []
-    then = (f"the last good checkpoint is step {steps[-1]}; once it can be written, continue with: python train.py "
-            f"--resume {run_dir}") if steps else "no checkpoint was saved; start the run again once it can be written"
-    print(f"error: {e}; {then}", file=sys.stderr)
-    raise SystemExit(1)
 
 
 def nothing_to_train(args) -> bool:

@@ -114,8 +114,12 @@ def solver_messages(task: Task, opts: WorkflowOptions, strategy: str | None = No
     return shot + [user(f"{SOLVE[opts.prompts, task.kind]}\n\n{problem_text(task)}{hint}")]
 
 
-def solutions_block(texts: list[str]) -> str:
-    return "\n\n".join(f"--- Solution {i} ---\n{t.strip()}" for i, t in enumerate(texts, 1))
+def solutions_block(texts: list[str], strategies: list[str] | None = None) -> str:
+    """The candidates, numbered; with `strategies`, each labelled with its worker's strategy, as the reference's
+    synthesizer sees them."""
+    labels = [f" (Strategy: {s})" for s in strategies] if strategies else [""] * len(texts)
+    return "\n\n".join(f"--- Solution {i}{label} ---\n{t.strip()}"
+                       for i, (t, label) in enumerate(zip(texts, labels), 1))
 
 
 def aggregator_messages(task: Task, candidates: list[str], opts: WorkflowOptions) -> list[dict]:
@@ -147,6 +151,10 @@ def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: s
     """The generator's retry. reference: the conversation so far (attempts and critiques), then an instruction
     to write a new solution from the feedback above. clean: its own last attempt, then the feedback."""
     if opts.evalopt_context == "reference":
+        if task.kind == "code":  # the reference's code retry asks for another approach only if the logic was wrong
+            return history + [user(f"Write an improved solution based on the review above. Address the issues it "
+                                   f"raises, use a different approach if the previous logic was fundamentally "
+                                   f"flawed, handle all edge cases, and {ANSWER_FORMAT[task.kind]}.")]
         return history + [user(f"Write a new solution based on the feedback above, with a completely different "
                                f"method. Address the issues it raises, and {ANSWER_FORMAT[task.kind]}.")]
     return solver_messages(task, opts) + [
@@ -162,10 +170,13 @@ def orchestrator_messages(task: Task, max_subtasks: int) -> list[dict]:
                  f"STRATEGY 1: ...\nSTRATEGY 2: ...")]
 
 
-def synthesizer_messages(task: Task, solutions: list[str]) -> list[dict]:
+def synthesizer_messages(task: Task, solutions: list[str], strategies: list[str], opts: WorkflowOptions
+                         ) -> list[dict]:
+    """paper prompts: each solution labelled with its strategy, as the reference; small: the bare solutions."""
+    labels = strategies if opts.prompts == "paper" else None
     return [user(f"{problem_text(task)}\n\nWorkers solved it with different strategies.\n\n"
-                 f"{solutions_block(solutions)}\n\nRead each solution and check its reasoning. Answers that agree "
-                 f"deserve more confidence. Decide on the final answer and {ANSWER_FORMAT[task.kind]}.")]
+                 f"{solutions_block(solutions, labels)}\n\nRead each solution and check its reasoning. Answers "
+                 f"that agree deserve more confidence. Decide on the final answer and {ANSWER_FORMAT[task.kind]}.")]
 
 
 # ---------------------------------------------------------------- parsing (the reference's parsers)
@@ -269,7 +280,8 @@ def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> Stage:
     orch.metrics.update(parse=how, formatted=how == "strategy", strategies=len(strategies))
     workers = [Call("worker", 0, solver_messages(ep.task, opts, s), is_answer=True) for s in strategies]
     yield workers
-    synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers]), is_answer=True)
+    synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers], strategies, opts),
+                 is_answer=True)
     yield [synth]
     ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
     ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)

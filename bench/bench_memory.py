@@ -157,29 +157,34 @@ def step_time(name: str, task: str) -> float:
 
 
 def plan(head_rows: float) -> None:
-    """Per model, task and GPU: the largest budget (BUDGETS, at least the longest row) whose update fits
-    in 90% of the GPU, and the vLLM fraction left during rollout. Update memory = bf16 weights + LoRA at 16 bytes a
-    parameter (fp32 weight, gradient, Adam m and v) + budget x (layers x checkpointed bytes per layer-token + one
-    layer's full bytes for its recompute) + the LM head's chunk (`head_rows` fp32 vocab rows per completion token,
-    measured) + 3 GiB (CUDA context, allocator slack, the sleeping vLLM's CUDA graphs)."""
+    """Per model, task and GPU: the largest budget (BUDGETS, at least the longest row) whose update and drift check
+    fit in 90% of the GPU (`infra.memory`: bf16 weights, 3 adapters' LoRA with gradient and Adam state, as
+    Orch-Workers IP holds, the checkpointed activations plus one layer's recompute, the padded micro-batch's
+    [rows, 1, W, W] mask, the LM head's chunk of `head_rows` fp32 vocab rows per completion token (measured),
+    3 GiB of slack), and the vLLM fraction that would be left during rollout. The cells keep --vllm-gpu-memory 0.4
+    until a GPU measures more."""
     import policies
-    from workflows import PAPER_LENGTHS
+    from infra.cells import PAPER_LENGTHS
+    from infra.memory import drift_bytes, mask_bytes, update_bytes
     head = head_rows * policies.LOGPROB_CHUNK * VOCAB * 4
-    print("\nmodel task | GPU GB | longest row | budget: update GiB | vLLM fraction | Voting step, est.")
+    print("\nmodel task | GPU GB | longest row | budget: update GiB (mask GiB) | vLLM fraction | Voting step, est.")
     for name, (layers, shape) in QWEN3.items():
-        full, ckpt = layer_bytes(shape, False), layer_bytes(shape, True)
-        static = 2 * PARAMS[name] + 16 * lora_parameters(layers, shape) + 3 * GIB
+        full, ckpt, lora = layer_bytes(shape, False), layer_bytes(shape, True), lora_parameters(layers, shape)
         print(f"[{name}: {ckpt / 1024:.1f} KiB per token and layer with checkpointing, {full / 1024:.1f} without; "
-              f"LoRA {lora_parameters(layers, shape) / 1e6:.1f}M parameters]")
+              f"LoRA {lora / 1e6:.1f}M parameters per adapter]")
         for task in ("math", "code"):
             longest = max(p + r for (kind, _), (p, r, _, _) in PAPER_LENGTHS.items() if kind == task)
             for gpu in (80, 141):
-                def update(budget: int, static=static, layers=layers, ckpt=ckpt, full=full) -> float:
-                    return static + budget * (layers * ckpt + full) + head
-                fits = [b for b in BUDGETS if b >= longest and update(b) <= 0.9 * gpu * 1e9]
-                fraction = int((0.9 - (static - 2 * GIB) / (gpu * 1e9)) * 20) / 20
-                cell = f"{max(fits)}: {update(max(fits)) / GIB:.0f}" if fits else "does not fit"
-                print(f"{name:<5} {task:<4} | {gpu:>6} | {longest:>11} | {cell:<18} | {fraction:>13.2f} | "
+                def peak(budget: int, n=PARAMS[name], layers=layers, ckpt=ckpt, full=full, lora=lora,
+                         longest=longest) -> float:
+                    return max(update_bytes(n, lora, 3, budget, longest, layers, ckpt, full, head),
+                               drift_bytes(n, lora, 3, budget, longest, full, head))
+                fits = [b for b in BUDGETS if b >= longest and peak(b) <= 0.9 * gpu * 1e9]
+                static = 2 * PARAMS[name] + 16 * 3 * lora + GIB  # what stays on the GPU while vLLM samples
+                fraction = int((0.9 - static / (gpu * 1e9)) * 20) / 20
+                mask = mask_bytes(max(fits), longest) if fits else 0
+                cell = f"{max(fits)}: {peak(max(fits)) / GIB:.0f} ({mask / GIB:.0f})" if fits else "does not fit"
+                print(f"{name:<5} {task:<4} | {gpu:>6} | {longest:>11} | {cell:<28} | {fraction:>13.2f} | "
                       f"{step_time(name, task):.0f} s")
 
 

@@ -6,10 +6,11 @@ concept files at the top level (they import from here).
     distributed.py  torchrun: the process group, each rank's share, gathering values, summing gradients
     tallies.py      metrics as numerator and denominator, added over batches and ranks, divided once
     models.py       the built-in models (tiny, tiny-qwen3, random-qwen3-0.6b) and the packaged SmolLM2
-    vllm_engine.py  the vLLM sampling engine and its log-prob drift check
-    data.py         DAPO, DeepCoder and HumanEval rows, and the paper's train / held-out split
+    vllm_engine.py  the vLLM sampling engine and its log-prob drift check, per adapter
+    memory.py       the one-GPU memory plan's terms, and the HF engine's token bound on CUDA
+    data.py         DAPO, DeepCoder and HumanEval rows, and the reference's train / held-out splits
     cells.py        the paper's 48 cells and the flags each sets
-    plots.py        validation and per-role curves of runs, and the study's figure
+    plots.py        validation and per-role curves of runs, and the findings' figures (the toy-world study)
     toy.py          the toy world: an oracle's transcripts, a tokenizer and a small model warmed up on them
     study.py        the toy-world study: the findings' grid over seeds, evaluation and figures
     sandbox.py      runs an untrusted program against tests (the code reward)

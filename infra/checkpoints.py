@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -137,7 +138,9 @@ def resume_from_checkpoint(run_dir: str, model: PeftModel, optimizers: dict, gra
         folder = checkpoint_folder(run_dir, step)
         try:
             weights = read_adapters(os.path.join(folder, "adapters"), list(optimizers))
-            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)  # ours: it holds rng tuples
+            # ours (it holds rng tuples); on the CPU, where the random states must be, not on the device that
+            # saved it (rank 0's GPU): the optimizer state follows its parameters, the I6 averages are moved below
+            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False, map_location="cpu")
         except Exception as e:  # a truncated or corrupted file: fall back to the previous checkpoint
             print(f"warning: checkpoint {folder} is unreadable ({type(e).__name__}: {e}); trying the previous one")
             continue
@@ -145,7 +148,8 @@ def resume_from_checkpoint(run_dir: str, model: PeftModel, optimizers: dict, gra
         for a, (opt, sched) in optimizers.items():
             opt.load_state_dict(state["optimizers"][a][0])
             sched.load_state_dict(state["optimizers"][a][1])
-        grad_ema.update(state["grad_ema"])
+        device = next(model.parameters()).device  # this rank's
+        grad_ema.update({a: g.to(device) for a, g in state["grad_ema"].items()})
         (rank, size), states = world(), state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
         if len(states) == size:
             set_rng_state(states[rank])
@@ -157,3 +161,13 @@ def resume_from_checkpoint(run_dir: str, model: PeftModel, optimizers: dict, gra
         return step
     print(f"warning: {run_dir} has no readable checkpoint; starting from step 0")
     return 0
+
+
+def stop_on_write_error(e: WriteError, run_dir: str) -> None:
+    """A full disk, a read-only or removed run folder: one line that says what could not be written and why, the
+    last good checkpoint, and how to continue (a partial checkpoint was removed; nothing reads it)."""
+    steps = checkpoint_steps(run_dir) if os.path.isdir(run_dir) else []
+    then = (f"the last good checkpoint is step {steps[-1]}; once it can be written, continue with: python train.py "
+            f"--resume {run_dir}") if steps else "no checkpoint was saved; start the run again once it can be written"
+    print(f"error: {e}; {then}", file=sys.stderr)
+    raise SystemExit(1)

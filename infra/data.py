@@ -16,6 +16,7 @@ import json
 import os
 import re
 import socket
+import sys
 import urllib.parse
 
 
@@ -81,6 +82,16 @@ def paper_split(n_rows: int) -> tuple[list[int], list[int]]:
     import datasets
     split = datasets.Dataset.from_dict({"row": list(range(n_rows))}).train_test_split(test_size=0.1, seed=42)
     return list(split["train"]["row"]), list(split["test"]["row"])
+
+
+def deepcoder_split(n_rows: int, n_test: int = 1000) -> tuple[list[int], list[int]]:
+    """Row indices (train, test) of the reference's DeepCoder split: `datasets`' `shuffle(seed=42)`, the first
+    `n_test` rows as test, the rest as train. A file of fewer than 10 x n_test rows holds out its first tenth
+    instead (at least one row), so a small file still trains."""
+    import datasets
+    order = datasets.Dataset.from_dict({"row": list(range(n_rows))}).shuffle(seed=42)["row"]
+    n_test = n_test if n_rows >= 10 * n_test else max(1, n_rows // 10)
+    return list(order[n_test:]), list(order[:n_test])
 
 
 def _read_rows(source: str, split: str, config: str | None, limit: int | None) -> list[dict]:
@@ -224,15 +235,26 @@ def _normalise_tests(raw: object, func_name: str | None, where: str) -> list[dic
     return tests
 
 
-def _code_question(problem: str, starter: str, func_name: str | None) -> str:
-    """LiveCodeBench-style: the problem, then the starter code (or the entry point's name)."""
-    question = problem.strip()
-    if starter.strip():
-        question += ("\n\nYou will use the following starter code to write the solution to the problem."
-                     f"\n```python\n{starter.rstrip()}\n```")
-    elif func_name:
-        question += f"\n\nYou will use the function name `{func_name}` as the code entry point for your solution."
-    return question
+# The LiveCodeBench prompt each DeepCoder problem is wrapped in, as the reference's data preparation does
+# (rLLM's fetch_live_code_bench_system_prompt; the text is the reference's, so the model sees what it saw).
+LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
+              "generate a correct Python program that matches the specification and passes all tests.")
+LCB_WITH_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your "
+                    "code within delimiters.")
+LCB_STDIN = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test on "
+             "the sample inputs). Enclose your code within delimiters as follows. Ensure that when the python "
+             "program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
+
+
+def _code_question(problem: str, starter: str) -> str:
+    """The problem in the LiveCodeBench prompt: the instruction, the problem as given (no separator before
+    `### Format:`, as the reference), the starter code or a stdin/stdout skeleton, and the answer format."""
+    question = LCB_SYSTEM + "\n\n" + problem
+    if starter:
+        question += f"### Format: {LCB_WITH_STARTER}\n```python\n{starter}\n```\n\n"
+    else:
+        question += f"### Format: {LCB_STDIN}\n```python\n# YOUR CODE HERE\n```\n\n"
+    return question + "### Answer: (use the provided format with backticks)\n\n"
 
 
 def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
@@ -242,7 +264,7 @@ def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
     ``func_name``) and ``starter_code`` are optional. Malformed rows raise DataError naming the source and the row."""
     rows = _read_rows(source, split, config, limit)
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
-    out = []
+    out, dropped = [], 0
     for i, row in enumerate(rows):
         where = f"{source}: row {i}"
         if not isinstance(row, dict):
@@ -259,13 +281,19 @@ def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
         if not isinstance(starter, str):
             raise DataError(f"{where}: starter_code must be text")
         raw = _json_field(row["tests"], "tests", where)
+        if raw in ([], {}) or (isinstance(raw, dict) and raw.get("inputs") == [] and raw.get("outputs") == []):
+            dropped += 1  # as the reference drops a problem left with no tests
+            continue
         func_name = meta.get("func_name") or (raw.get("fn_name") if isinstance(raw, dict) else None) \
             or _starter_func_name(starter)
         tests = _normalise_tests(raw, func_name, where)
         name = next((t["metadata"]["func_name"] for t in tests if t["testtype"] == "functional"), None)
         task_id = row.get("id") or row.get("task_id") or row.get("question_id") or meta.get("question_id")
         out.append(dict(id=str(task_id) if task_id is not None else f"{stem}-{i}",
-                          question=_code_question(problem, starter, name), answer="", kind="code",
+                          question=_code_question(problem, starter), answer="", kind="code",
                           metadata={"tests": tests, "starter_code": starter, "func_name": name, "source": source,
                                     "row": i}))
+    if dropped:
+        print(f"warning: {source}: {dropped} problem(s) without tests dropped, as the reference drops them",
+              file=sys.stderr)
     return out

@@ -18,18 +18,25 @@ import torch.distributed as dist
 DIST_TIMEOUT_MIN = 30  # a rank that waits this long for the others in a collective gives up with an error
 
 
-def init_distributed() -> str | None:
-    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): the process group (nccl on CUDA, gloo on CPU), and this
-    rank's device; only rank 0 prints. A plain `python train.py` has no process group: None."""
+def quiet_other_ranks() -> None:
+    """Under torchrun, only rank 0 prints (for the life of the process); errors still come from every rank."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        sys.stdout = open(os.devnull, "w")
+
+
+def init_distributed(device: str = "auto") -> str | None:
+    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): the process group and this rank's device, as --device
+    asks: `cpu` is gloo on the CPU (also on a GPU machine); `auto` and `cuda` are nccl with each rank on GPU
+    LOCAL_RANK where torch sees a GPU (a `cuda:N` index is replaced by the local rank), else gloo on the CPU. A plain
+    `python train.py` has no process group: None."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return None
     local = int(os.environ["LOCAL_RANK"])
-    cuda = torch.cuda.is_available()
+    cuda = device != "cpu" and torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=DIST_TIMEOUT_MIN))
-    if dist.get_rank() != 0:
-        sys.stdout = open(os.devnull, "w")  # for the life of the process
+    quiet_other_ranks()
     return f"cuda:{local}" if cuda else "cpu"
 
 

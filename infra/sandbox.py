@@ -68,7 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CODE_TIMEOUT_S = 3.0  # per test (a stdin/stdout run, a functional call, a HumanEval call)
-CODE_WALL_TIMEOUT_S = 20.0  # whole problem
+CODE_WALL_TIMEOUT_S = 20.0  # whole problem, when the caller gives none (tasks.grade_code gives the reference's)
 CODE_MEMORY_BYTES = 4 << 30  # RLIMIT_AS per process
 CODE_OUTPUT_BYTES = 16 << 20  # stdout cap, response cap, RLIMIT_FSIZE
 CODE_MAX_PROCS = 64  # RLIMIT_NPROC (counts threads) of a sandbox uid

@@ -9,7 +9,7 @@ one resumed, so the study can be stopped and started again. What it is not: the 
 and eval.py), nor part of the test suite.
 
     python -m infra.study --dry-run                 # the grid and the commands, nothing run
-    python -m infra.study --out runs/study          # everything (about 90 minutes on 2 cores)
+    python -m infra.study --out runs/study --figures docs/findings   # everything; docs/findings.md's figures
     python -m infra.study --only voting-sp,voting-ip --seeds 1
 """
 from __future__ import annotations
@@ -69,6 +69,40 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
             for mode in MODES if mode not in done and (mode == "trained" or workflow_first)]
 
 
+TRAINING_KEYS = ("loss_share", "grad_norm_share", "entropy", "coherence_scale", "kl_base", "opt_steps")
+
+
+def summary(out: str, names: list[str], seeds: int) -> dict:
+    """The numbers docs/findings.md quotes, per configuration, one value per seed: every validation metric at step
+    0 and at the last step, validation accuracy's peak and its step, the role metrics of TRAINING_KEYS averaged
+    over the first and the last 10 steps, and eval.py's accuracy per mode."""
+    from infra.plots import eval_accuracy
+    table = {}
+    for name in names:
+        runs = [read_results(os.path.join(run_dir(out, name, seed), "metrics.jsonl"), ("step",), warn=False)
+                for seed in range(seeds)]
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        val = [[m for m in r if "val/success" in m] for r in runs]
+        row = {key: [v[0][key] for v in val] for key in val[0][0] if key.startswith("val/")}
+        row.update({f"{key}@end": [v[-1].get(key) for v in val] for key in val[0][-1] if key.startswith("val/")})
+        row["val/success@peak"] = [max(m["val/success"] for m in v) for v in val]
+        row["peak_step"] = [max(v, key=lambda m: m["val/success"])["step"] for v in val]
+        for key in {k for k in runs[0][-1] if k.split("/")[-1] in TRAINING_KEYS and not k.startswith("val/")}:
+            for part, rows in (("first10", lambda r: r[1:11]), ("last10", lambda r: r[-10:])):
+                row[f"{key}@{part}"] = [_mean([m.get(key) for m in rows(r)]) for r in runs]
+        row.update({f"eval/{mode}": eval_accuracy(out, name, seeds, mode) for mode in MODES})
+        table[name] = row
+    return table
+
+
+def _mean(values: list) -> float | None:
+    """The mean of the values that are not None (a step where a metric had nothing to measure)."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def finished(out: str, name: str, seed: int, steps: int) -> bool:
     metrics = read_results(os.path.join(run_dir(out, name, seed), "metrics.jsonl"), ("step",))
     return any(m["step"] == steps for m in metrics)
@@ -93,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=150, help="training steps of every run")
     p.add_argument("--samples", type=int, default=2, help="eval.py samples per validation task")
     p.add_argument("--only", default=None, help="comma-separated grid names (default: all; single always runs)")
+    p.add_argument("--figures", default=None, help="folder for the figures (default: --out; docs/findings.md's "
+                   "are in docs/findings)")
     p.add_argument("--dry-run", action="store_true", help="print the grid's commands, run nothing")
     args = p.parse_args(argv)
     names = list(GRID) if not args.only else ["single", *[n for n in args.only.split(",") if n != "single"]]
@@ -112,11 +148,12 @@ def main(argv: list[str] | None = None) -> None:
                 run(command, log, args.dry_run)
     if not args.dry_run:
         from infra.plots import plot_study
-        figures = plot_study(args.out, names, args.seeds)
+        os.makedirs(args.figures or args.out, exist_ok=True)
+        figures = plot_study(args.out, args.seeds, args.figures or args.out)
         with open(os.path.join(args.out, "study.json"), "w") as f:
             json.dump({"names": names, "seeds": args.seeds, "steps": args.steps, "minutes": (time.time() - start)
-                       / 60, "figures": figures}, f, indent=1)
-        print(f"study: {(time.time() - start) / 60:.1f} minutes; figures: {', '.join(figures)}")
+                       / 60, "figures": figures, "summary": summary(args.out, names, args.seeds)}, f, indent=1)
+        print(f"study: {(time.time() - start) / 60:.1f} minutes; figures and study.json in {args.out}")
 
 
 if __name__ == "__main__":

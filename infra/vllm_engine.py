@@ -128,16 +128,31 @@ class VLLMEngine:
 DRIFT_ROWS, DRIFT_WARN = 32, 0.05  # rows per step checked for vllm/logprob_drift; warn above (bf16: ~1e-2)
 
 
+def drift_rows(calls: list) -> list:
+    """About DRIFT_ROWS of the step's calls, spread over the step and shared among the adapters that sampled:
+    every adapter's copy in vLLM is checked (a stride over all calls would pick Voting's `generator0` only)."""
+    by_adapter: dict = {}
+    for c in calls:
+        by_adapter.setdefault(c.adapter, []).append(c)
+    per_adapter = -(-DRIFT_ROWS // max(1, len(by_adapter)))
+    return [c for group in by_adapter.values() for c in group[::-(-len(group) // per_adapter)][:per_adapter]]
+
+
 def vllm_drift(calls: list, measure: Callable) -> dict[str, list[float]]:
-    """`vllm/logprob_drift` as a tally: `measure(prompts, completions, adapters, engine log-probs)` (the mean
-    |vLLM - trainer| log-prob, policies.logprob_drift) on DRIFT_ROWS calls spread over the step. Near 0 means the
-    trainer's ratios are taken against what vLLM actually sampled."""
-    if not calls:
+    """`vllm/logprob_drift` (mean |vLLM - trainer| log-prob per sampled token) and `vllm/logprob_drift/<adapter>`
+    as tallies, on `drift_rows(calls)`. `measure(prompts, completions, adapters, engine log-probs)` is
+    policies.logprob_drift: {adapter: (sum of differences, tokens)}. Near 0 means the trainer's ratios are taken
+    against what vLLM actually sampled; an adapter whose copy in vLLM is stale stands out on its own line."""
+    rows = drift_rows(calls)
+    if not rows:
         return {}
-    rows = calls[::max(1, len(calls) // DRIFT_ROWS)][:DRIFT_ROWS]
-    drift = measure([c.prompt_ids for c in rows], [c.completion_ids for c in rows], [c.adapter for c in rows],
-                    [c.sample_logprobs for c in rows])
+    per_adapter = measure([c.prompt_ids for c in rows], [c.completion_ids for c in rows], [c.adapter for c in rows],
+                          [c.sample_logprobs for c in rows])
+    out = {f"vllm/logprob_drift/{a}": [total, tokens] for a, (total, tokens) in per_adapter.items()}
+    out["vllm/logprob_drift"] = [sum(t for t, _ in per_adapter.values()), sum(n for _, n in per_adapter.values())]
+    worst = max(per_adapter, key=lambda a: per_adapter[a][0] / max(per_adapter[a][1], 1))
+    drift = per_adapter[worst][0] / max(per_adapter[worst][1], 1)
     if drift > DRIFT_WARN:
-        tqdm.write(f"warning: vllm/logprob_drift {drift:.4f} > {DRIFT_WARN}: vLLM and the trainer disagree on the "
-                   "sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
-    return {"vllm/logprob_drift": [drift * len(rows), len(rows)]}
+        tqdm.write(f"warning: vllm/logprob_drift/{worst} {drift:.4f} > {DRIFT_WARN}: vLLM and the trainer disagree "
+                   "on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
+    return out

@@ -8,6 +8,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+# The tests run on the CPU on every machine: their numbers, the exact-resume comparisons and the two-rank runs
+# assume it (on a GPU machine they would run on CUDA, and two ranks would ask for two GPUs). The `gpu` tests
+# (tests/test_gpu.py) are the opt-in set for a GPU machine: MARL_GPU_TESTS=1 keeps the GPU visible and runs them,
+# `MARL_GPU_TESTS=1 pytest -m gpu` (bench/gpu_check.sh does). Hidden before torch first asks for a device.
+GPU_TESTS = os.environ.get("MARL_GPU_TESTS") == "1"
+if not GPU_TESTS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 # The test models are tiny and the machine's 2 cores are shared with other jobs: one intra-op thread avoids
 # oversubscription (with 2 threads under load, a tiny forward/backward can take 20x longer).
 try:
@@ -16,6 +24,17 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # tests that do not need torch still run
     pass
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only with MARL_GPU_TESTS=1 on a machine where torch sees a GPU."""
+    import torch
+    if GPU_TESTS and torch.cuda.is_available():
+        return
+    why = "set MARL_GPU_TESTS=1 to run the GPU tests" if not GPU_TESTS else "torch sees no CUDA device"
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture

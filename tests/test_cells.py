@@ -23,6 +23,8 @@ from policies import (
     use_adapter,
 )
 
+ON_CPU = ["--device", "cpu", "--engine", "hf"]  # a cell on this machine: asked for, so neither is refused
+
 # ---------------------------------------------------------------- cells by name
 
 
@@ -49,14 +51,45 @@ def test_list_cells_prints_all_48_and_every_name_parses(capsys):
     ("Voting-IP-4B-Code", (10240, 2048), "deepcoder", 40960, 2),  # the reference's 4B code script: 40,960
 ])
 def test_cell_sets_the_papers_settings(cell, lengths, task, budget, iterations):
-    a = train.parse_args(["--cell", cell])
+    a = train.parse_args(["--cell", cell, *ON_CPU])
     assert (a.max_prompt_tokens, a.max_new_tokens, a.task, a.max_tokens_per_micro_batch, a.max_iterations) == \
         (*lengths, task, budget, iterations)
     assert (a.tasks_per_step, a.n, a.mini_batch_size, a.lora_rank, a.lora_alpha, a.lr, a.weight_decay,
             a.max_grad_norm, a.warmup_steps, a.lr_schedule, a.steps, a.val_every, a.save_every, a.dtype,
             a.grad_checkpointing, a.prompts) == \
-        (64, 8, 512, 64, 32, 2e-5, 0.01, 1.0, 15, "cosine", 500, 10, 5, "bfloat16", True, "paper")
+        (64, 8, 512, 64, 32, 2e-5, 0.01, 1.0, 15, "verl-constant", 500, 10, 5, "bfloat16", True, "paper")
+    assert (a.chat_template, a.vllm_gpu_memory) == ("rllm", 0.4)
+    assert a.val_data == ("MathArena/aime_2025" if task == "dapo" else None)  # code: DeepCoder's test split
     assert a.data == ("open-r1/DAPO-Math-17k-Processed" if task == "dapo" else "agentica-org/DeepCoder-Preview-Dataset")
+
+
+def test_a_cell_without_cuda_is_one_line_naming_the_cuda_build(capsys, monkeypatch):
+    """A driver older than torch's CUDA build: torch sees no GPU, and `--device auto` would start a 500-step cell on
+    the CPU. It is refused before anything loads, with torch's CUDA version and the remedy; --device cpu is the
+    way to ask for it anyway."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--cell", "Voting-IP-0.6B-Math"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cell Voting-IP-0.6B-Math needs a CUDA GPU" in err and "CUDA 12.8" in err and "--device cpu" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_cell_that_would_sample_with_hf_says_so_before_loading(capsys, monkeypatch):
+    """CUDA but no vLLM: `--engine auto` would pick HF, hours per step at a cell's lengths. One line names the
+    engine and why, and the two ways on; `--engine hf` given runs it, with a warning."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
+    with pytest.raises(SystemExit):
+        train.parse_args(["--cell", "Voting-IP-0.6B-Math"])
+    out, err = capsys.readouterr()
+    assert "engine: hf (vLLM is not installed)" in out
+    assert "would sample with the HF engine" in err and "20480-token prompts, 5120 new tokens" in err
+    assert "--engine hf" in err and len(err.strip().splitlines()) == 1
+    args = train.parse_args(["--cell", "Voting-IP-0.6B-Math", "--engine", "hf"])
+    assert args.engine == "hf" and "warning: --cell Voting-IP-0.6B-Math on the HF engine" in capsys.readouterr().err
 
 
 def test_explicit_flags_win_over_the_cell_and_the_effective_config_is_saved(tmp_path):
@@ -64,7 +97,7 @@ def test_explicit_flags_win_over_the_cell_and_the_effective_config_is_saved(tmp_
     data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
                             for i in range(10)))
     run_dir = tmp_path / "run"
-    train.main(["--cell", "Voting-IP-0.6B-Math", "--model", "tiny-qwen3", "--data", str(data), "--steps", "0",
+    train.main(["--cell", "Voting-IP-0.6B-Math", *ON_CPU, "--model", "tiny-qwen3", "--data", str(data), "--steps", "0",
                 "--lr", "1e-4", "--dtype", "float32", "--val-every", "0", "--run-dir", str(run_dir)])
     saved = json.loads((run_dir / "args.json").read_text())
     assert (saved["cell"], saved["model"], saved["lr"], saved["steps"], saved["dtype"]) == \
@@ -76,9 +109,10 @@ def test_explicit_flags_win_over_the_cell_and_the_effective_config_is_saved(tmp_
 def test_a_flag_given_at_its_default_value_still_wins_over_the_cell():
     """Which flags were given is read from the command line, not from values: `--lr 5e-4` (train.py's default) and
     `--prompts=small` (the `=` form) beat the cell's 2e-5 and `paper`; a flag not given takes the cell's value."""
-    args = train.parse_args(["--cell", "Voting-IP-0.6B-Math", "--lr", "5e-4", "--prompts=small", "--seed", "-1"])
+    args = train.parse_args(["--cell", "Voting-IP-0.6B-Math", *ON_CPU, "--lr", "5e-4", "--prompts=small", "--seed",
+                             "-1"])
     assert (args.lr, args.prompts, args.seed) == (5e-4, "small", -1)
-    assert (args.lr_schedule, args.lora_rank, args.tasks_per_step) == ("cosine", 64, 64)
+    assert (args.lr_schedule, args.lora_rank, args.tasks_per_step) == ("verl-constant", 64, 64)
 
 
 # ---------------------------------------------------------------- schedule and split
@@ -94,6 +128,27 @@ def test_cosine_schedule_hand_computed():
     opts = make_optimizers(model, ["shared"], lr=0.1, warmup_steps=2, schedule="cosine", total_steps=6)
     used = [update_policy(model, [], opts, UpdateSettings())["lr"] for _ in range(6)]  # no samples: schedule only
     assert used == pytest.approx([0.1 * x for x in expected], abs=1e-8)
+
+
+def test_the_verl_constant_schedule_of_an_ip_cell_counts_adapter_updates_from_lr_0():
+    """What the reference's runs executed: verl's constant schedule with warm-up, lr x min(k, W) / W at its k-th
+    step (from 0: the first update changes no weight), one scheduler that every adapter's update steps. Three IP
+    adapters, W = 4, lr 0.1: training step 1 updates a, b, c at 0, 0.025, 0.05, step 2 at 0.075, 0.1, 0.1, so the
+    warm-up ends within ceil(4 / 3) = 2 training steps. An adapter without rows takes no update and does not step
+    the schedule: with c idle in step 1, step 2 runs a, b, c at 0.05, 0.075, 0.1."""
+    assert [lr_multiplier(s, 4, 100, "verl-constant") for s in range(6)] == [0, 0.25, 0.5, 0.75, 1, 1]
+    names = ["a", "b", "c"]
+    cfg = UpdateSettings(temperature=0.7, lr_schedule="verl-constant")
+
+    def lrs(schedule_of_rows):
+        torch.manual_seed(0)
+        model = add_adapters(load_model("tiny")[0], names, rank=2)
+        opts = make_optimizers(model, names, lr=0.1, warmup_steps=4, schedule="verl-constant", total_steps=100)
+        metrics = [update_policy(model, [Sample([1, 2, 3], [4, 5], 1.0, a, a) for a in rows], opts, cfg)
+                   for rows in schedule_of_rows]
+        return [m[f"{a}/lr"] for m in metrics for a in names]  # step 1's a, b, c, then step 2's
+    assert lrs([names, names]) == pytest.approx([0, 0.025, 0.05, 0.075, 0.1, 0.1])
+    assert lrs([["a", "b"], names]) == pytest.approx([0, 0.025, 0.05, 0.05, 0.075, 0.1])
 
 
 def test_held_out_split_is_the_datasets_call_of_the_paper(tmp_path):
@@ -239,26 +294,36 @@ def _write(path, rows):
 
 @pytest.mark.parametrize("cell", ["Voting-IP-0.6B-Math", "EvalOpt-SP-0.6B-Code"])
 def test_dress_rehearsal_of_a_cell_with_tiny_qwen3(tmp_path, cell):
-    """The cell's every setting (bf16, cosine schedule, activation checkpointing, token-budget micro-batches, LoRA
-    64/32, Eval-Opt budget, lengths) with the real Qwen3 class at a tiny size and a small local data file;
-    only the batch, the response length and the number of steps are cut down to CPU size."""
-    if cell.endswith("Math"):
+    """The cell's every setting (bf16, verl's schedule, the rLLM chat rendering, activation checkpointing,
+    token-budget micro-batches, LoRA 64/32, Eval-Opt budget, lengths, the validation set) with the real Qwen3 class
+    at a tiny size and small local data files; only the batch, the response length and the number of steps are
+    cut down to CPU size."""
+    if cell.endswith("Math"):  # and an AIME-format file for the cell's validation set (AIME 2025 on the hub)
         data = _write(tmp_path / "dapo.jsonl", [{"prompt": f"What is {i} + {i}?", "solution": str(2 * i)}
                                                 for i in range(20)])
+        local_val = ["--val-data", _write(tmp_path / "aime.jsonl", [{"problem": f"What is {i} x 3?",
+                                                                    "answer": str(3 * i)} for i in range(4)])]
     else:
         tests_json = json.dumps([{"input": "1\n", "output": "2\n", "testtype": "stdin_stdout"}])
         data = _write(tmp_path / "deepcoder.jsonl", [{"problem": f"Read n, print n + {i}.", "tests": tests_json}
                                                      for i in range(20)])
+        local_val = []  # the held-out rows of DeepCoder's split
     run_dir = tmp_path / "run"
-    train.main(["--cell", cell, "--model", "tiny-qwen3", "--data", data, "--steps", "2", "--tasks-per-step", "2",
-                "--n", "2", "--max-new-tokens", "8", "--max-tokens-per-micro-batch", "200", "--save-every", "2",
-                "--run-dir", str(run_dir)])
+    train.main(["--cell", cell, *ON_CPU, *local_val, "--model", "tiny-qwen3", "--data", data, "--steps", "2",
+                "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "8", "--max-tokens-per-micro-batch", "200",
+                "--save-every", "2", "--run-dir", str(run_dir)])
     saved = json.loads((run_dir / "args.json").read_text())
     assert (saved["dtype"], saved["lr_schedule"], saved["grad_checkpointing"], saved["lora_rank"]) == \
-        ("bfloat16", "cosine", True, 64)
+        ("bfloat16", "verl-constant", True, 64)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2] and "val/success" in lines[0] and "val/success" in lines[2]
-    assert lines[1]["lr"] == pytest.approx(2e-5 / 15) and lines[2]["lr"] == pytest.approx(2 * 2e-5 / 15)  # warm-up
+    assert lines[0]["val/success"] is not None and (cell.endswith("Code") or "val/generator/acc" in lines[0])
+    lr = 2e-5 / 15  # the warm-up from 0, one schedule step per adapter update (IP: aggregator, then generator)
+    if saved["policy"] == "ip":
+        got = [m[f"{role}/lr"] for m in lines[1:] for role in ("aggregator", "generator")]
+        assert got == pytest.approx([0, lr, 2 * lr, 3 * lr])
+    else:
+        assert [m["lr"] for m in lines[1:]] == pytest.approx([0, lr])
     roles = train.ROLES[saved["workflow"]]
     assert all(lines[2][f"{r}/opt_steps"] >= 1 for r in roles)
     assert os.path.isdir(run_dir / "checkpoints" / "step_000002" / "adapters")

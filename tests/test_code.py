@@ -750,7 +750,7 @@ def test_load_code_through_datasets(tmp_path):
             for i in range(5)]
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
     tasks = load_code(str(folder), split="train", limit=3)
-    assert [t.question for t in tasks] == ["Add 0.", "Add 1.", "Add 2."]
+    assert [t.question.split("\n\n")[1].split("###")[0] for t in tasks] == ["Add 0.", "Add 1.", "Add 2."]
     assert tasks[0].metadata["tests"][0]["testtype"] == "stdin_stdout"
     with pytest.raises(DataError, match="cannot load"):
         load_code(str(tmp_path / "no_such_dataset"))
@@ -765,7 +765,6 @@ def test_functional_name_from_starter_code(tmp_path):
 
 @pytest.mark.parametrize("row, message", [
     ({"problem": "p", "tests": "[{not json"}, "tests is not valid JSON"),
-    ({"problem": "p", "tests": "[]"}, "no tests"),
     ({"problem": "p", "tests": json.dumps([{"input": "[1]", "output": "1", "testtype": "functional"}])},
      "functional test without func_name"),
     ({"problem": "", "tests": json.dumps(SUM_TESTS)}, "missing or empty field 'problem'"),
@@ -783,6 +782,57 @@ def test_load_code_malformed_rows_name_file_and_row(tmp_path, row, message):
         load_code(path)
     text = str(info.value)
     assert path in text and "row 2" in text and message in text, text
+
+
+def test_a_many_test_problem_gets_the_references_time_limits(monkeypatch):
+    """The reference's grader: 3 s per test, and (3 + 1) x tests + 5 s for the whole problem, at most 120 s. A
+    40-test problem gets 120 s (the 20 s it had failed correct solutions of problems with many tests); 10 tests
+    45 s; one test 9 s. (The sandbox is a stand-in that records the limits it is given.)"""
+    from infra import sandbox
+    seen = {}
+    monkeypatch.setattr(sandbox, "run_tests", lambda program, tests, accept, **limits: seen.update(limits) or
+                        sandbox.Outcome(len(tests), len(tests), "passed", None, None))
+    for n, wall in ((40, 120.0), (10, 45.0), (1, 9.0)):
+        assert grade_code(fence("print(3)"), stdin_task([("1 2\n", "3")] * n)).reward == 1.0
+        assert (seen["timeout_s"], seen["wall_timeout_s"]) == (3.0, wall)
+
+
+def test_a_deepcoder_problem_is_the_livecodebench_prompt_and_one_without_tests_is_dropped(tmp_path, capsys):
+    """The reference wraps each problem in rLLM's LiveCodeBench prompt (no separator before `### Format:`; a
+    stdin/stdout skeleton without starter code) and drops problems left with no tests."""
+    rows = [{"problem": "Read n, print n + 1.\n", "tests": json.dumps(SUM_TESTS)},
+            {"problem": "Nothing to test.", "tests": "[]"},
+            {"problem": "Two sum.", "tests": json.dumps(SUM_TESTS), "starter_code": "def solve():\n    pass"}]
+    stdin, starter = load_code(_rows_file(tmp_path, rows))
+    assert stdin.question == (
+        "You are an expert Python programmer. You will be given a question (problem specification) and will generate "
+        "a correct Python program that matches the specification and passes all tests.\n\nRead n, print n + 1.\n"
+        "### Format: Read the inputs from stdin solve the problem and write the answer to stdout (do not directly "
+        "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when the python "
+        "program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.\n```python\n"
+        "# YOUR CODE HERE\n```\n\n### Answer: (use the provided format with backticks)\n\n")
+    assert starter.question.endswith(
+        "Two sum.### Format: You will use the following starter code to write the solution to the problem and "
+        "enclose your code within delimiters.\n```python\ndef solve():\n    pass\n```\n\n"
+        "### Answer: (use the provided format with backticks)\n\n")
+    assert "1 problem(s) without tests dropped" in capsys.readouterr().err
+
+
+def test_the_deepcoder_split_is_shuffle_seed_42_then_the_first_rows(tmp_path):
+    """As the reference's data preparation: `shuffle(seed=42)` over the problems, the first 1,000 as test, the
+    rest as train; a file of fewer than 10,000 rows holds out its first tenth (here 3 of 30). The permutation
+    depends only on the number of rows, so it is datasets' own on a dataset of 30 rows."""
+    import datasets
+
+    from infra.data import deepcoder_split
+    from tasks import load_split
+    order = datasets.Dataset.from_dict({"i": list(range(30))}).shuffle(seed=42)["i"]
+    assert deepcoder_split(30) == (list(order[3:]), list(order[:3]))
+    assert deepcoder_split(12000)[1] == list(datasets.Dataset.from_dict({"i": list(range(12000))})
+                                               .shuffle(seed=42)["i"][:1000])
+    rows = [{"problem": f"Print {i}.", "tests": json.dumps(SUM_TESTS)} for i in range(30)]
+    train, val = load_split("deepcoder", _rows_file(tmp_path, rows), n_val=2)
+    assert [t.metadata["row"] for t in val] == list(order[:2]) and len(train) == 27
 
 
 def test_load_code_bad_files(tmp_path):

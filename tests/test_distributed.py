@@ -192,3 +192,41 @@ def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves_once(tmp_
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == [f"step_{done[-1]:06d}"]
     finish(launch(tmp_path, ["--resume", run_dir, "--steps", str(done[-1] + 1)], ranks=2))
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, done[-1] + 2))
+
+
+# ---------------------------------------------------------------- which device a rank uses (no launch)
+
+def test_init_distributed_honours_the_device_flag(monkeypatch):
+    """--device cpu under torchrun on a GPU machine is gloo on the CPU, and no rank touches a GPU; auto is nccl with
+    each rank on the GPU of its LOCAL_RANK. (torch.cuda and the process group are stand-ins: no launch needed.)"""
+    from infra import distributed
+    calls: dict = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "0")  # rank 0 keeps its stdout
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.setdefault("set_device", i))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kw: calls.setdefault("backend",
+                                                                                                        backend))
+    assert distributed.init_distributed("cpu") == "cpu" and calls == {"backend": "gloo"}
+    calls.clear()
+    assert distributed.init_distributed("auto") == "cuda:1" and calls == {"set_device": 1, "backend": "nccl"}
+
+
+def test_resume_reads_onto_the_cpu_and_moves_the_i6_state_to_the_ranks_device(tmp_path, monkeypatch,
+                                                                               make_lora_model):
+    """A checkpoint that rank 0 saved from its GPU would load back onto cuda:0 on every rank (torch.load's default),
+    and I6 would then mix devices. It is read onto the CPU (where the random states must be); the optimizer state
+    follows its parameters and the I6 averages are moved to the model's device."""
+    from grpo import make_optimizers
+    from infra import checkpoints
+    model = make_lora_model()
+    optimizers = make_optimizers(model, ["shared"], 1e-3, 0.0, 0, "constant", 10)
+    checkpoints.save_checkpoint(str(tmp_path), 1, model, optimizers, {"shared": torch.arange(4.0)})
+    seen, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: seen.append(kw.get("map_location")) or load(*a, **kw))
+    grad_ema: dict = {}
+    assert checkpoints.resume_from_checkpoint(str(tmp_path), model, optimizers, grad_ema, seed=0) == 1
+    assert seen == ["cpu"]
+    assert grad_ema["shared"].device == next(model.parameters()).device
+    assert torch.equal(grad_ema["shared"], torch.arange(4.0))

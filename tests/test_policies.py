@@ -189,6 +189,24 @@ def test_mixed_adapter_generation_equals_per_adapter(two_adapter_model):
     assert list(outs[2]) == engine.generate([prompts[0]], [None])[0].completion_ids  # None means base too
 
 
+def test_generation_is_cut_by_tokens_as_well_as_rows(two_adapter_model, monkeypatch):
+    """A cell's stage sends 64 rows of 12-30k-token prompts with 5,120 new tokens: cut only by rows, one generate()
+    call would hold the KV cache of 64 x 35k tokens. `max_tokens` bounds each call's rows x (widest prompt + new
+    tokens); the rows come back in the caller's order, the same as without the bound."""
+    model, tok = two_adapter_model
+    prompts, adapters = [_prompt(tok, t) for t in PROMPT_TEXTS], ["x", "y", BASE, "x"]
+    widths = sorted(len(p) + 12 for p in prompts)  # 4 different lengths
+    budget = 2 * widths[1]  # the two shortest rows fit in one call; any other two, or three, do not
+    engine = HFEngine(model, tok, max_new_tokens=12, temperature=0, max_tokens=budget)
+    chunks, real = [], engine._generate_chunk
+    monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: chunks.append([len(x) for x in p]) or real(p, a))
+    got = engine.generate(prompts, adapters)
+    assert [len(c) for c in chunks] == [2, 1, 1]
+    assert all(len(c) * (max(c) + 12) <= budget for c in chunks[:1])
+    want = HFEngine(model, tok, max_new_tokens=12, temperature=0).generate(prompts, adapters)
+    assert [g.completion_ids for g in got] == [g.completion_ids for g in want]
+
+
 def test_generation_truncation(two_adapter_model):
     model, tok = two_adapter_model
     engine = HFEngine(model, tok, max_new_tokens=5, temperature=0)
@@ -513,3 +531,23 @@ def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
         m = rates(workflows.episode_tallies(eps))
         for role in roles:
             assert m[f"{role}/format_ok"] >= 0.8, (workflow, role, m[f"{role}/format_ok"])
+
+
+def test_the_rllm_template_renders_a_two_turn_conversation_as_the_references_parser():
+    """What rLLM's QwenChatTemplateParser.parse(messages, add_generation_prompt=True, is_first_msg=True) returns
+    with disable_thinking=True, derived by reading rllm/parser/chat_template_parser.py (its engine passes
+    is_first_msg=True on every call): the default Qwen system message before a first message that is not a system
+    one; `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n` as the header of every assistant turn and of the
+    generation prompt; an assistant turn's text stripped. Qwen3's own template has neither the system message nor
+    the earlier turn's think block."""
+    from policies import chat_encoder, rllm_qwen_text
+    messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": " \\boxed{4}\n"},
+                {"role": "user", "content": "Check again."}]
+    want = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n\\boxed{4}"
+            "<|im_end|>\n<|im_start|>user\nCheck again.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert rllm_qwen_text(messages) == want
+    tok = tiny_tokenizer()  # ChatML specials, bytes otherwise: the ids decode back to the string
+    assert tok.decode(chat_encoder(tok, template="rllm")(messages)) == want
+    system = [{"role": "system", "content": "Be brief."}, *messages[:1]]
+    assert rllm_qwen_text(system).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")

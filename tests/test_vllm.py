@@ -90,11 +90,17 @@ def test_same_greedy_completions_as_hf_for_two_adapters_and_base(setup):
     assert all(len(g.logprobs) == len(g.completion_ids) for g in got)
 
 
+def _drift(model, prompts, gens, adapters) -> dict:
+    """logprob_drift's mean per adapter."""
+    return {a: total / tokens for a, (total, tokens) in
+            logprob_drift(model, prompts, _ids(gens), adapters, [g.logprobs for g in gens]).items()}
+
+
 def test_logprob_drift_below_1e_3(setup):
     model, hf, vllm, prompts, adapters = setup
     gens = vllm.generate(prompts, adapters)
-    drift = logprob_drift(model, prompts, _ids(gens), adapters, [g.logprobs for g in gens])
-    assert drift < 1e-3
+    drift = _drift(model, prompts, gens, adapters)
+    assert set(drift) == set(adapters) and max(drift.values()) < 1e-3
     assert all(lp < 0 for g in gens for lp in g.logprobs)  # real log-probs of a near-uniform random model
 
 
@@ -106,15 +112,15 @@ def test_after_an_update_vllm_serves_the_new_weights(setup):
         _randomize_lora(model, "alpha", seed=3)  # stands in for an optimizer step on `alpha` only
         stale = vllm.generate(prompts, adapters)
         assert _ids(stale) == before  # not synced yet: vLLM still holds the old `alpha`
-        stale_drift = logprob_drift(model, prompts, _ids(stale), adapters, [g.logprobs for g in stale])
-        assert stale_drift > 1e-2  # ... and the drift check sees it
+        stale_drift = _drift(model, prompts, stale, adapters)
+        assert stale_drift["alpha"] > 1e-2 and stale_drift["beta"] < 1e-3  # ... and the drift check sees which
         vllm.sync_adapters(model, ["alpha"])
         want, got = hf.generate(prompts, adapters), vllm.generate(prompts, adapters)
         assert _ids(got) == _ids(want)
         changed = [i for i, (b, g) in enumerate(zip(before, _ids(got))) if b != g]
         assert changed and all(adapters[i] == "alpha" for i in changed)  # alpha rows changed, the others did not
         assert vllm.requests["alpha"].lora_name == "alpha-v2" and vllm.requests["beta"].lora_name == "beta-v1"
-        assert logprob_drift(model, prompts, _ids(got), adapters, [g.logprobs for g in got]) < 1e-3
+        assert max(_drift(model, prompts, got, adapters).values()) < 1e-3
     finally:
         with torch.no_grad():
             for n, p in model.named_parameters():
@@ -147,4 +153,5 @@ def test_train_with_vllm_engine_logs_small_drift_after_every_update(setup, tmp_p
     assert [m["step"] for m in steps] == [1, 2, 3]
     # steps 2 and 3 sample with adapters updated 1 and 2 times: only a fresh copy in vLLM keeps the drift ~0
     assert all(m["vllm/logprob_drift"] < 1e-3 for m in steps)
+    assert all(m["vllm/logprob_drift/generator"] < 1e-3 and m["vllm/logprob_drift/aggregator"] < 1e-3 for m in steps)
     assert all(m["generator/opt_steps"] == 3 and m["aggregator/opt_steps"] == 1 for m in steps)

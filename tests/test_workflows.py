@@ -532,3 +532,19 @@ def test_worked_example_one_voting_task_becomes_rows(policy, rows):
     assert Counter(s.adapter for s in samples) == rows
     assert [s.role for s in samples] == ["generator"] * 3 + ["aggregator"] + ["generator"] * 3 + ["aggregator"]
     assert [round(s.advantage, 4) for s in samples] == [-0.7071] * 4 + [0.7071] * 4
+
+
+def test_the_paper_synthesizer_sees_strategy_labels_and_the_code_retry_keeps_a_working_approach():
+    """As the reference: its synthesizer reads `--- Solution i (Strategy: ...) ---` (paper prompts; the small ones
+    keep the bare block), and its code retry asks for a different approach only if the logic was flawed (the
+    math retry's "completely different method" is math's)."""
+    from workflows import refine_messages, synthesizer_messages
+    paper = synthesizer_messages(TASK, ["It is 4.", "Four."], ["count up", "add"], WorkflowOptions(prompts="paper"))
+    assert "--- Solution 1 (Strategy: count up) ---\nIt is 4.\n\n--- Solution 2 (Strategy: add) ---\nFour." in \
+        paper[0]["content"]
+    small = synthesizer_messages(TASK, ["It is 4.", "Four."], ["count up", "add"], WorkflowOptions())[0]["content"]
+    assert "--- Solution 1 ---\nIt is 4." in small and "Strategy:" not in small
+    code = Task("c1", "Print 1.", "", "code", {"tests": [{"input": "", "output": "1"}]})
+    retry = refine_messages(code, WorkflowOptions(), "print(2)", "wrong", [])[-1]["content"]
+    assert "fundamentally flawed" in retry and "completely different" not in retry
+    assert "completely different method" in refine_messages(TASK, WorkflowOptions(), "5", "no", [])[-1]["content"]
