@@ -551,3 +551,29 @@ def test_the_rllm_template_renders_a_two_turn_conversation_as_the_references_par
     assert tok.decode(chat_encoder(tok, template="rllm")(messages)) == want
     system = [{"role": "system", "content": "Be brief."}, *messages[:1]]
     assert rllm_qwen_text(system).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+
+
+def test_the_drift_check_takes_rows_of_every_adapter_that_sampled():
+    """Voting's calls come as generator0, generator1, generator2, aggregator per episode: a stride of len // 32
+    over 128 calls took every 4th, generator0's only, so the aggregator adapter's copy in vLLM was never checked.
+    The rows are shared among the adapters that sampled and spread over the step, and the drift is logged per
+    adapter as (sum of differences, tokens) tallies beside the overall one."""
+    from types import SimpleNamespace
+
+    from infra.vllm_engine import drift_rows, vllm_drift
+    calls = [SimpleNamespace(adapter="generator" if j < 3 else "aggregator", prompt_ids=[episode, j],
+                             completion_ids=[1, 2], sample_logprobs=[-1.0, -1.0])
+             for episode in range(32) for j in range(4)]
+    rows = drift_rows(calls)
+    assert sorted(c.adapter for c in rows) == ["aggregator"] * 16 + ["generator"] * 16
+    for adapter in ("aggregator", "generator"):  # spread over the step: 16 different episodes of 32
+        assert len({c.prompt_ids[0] for c in rows if c.adapter == adapter}) == 16
+    seen = []
+
+    def measure(prompts, completions, adapters, engine_logprobs):  # stands in for policies.logprob_drift
+        seen.extend(adapters)
+        return {a: (0.5 * 2 * adapters.count(a), 2 * adapters.count(a)) for a in set(adapters)}
+    out = vllm_drift(calls, measure)
+    assert sorted(seen) == sorted(c.adapter for c in rows)
+    assert out["vllm/logprob_drift/aggregator"] == [16.0, 32] and out["vllm/logprob_drift/generator"] == [16.0, 32]
+    assert out["vllm/logprob_drift"] == [32.0, 64]
