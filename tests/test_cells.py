@@ -97,13 +97,14 @@ def test_explicit_flags_win_over_the_cell_and_the_effective_config_is_saved(tmp_
     data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
                             for i in range(10)))
     run_dir = tmp_path / "run"
-    train.main(["--cell", "Voting-IP-0.6B-Math", *ON_CPU, "--model", "tiny-qwen3", "--data", str(data), "--steps", "0",
-                "--lr", "1e-4", "--dtype", "float32", "--val-every", "0", "--run-dir", str(run_dir)])
+    train.main(["--cell", "Voting-IP-0.6B-Math", *ON_CPU, "--val-data", str(data), "--model", "tiny-qwen3", "--data",
+                str(data), "--steps", "0", "--lr", "1e-4", "--dtype", "float32", "--val-every", "0", "--run-dir",
+                str(run_dir)])
     saved = json.loads((run_dir / "args.json").read_text())
     assert (saved["cell"], saved["model"], saved["lr"], saved["steps"], saved["dtype"]) == \
         ("Voting-IP-0.6B-Math", "tiny-qwen3", 1e-4, 0, "float32")               # given flags
     assert (saved["workflow"], saved["policy"], saved["lr_schedule"], saved["max_prompt_tokens"]) == \
-        ("voting", "ip", "cosine", 20480)                                        # the cell's
+        ("voting", "ip", "verl-constant", 20480)                                 # the cell's
 
 
 def test_a_flag_given_at_its_default_value_still_wins_over_the_cell():

@@ -10,8 +10,9 @@ GIB = 2 ** 30
 def test_the_padded_mask_of_a_micro_batch_is_in_the_plan():
     """transformers builds a [rows, 1, W, W] bool mask when a micro-batch's rows differ in length, and SDPA a bf16
     copy: 3 bytes a cell. At a 262,144-token budget with 35,840-token rows (math Eval-Opt): 262144 // 35840 = 7
-    rows, 7 x 35840^2 x 3 = 26,975,436,800 bytes, 27.0 GB that the plan before this term did not count."""
-    assert memory.mask_bytes(262144, 35840) == 7 * 35840 ** 2 * 3 == 26_975_436_800
+    rows, 7 x 35,840^2 x 3 = 7 x 1,284,505,600 x 3 = 26,974,617,600 bytes, 27.0 GB that the plan before this term
+    did not count."""
+    assert memory.mask_bytes(262144, 35840) == 7 * 35840 ** 2 * 3 == 26_974_617_600
     assert memory.mask_bytes(1000, 4000) == 4000 ** 2 * 3  # a row wider than the budget goes alone
 
 
