@@ -108,7 +108,8 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     lm = policies.add_adapters(base, ["shared"], rank=64)
     policies.enable_grad_checkpointing(lm)
     lora = sum(p.numel() for p in policies.adapter_parameters(lm, "shared"))
-    row = Sample(torch.randint(0, 1000, (prompt,)).tolist(), torch.randint(0, 1000, (new,)).tolist(), 1.0,
+    vocab = min(1000, lm.config.vocab_size)
+    row = Sample(torch.randint(0, vocab, (prompt,)).tolist(), torch.randint(0, vocab, (new,)).tolist(), 1.0,
                  "generator", "shared")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -136,13 +137,15 @@ def check_bf16(small: bool, model: str) -> tuple[str, str]:
 
     import policies
     device = "cpu" if small else "cuda"
-    g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 1000, (int(n),), generator=g).tolist() for n in torch.randint(16, 200, (8,))]
-    completions = [torch.randint(0, 1000, (int(n),), generator=g).tolist() for n in torch.randint(8, 128, (8,))]
-    got = {}
+    got, g = {}, torch.Generator().manual_seed(2)
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         lm, _ = policies.load_model(model, dtype, device)
+        if dtype == torch.float32:  # the rows: token ids the vocabulary has
+            vocab = min(1000, lm.config.vocab_size)
+            prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in torch.randint(16, 200, (8,))]
+            completions = [torch.randint(0, vocab, (int(n),), generator=g).tolist()
+                           for n in torch.randint(8, 128, (8,))]
         got[dtype] = torch.cat(policies.policy_logprobs(lm, None, prompts, completions)).float()
         del lm
     diff = (got[torch.float32] - got[torch.bfloat16]).abs()

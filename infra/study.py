@@ -9,7 +9,7 @@ one resumed, so the study can be stopped and started again. What it is not: the 
 and eval.py), nor part of the test suite.
 
     python -m infra.study --dry-run                 # the grid and the commands, nothing run
-    python -m infra.study --out runs/study --figures docs/findings   # everything; docs/findings.md's figures
+    python -m infra.study --out runs/study --figures docs/findings   # everything (77 minutes on 2 cores)
     python -m infra.study --only voting-sp,voting-ip --seeds 1
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def summary(out: str, names: list[str], seeds: int) -> dict:
         row.update({f"{key}@end": [v[-1].get(key) for v in val] for key in val[0][-1] if key.startswith("val/")})
         row["val/success@peak"] = [max(m["val/success"] for m in v) for v in val]
         row["peak_step"] = [max(v, key=lambda m: m["val/success"])["step"] for v in val]
-        for key in {k for k in runs[0][-1] if k.split("/")[-1] in TRAINING_KEYS and not k.startswith("val/")}:
+        for key in sorted({k for m in runs[0] for k in m if k.split("/")[-1] in TRAINING_KEYS and "val/" not in k}):
             for part, rows in (("first10", lambda r: r[1:11]), ("last10", lambda r: r[-10:])):
                 row[f"{key}@{part}"] = [_mean([m.get(key) for m in rows(r)]) for r in runs]
         row.update({f"eval/{mode}": eval_accuracy(out, name, seeds, mode) for mode in MODES})
