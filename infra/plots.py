@@ -213,9 +213,9 @@ STUDY_FIGURES = [
             for w, role, style in (("voting", "aggregator", "-"), ("evalopt", "evaluator", "--"))
             for p in ("sp", "ip")])]),
     ("interventions", "I1 and I6 on Voting IP", [
-        ("validation accuracy", [("voting-ip", ACC, "IP", "-", 1), ("voting-ip-i6", ACC, "IP + I6", "-", 1),
-                                 ("voting-ip-i1", ACC, "IP + I1", "-", 1)]),
-        ("I6: the generator's coherence scale", [("voting-ip-i6", "generator/coherence_scale", "IP + I6", "-", 10)]),
+        ("validation accuracy", [("voting-ip", ACC, "plain IP", "-", 1), ("voting-ip-i6", ACC, "I6 on IP", "-", 1),
+                                 ("voting-ip-i1", ACC, "I1 on IP", "-", 1)]),
+        ("I6: the generator's coherence scale", [("voting-ip-i6", "generator/coherence_scale", "I6 on IP", "-", 10)]),
         ("I1: KL to the base model, per token", [("voting-ip-i1", "generator/kl_base", "generator", "-", 10),
                                                 ("voting-ip-i1", "aggregator/kl_base", "aggregator", "-", 10)])]),
 ]
