@@ -36,21 +36,26 @@ def mask_bytes(budget: int, longest_row: int) -> int:
     return rows * longest_row * longest_row * MASK_BYTES
 
 
+def static_bytes(params: float, lora_params: float, adapters: int) -> float:
+    """What stays on the GPU through the update: bf16 base weights, each adapter's LoRA with its gradient and Adam
+    state (IP holds 2-3 adapters, each with its own optimizer), and the slack."""
+    return 2 * params + LORA_BYTES * lora_params * adapters + SLACK
+
+
 def update_bytes(params: float, lora_params: float, adapters: int, budget: int, longest_row: int, layers: int,
                  ckpt_layer_token: float, full_layer_token: float, head: float) -> float:
-    """Peak memory of one update micro-batch: bf16 base weights, each adapter's LoRA with its gradient and Adam
-    state (IP holds 2-3 adapters, each with its own optimizer), the checkpointed activations of every layer plus
-    one layer's recompute for the budget's tokens, the padded micro-batch's mask, the LM head's chunk, slack."""
-    static = 2 * params + LORA_BYTES * lora_params * adapters + SLACK
-    return static + budget * (layers * ckpt_layer_token + full_layer_token) + mask_bytes(budget, longest_row) + head
+    """Peak memory of one update micro-batch: `static_bytes`, the checkpointed activations of every layer plus one
+    layer's recompute for the budget's tokens, the padded micro-batch's mask, the LM head's chunk."""
+    activations = budget * (layers * ckpt_layer_token + full_layer_token)
+    return static_bytes(params, lora_params, adapters) + activations + mask_bytes(budget, longest_row) + head
 
 
 def drift_bytes(params: float, lora_params: float, adapters: int, budget: int, longest_row: int,
                 full_layer_token: float, head: float) -> float:
     """Peak memory of the drift check's forward (vLLM asleep, no gradient): the same weights and optimizer state,
     one layer's activations at a time for a micro-batch within the same token budget, its mask, the LM head."""
-    static = 2 * params + LORA_BYTES * lora_params * adapters + SLACK
-    return static + budget * full_layer_token + mask_bytes(budget, longest_row) + head
+    activations = budget * full_layer_token
+    return static_bytes(params, lora_params, adapters) + activations + mask_bytes(budget, longest_row) + head
 
 
 def generation_tokens(free_bytes: int, kv_per_token: int) -> int:

