@@ -39,7 +39,7 @@ from tqdm import tqdm
 import policies
 import tasks
 import workflows
-from infra import checkpoints, distributed, memory
+from infra import calibration, checkpoints, distributed, memory, toy, toy_model
 from infra.cells import PAPER_LENGTHS, cell_name
 from infra.plots import EVAL_KEYS, plot_runs
 from infra.runfolder import (
@@ -189,9 +189,12 @@ def eval_lengths(run_args: dict) -> tuple[int | None, int]:
     return run_args.get("max_prompt_tokens"), run_args["max_new_tokens"]
 
 
-def eval_tasks(run_args: dict, data: str | None) -> list[tasks.Task]:
-    """The run's validation split, or every row of `data` read in the run's task format; bad rows: one line."""
+def eval_tasks(run_args: dict, data: str | None, split: str = "val") -> list[tasks.Task]:
+    """The run's validation split, its test split (synthetic math: as many problems again, drawn after its
+    training ones), or every row of `data` read in the run's task format; bad rows: one line."""
     try:
+        if split == "test":
+            return tasks.math_test(run_args["n_train"], run_args["n_val"], run_args["difficulty"], run_args["seed"])
         if data is None:
             return tasks.load_split(run_args["task"], run_args["data"], run_args["data_config"], run_args["n_train"],
                                     run_args["n_val"], run_args["difficulty"], run_args["seed"],
@@ -209,7 +212,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     run_args = read_run_args(run_dir, keys=EVAL_RUN_KEYS)
     sa_run = args.sa_run if mode in SA_MODES else None
     sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run)) if mode in SA_MODES else None
-    eval_set = eval_tasks(run_args, args.data)
+    eval_set = eval_tasks(run_args, args.data, args.split)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model, tokenizer = build_model(run_args, mode, sa_args, device)
     temp = run_args["temperature"] if args.temperature is None else args.temperature
@@ -217,7 +220,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
     engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"],
                                max_tokens=memory.hf_generation_budget(model))  # on CUDA: the KV cache that fits
-    dataset, records = dataset_name(run_args, args.data), []
+    dataset, records = dataset_name(run_args, args.data) + ("-test" if args.split == "test" else ""), []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, sa_run, sa_args, step)
         checkpoints.seed_everything(args.seed)  # every checkpoint samples with the same seed: differences are weights'
@@ -269,6 +272,51 @@ def results_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the toy world
+
+def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name: name) -> list[Episode]:
+    """`n` episodes of `workflow` on each of the 243 one-digit problems with the default prompts and options:
+    the toy model's warm-up transcripts (the oracle answers by call name) and its calibration."""
+    problems = tasks.synthetic_math(243, difficulty=0, seed=0)
+    return workflows.rollout(problems, n, workflow, engine, encode, route, workflows.WorkflowOptions())
+
+
+def calibrate_command(seed: int, episodes: int | None, out: str | None) -> dict:
+    """The toy model of `seed` before any RL, against calibration's targets: every workflow played by the model
+    alone, by the oracle alone, and with one habit at a time played by an always-careful and an always-hurried
+    oracle. Exits 1 when a target is missed."""
+    if out:
+        check_writable(out, "--out", folder=False)
+    toy_model.build(seed, play_every_problem)
+    model, tokenizer = policies.load_model("toy", torch.float32, "cpu", seed)
+    engine = policies.HFEngine(model, tokenizer, calibration.MAX_NEW_TOKENS, calibration.TEMPERATURE)
+    encode, route = policies.chat_encoder(tokenizer), lambda name: name  # a plain model: names pick no adapter
+    checkpoints.seed_everything(seed)
+    runs = {w: play_every_problem(w, episodes or n, engine, encode, route) for w, n in calibration.EPISODES.items()}
+    oracle = toy.Oracle(seed, toy.KNOBS, tokenizer)
+    by_oracle = {w: play_every_problem(w, episodes or n, oracle, encode) for w, n in calibration.EPISODES.items()}
+    swaps = {}
+    for workflow, habit, name in calibration.SWAPS:
+        accuracy = []
+        for careful in (True, False):
+            mixed = calibration.MixedEngine(engine, tokenizer, {habit: careful}, seed)
+            played = play_every_problem(workflow, episodes or 1, mixed, encode, route)
+            accuracy.append(sum(e.correct for e in played) / len(played))
+        swaps[f"{workflow} {name}"] = tuple(accuracy)
+    by_kind = calibration.call_records([e for eps in runs.values() for e in eps], tokenizer.decode, seed)
+    success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in runs.items()}
+    oracle_success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in by_oracle.items()}
+    text, record = calibration.report(seed, success, oracle_success, calibration.habit_table(by_kind),
+                                      calibration.structure(success, by_kind), swaps)
+    print(text)
+    if out:
+        with writing(f"the calibration record {out}", os.path.dirname(out) or "."):
+            append_record(out, record)
+    if record["missed"]:
+        raise SystemExit(1)
+    return record
+
+
 # ---------------------------------------------------------------- command line
 
 def build_parser() -> Parser:
@@ -277,6 +325,12 @@ def build_parser() -> Parser:
     plot = commands.add_parser("plot", help="PNG curves of runs: validation accuracy, per-role training metrics")
     plot.add_argument("runs", nargs="+", help="run folders written by train.py")
     plot.add_argument("--out", default=None, help="folder for the PNGs (default: plots/ beside the first run)")
+    calibrate = commands.add_parser("calibrate", help="the toy model of --seed at base against its targets "
+                                    "(infra/calibration.py; also python -m infra.toy --calibrate)")
+    calibrate.add_argument("--seed", type=int, default=0, help="the toy model's seed")
+    calibrate.add_argument("--episodes", type=number(int, 1), default=None, help="episodes per problem of every "
+                           "measurement (default: calibration.EPISODES, >= 500 calls of each habit)")
+    calibrate.add_argument("--out", default=None, help="also write the record as JSON here")
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
     table.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
     g = p.add_argument_group("evaluate")
@@ -290,6 +344,8 @@ def build_parser() -> Parser:
     g.add_argument("--every-checkpoint", action="store_true", help="evaluate every saved checkpoint")
     g.add_argument("--data", default=None, help="evaluate on this file instead of the run's validation split, in the "
                    "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test split)")
+    g.add_argument("--split", default="val", choices=["val", "test"], help="synthetic math: the run's validation "
+                   "problems, or as many others drawn after its training ones (disjoint from both)")
     count = number(int, 1)
     g.add_argument("--samples", "--n", dest="n", type=count, default=1, help="samples per task: accuracy is their "
                    "mean, pass@k for k = 1, 2, 4... <= n; under torchrun write --samples")
@@ -317,6 +373,8 @@ def check_eval_args(args: argparse.Namespace) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
                                                                   and not torch.cuda.is_available()):
         usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA device")
+    if args.split == "test" and (args.data or read_run_args(args.run, keys=EVAL_RUN_KEYS)["task"] != "math"):
+        usage_error("--split test: synthetic math runs only, without --data")
     if args.every_checkpoint and args.mode == "base":
         usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
 
@@ -338,6 +396,8 @@ def main(argv: list[str] | None = None):
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "table":
         return results_command(args.results)
+    if args.command == "calibrate":
+        return calibrate_command(args.seed, args.episodes, args.out)
     if args.command == "plot":
         out = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
         check_writable(out, "--out", folder=True)

@@ -107,6 +107,13 @@ def math_splits(n_train: int = 2000, n_val: int = 200, difficulty: int = 1,
             _to_tasks(problems[:n_val], f"arith-d{difficulty}-val", difficulty))
 
 
+def math_test(n_train: int, n_val: int, difficulty: int = 0, seed: int = 0) -> list[Task]:
+    """`n_val` more problems drawn after a run's training ones from the same stream: disjoint from its validation
+    and training problems (the toy study's final evaluation, `eval.py --split test`)."""
+    problems = _unique_problems(random.Random(seed), difficulty, 2 * n_val + n_train)
+    return _to_tasks(problems[n_val + n_train:], f"arith-d{difficulty}-test", difficulty)
+
+
 # ---- loaded tasks (infra/data.py reads the files) ----
 
 def load_tasks(task: str, source: str | None = None, config: str | None = None, limit: int | None = None,

@@ -34,8 +34,9 @@ import grpo
 import policies
 import tasks
 import workflows
+from eval import play_every_problem
 from grpo import UpdateSettings
-from infra import cells, checkpoints, distributed, memory, toy, vllm_engine
+from infra import cells, checkpoints, distributed, memory, toy, toy_model, vllm_engine
 from infra.runfolder import (
     GracefulStop,
     HelpFormatter,
@@ -276,18 +277,11 @@ class Trainer:
     grad_ema: dict                          # I6 state, carried across steps
 
 
-def play_every_problem(workflow: str, n: int, engine, encode) -> list[workflows.Episode]:
-    """The toy model's warm-up transcripts: `n` episodes of `workflow` on each of the 243 one-digit problems, with
-    the default prompts and options, each call routed to its own name (the oracle engine answers by role)."""
-    problems = tasks.synthetic_math(243, difficulty=0, seed=0)
-    return workflows.rollout(problems, n, workflow, engine, encode, lambda name: name, workflows.WorkflowOptions())
-
-
 def build_trainer(args, device: str = "cpu") -> Trainer:
     """The model with its adapters, one optimizer per adapter, the generation engine and the update settings, all
     from the flags."""
     if args.model == "toy" and distributed.world()[0] == 0:
-        toy.build(args.seed, play_every_problem)  # once per seed, into the cache (infra/toy.py)
+        toy_model.build(args.seed, play_every_problem)  # once per seed, into the cache (infra/toy_model.py)
     distributed.barrier()
     try:
         model, tokenizer = policies.load_model(args.model, getattr(torch, args.dtype), device, args.seed)
@@ -364,8 +358,11 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
 
 def validate(val_tasks, args, t: Trainer) -> dict[str, float]:
     """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts are added."""
-    tallies = distributed.gather(workflows.episode_tallies(run_workflow(val_tasks, args.val_n, args, t, "validate")))
-    return {f"val/{k}": v for k, v in rates(add_tallies(tallies)).items()}
+    episodes = run_workflow(val_tasks, args.val_n, args, t, "validate")
+    tallies = workflows.episode_tallies(episodes)
+    if args.model == "toy":  # each role's habit and format, read by the toy world's parsers (finding 5's content)
+        tallies.update(toy.role_tallies(episodes, t.tokenizer.decode))
+    return {f"val/{k}": v for k, v in rates(add_tallies(distributed.gather(tallies))).items()}
 
 
 # ---------------------------------------------------------------- the run

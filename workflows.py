@@ -439,6 +439,7 @@ def _workflow_tallies(e: Episode, add: Callable[[str, float], None], t: Tallies)
         for key in ("p_retry_first_wrong", "p_retry_first_right", "fix_rate", "break_rate"):
             t.setdefault(key, [0.0, 0.0])  # defined even when it has nothing to count (then null)
         add("retry_rate", retried)
+        add("first_attempt_acc", first)  # the generator's first attempt (generator/acc counts every attempt)
         add("p_retry_first_right" if first else "p_retry_first_wrong", retried)
         add("break_rate" if first else "fix_rate", e.correct != first)  # right -> wrong, or wrong -> right
         add("mean_iterations", e.metrics["iterations"])

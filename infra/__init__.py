@@ -11,7 +11,10 @@ concept files at the top level (they import from here).
     data.py         DAPO, DeepCoder and HumanEval rows, and the reference's train / held-out splits
     cells.py        the paper's 48 cells and the flags each sets
     plots.py        validation and per-role curves of runs, and the findings' figures (the toy-world study)
-    toy.py          the toy world: an oracle's transcripts, a tokenizer and a small model warmed up on them
-    study.py        the toy-world study: the findings' grid over seeds, evaluation and figures
+    toy.py          the toy world's oracle: each role's careful and hurried habit, and how its outputs are read
+    toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up on them
+    calibration.py  the toy model at base against targets fixed before any RL run
+    study.py        the toy-world study: the sweep, the findings' grid over seeds, evaluation, verdicts
+    findings.py     the study's statistics: window means, paired differences, each comparison's verdict
     sandbox.py      runs an untrusted program against tests (the code reward)
 """

@@ -1,38 +1,53 @@
-"""The toy-world study: every finding's runs on the toy model, over several seeds, resumable, then evaluation and
-figures with a band over seeds.
+"""The toy-world study: the learning-rate sweep, every finding's runs on calibrated toy models over five seeds,
+evaluation on held-out problems, paired statistics, predeclared verdicts, figures and docs/findings.md's tables.
 
-What it is for: one command that trains the grid of docs/findings.md (single agent; Voting SP, SP with equal
-role weights, IP, IP with merged instance steps, IP with I6, IP with I1; Eval-Opt SP and IP; Orch-Workers SP and
-IP) on `--model toy`, runs eval.py's four modes on the final checkpoints, and draws the curves. Each run is an ordinary
-`python train.py` / `python eval.py` command in its own folder under --out: a finished run is skipped, a stopped
-one resumed, so the study can be stopped and started again. What it is not: the method (it only calls train.py
-and eval.py), nor part of the test suite.
+What it is for: one command that does what docs/findings.md reports, in this order, each part fixed before the
+next one runs: (1) `--sweep`: the single agent at three learning rates, and the rule (SWEEP_RULE) that picks the
+grid's rate; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64 problems, then
+eval.py's four modes on 64 *other* problems (`--split test`); (3) FINDINGS, the comparisons, thresholds and
+rules written here before the grid ran, applied by infra/findings.py to per-seed paired differences; (4) the
+figures and the tables between the markers of docs/findings.md. Each run is an ordinary `python train.py` /
+`python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one resumed. What
+it is not: the method (it only calls train.py and eval.py), nor part of the test suite, nor a place to change
+a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
 
-    python -m infra.study --dry-run                 # the grid and the commands, nothing run
-    python -m infra.study --out runs/study --figures docs/findings   # everything (77 minutes on 2 cores)
-    python -m infra.study --only voting-sp,voting-ip --seeds 1
+    python -m infra.study --dry-run                            # the sweep, the grid and their commands
+    python -m infra.study --sweep --out runs/study             # the learning-rate sweep on the single agent
+    python -m infra.study --out runs/study --figures docs/findings --doc docs/findings.md    # the grid
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 
+from infra import findings
 from infra.runfolder import read_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["--model", "toy", "--tasks-per-step", "4", "--group-size", "4", "--lr", "1e-3", "--max-new-tokens", "24",
-         "--n-val", "64", "--val-n", "2", "--val-every", "10", "--save-every", "50", "--difficulty", "0",
-         "--micro-batch-size", "16"]
-GRID = {  # name -> the flags that make it (on top of TRAIN); the names are the figures' labels
+SEEDS = 5
+STEPS = 150
+# The regime, fixed before any run of the grid: 2 tasks x a group of 8 (16 episodes a step), sampled at
+# temperature 1 (the warm-up's mixture as it is; infra/calibration.py measures at the same setting), 32 new
+# tokens (the longest careful habit is 26), 115 training problems, so that 64 validation and 64 test problems
+# of the 243 stay disjoint from them and from each other.
+TRAIN = ["--model", "toy", "--tasks-per-step", "2", "--group-size", "8", "--max-new-tokens", "32",
+         "--temperature", "1.0", "--n-train", "115", "--n-val", "64", "--val-n", "2", "--val-every", "10",
+         "--save-every", "50", "--difficulty", "0", "--micro-batch-size", "16"]
+SWEEP = {"single-lr1e-3": "1e-3", "single-lr3e-4": "3e-4", "single-lr1e-4": "1e-4"}
+SWEEP_RULE = "the largest rate whose runs do not decline (end within 0.05 of peak) in at least 4 of 5 seeds"
+LR: str | None = None  # the sweep's choice, written here once the sweep has run (docs/findings.md); the grid's rate
+GRID = {  # name -> the flags that make it (on top of TRAIN and --lr LR); the names are the figures' labels
     "single": ["--workflow", "single"],
     "voting-sp": ["--workflow", "voting", "--policy", "sp"],
     "voting-sp-equal": ["--workflow", "voting", "--policy", "sp", "--role-weights", "equal"],
     "voting-ip": ["--workflow", "voting", "--policy", "ip"],
     "voting-ip-merged": ["--workflow", "voting", "--policy", "ip", "--merge-instance-steps"],
+    "voting-ip-third-lr": ["--workflow", "voting", "--policy", "ip", "--lr", "third"],  # finding 4's control
     "voting-ip-i6": ["--workflow", "voting", "--policy", "ip", "--coherence", "generator=0.3"],
     "voting-ip-i1": ["--workflow", "voting", "--policy", "ip", "--kl-coef", "generator=0.1,aggregator=0.1"],
     "evalopt-sp": ["--workflow", "evalopt", "--policy", "sp"],
@@ -43,68 +58,95 @@ GRID = {  # name -> the flags that make it (on top of TRAIN); the names are the 
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
 
 
+def c(label: str, a: tuple, b: tuple | None = None, rule: str = "greater", threshold: float = 0.05,
+      target: float | None = None) -> dict:
+    """One comparison: A (minus B), a rule of infra/findings.py, its threshold (and target for `near`)."""
+    return {"label": label, "a": a, **({"b": b} if b else {}), "rule": rule, "threshold": threshold,
+            **({"target": target} if target is not None else {})}
+
+
+def ev(name: str, mode: str = "trained", key: str = "accuracy") -> tuple:
+    return (name, f"eval:{mode}", key)
+
+
+# Written before the grid ran; a threshold of 0.05 is about two standard errors of a 5-seed mean of a difference
+# at a spread of 0.05 per seed (what the 3-seed study saw between seeds for one configuration's end).
+FINDINGS = [
+    {"id": "1", "claim": "SA-RL in the structure matches or beats trained Voting and Orch-Workers; only Eval-Opt IP "
+     "beats it", "preconditions": [c("Voting SP gains over its base", ev("voting-sp"), ev("voting-sp", "base"))],
+     "comparisons": [
+         c("Voting: SA-RL - trained SP", ev("voting-sp", "sa-transfer"), ev("voting-sp"), "matches"),
+         c("Voting: SA-RL - trained IP", ev("voting-sp", "sa-transfer"), ev("voting-ip"), "matches"),
+         c("Orch-Workers: SA-RL - trained SP", ev("orchworkers-sp", "sa-transfer"), ev("orchworkers-sp"), "matches"),
+         c("Orch-Workers: SA-RL - trained IP", ev("orchworkers-sp", "sa-transfer"), ev("orchworkers-ip"), "matches"),
+         c("Eval-Opt: trained IP - SA-RL", ev("evalopt-ip"), ev("evalopt-sp", "sa-transfer"))]},
+    {"id": "2", "claim": "Eval-Opt's evaluator learns when to retry", "comparisons": [
+        c(f"{p.upper()}: P(retry | first wrong) - P(retry | first right), end - base",
+          (f"evalopt-{p}", "change", "p_retry_first_wrong"), (f"evalopt-{p}", "change", "p_retry_first_right"),
+          threshold=0.10) for p in ("sp", "ip")]},
+    {"id": "3", "claim": "Under SP each role's share of the update is set by its outputs' count and length; "
+     "re-weighting the roles gives SP IP's peak", "comparisons": [
+         c("SP generators' loss share (3 of 4 outputs)", ("voting-sp", "train", "generator/loss_share"),
+           rule="near", threshold=0.05, target=0.75),
+         c("peak: SP with equal role weights - SP", ("voting-sp-equal", "peak", "success"),
+           ("voting-sp", "peak", "success"))]},
+    {"id": "4", "claim": "IP steps once per instance and declines after its peak; merging the steps delays the "
+     "decline", "comparisons": [
+         c("decline (peak - end): IP - SP", ("voting-ip", "decline", "success"), ("voting-sp", "decline", "success")),
+         c("decline: IP - IP merged", ("voting-ip", "decline", "success"),
+           ("voting-ip-merged", "decline", "success")),
+         c("decline: IP - IP at a third of the rate (the control)", ("voting-ip", "decline", "success"),
+           ("voting-ip-third-lr", "decline", "success"))]},
+    {"id": "5", "claim": "SP fails by role capture: the dominant role's format leaks into the others",
+     "comparisons": [
+         c("Voting aggregator writes another role's format, end: SP - IP",
+           ("voting-sp", "end", "aggregator/foreign_format"), ("voting-ip", "end", "aggregator/foreign_format")),
+         c("Eval-Opt evaluator writes another role's format, end: SP - IP",
+           ("evalopt-sp", "end", "evaluator/foreign_format"), ("evalopt-ip", "end", "evaluator/foreign_format"))]},
+    {"id": "I1/I6", "claim": "a KL anchor (I1) or coherence (I6) on IP slows its decline", "comparisons": [
+        c("decline: IP - IP with I1", ("voting-ip", "decline", "success"), ("voting-ip-i1", "decline", "success")),
+        c("decline: IP - IP with I6", ("voting-ip", "decline", "success"), ("voting-ip-i6", "decline", "success"))]},
+]
+
+
 def run_dir(out: str, name: str, seed: int) -> str:
     return os.path.join(out, f"{name}-s{seed}")
 
 
-def train_command(out: str, name: str, seed: int, steps: int) -> list[str]:
+def flags_of(name: str, lr: str) -> list[str]:
+    """A configuration's flags: the sweep's own rate, or the grid's rate (a third of it for the control)."""
+    if name in SWEEP:
+        return ["--workflow", "single", "--lr", SWEEP[name]]
+    flags = list(GRID[name])
+    if "third" in flags:  # (a dry run before the sweep has chosen shows the rate by name)
+        flags[flags.index("third")] = f"{float(lr) / 3:.3g}" if lr[0].isdigit() else f"{lr}/3"
+    return flags if "--lr" in flags else [*flags, "--lr", lr]
+
+
+def train_command(out: str, name: str, seed: int, steps: int, lr: str) -> list[str]:
     """A new run, or the resumption of a stopped one (its folder holds a run already)."""
     folder = run_dir(out, name, seed)
     if os.path.exists(os.path.join(folder, "args.json")):
         return [sys.executable, "train.py", "--resume", folder, "--steps", str(steps)]
-    return [sys.executable, "train.py", *TRAIN, *GRID[name], "--seed", str(seed), "--steps", str(steps),
+    return [sys.executable, "train.py", *TRAIN, *flags_of(name, lr), "--seed", str(seed), "--steps", str(steps),
             "--run-dir", folder]
 
 
 def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]) -> list[list[str]]:
-    """eval.py on a multi-agent run's final checkpoint (the single-agent run of its seed is the SA adapter); a
-    mode already in the run's eval.jsonl is not run again. `trained` runs for every configuration; base and the
-    two transfer modes load no adapter of the run, so they run once per workflow and seed, on the workflow's
-    first configuration in the grid (voting-sp, evalopt-sp, orchworkers-sp)."""
+    """eval.py on the held-out test problems of a multi-agent run's final checkpoint (the single-agent run of its
+    seed is the SA adapter); a mode already in the run's eval.jsonl is not run again. `trained` runs for every
+    configuration; base and the two transfer modes load no adapter of the run, so they run once per workflow and
+    seed, on the workflow's first configuration in the grid (voting-sp, evalopt-sp, orchworkers-sp)."""
     folder, sa = run_dir(out, name, seed), run_dir(out, "single", seed)
     workflow_first = next(n for n in names if GRID[n][1] == GRID[name][1]) == name
-    done = {r["mode"] for r in read_results(os.path.join(folder, "eval.jsonl"))}
+    done = {r["mode"] for r in read_results(os.path.join(folder, "eval.jsonl"), ("mode",), warn=False)}
     return [[sys.executable, "eval.py", "--run-dir", folder, "--mode", mode, "--samples", str(samples),
-             *(["--sa-run", sa] if mode.startswith("sa") else [])]
+             "--split", "test", *(["--sa-run", sa] if mode.startswith("sa") else [])]
             for mode in MODES if mode not in done and (mode == "trained" or workflow_first)]
 
 
-TRAINING_KEYS = ("loss_share", "grad_norm_share", "entropy", "coherence_scale", "kl_base", "opt_steps")
-
-
-def summary(out: str, names: list[str], seeds: int) -> dict:
-    """The numbers docs/findings.md quotes, per configuration, one value per seed: every validation metric at step
-    0 and at the last step, validation accuracy's peak and its step, the role metrics of TRAINING_KEYS averaged
-    over the first and the last 10 steps, and eval.py's accuracy per mode."""
-    from infra.plots import eval_accuracy
-    table = {}
-    for name in names:
-        runs = [read_results(os.path.join(run_dir(out, name, seed), "metrics.jsonl"), ("step",), warn=False)
-                for seed in range(seeds)]
-        runs = [r for r in runs if r]
-        if not runs:
-            continue
-        val = [[m for m in r if "val/success" in m] for r in runs]
-        row = {key: [v[0][key] for v in val] for key in val[0][0] if key.startswith("val/")}
-        row.update({f"{key}@end": [v[-1].get(key) for v in val] for key in val[0][-1] if key.startswith("val/")})
-        row["val/success@peak"] = [max(m["val/success"] for m in v) for v in val]
-        row["peak_step"] = [max(v, key=lambda m: m["val/success"])["step"] for v in val]
-        for key in sorted({k for m in runs[0] for k in m if k.split("/")[-1] in TRAINING_KEYS and "val/" not in k}):
-            for part, rows in (("first10", lambda r: r[1:11]), ("last10", lambda r: r[-10:])):
-                row[f"{key}@{part}"] = [_mean([m.get(key) for m in rows(r)]) for r in runs]
-        row.update({f"eval/{mode}": eval_accuracy(out, name, seeds, mode) for mode in MODES})
-        table[name] = row
-    return table
-
-
-def _mean(values: list) -> float | None:
-    """The mean of the values that are not None (a step where a metric had nothing to measure)."""
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
 def finished(out: str, name: str, seed: int, steps: int) -> bool:
-    metrics = read_results(os.path.join(run_dir(out, name, seed), "metrics.jsonl"), ("step",))
+    metrics = read_results(os.path.join(run_dir(out, name, seed), "metrics.jsonl"), ("step",), warn=False)
     return any(m["step"] == steps for m in metrics)
 
 
@@ -120,40 +162,85 @@ def run(command: list[str], log: str, dry_run: bool) -> None:
     print(f"  {time.time() - start:.0f} s", flush=True)
 
 
+def sweep_choice(out: str, seeds: list[int]) -> dict:
+    """Each swept rate's per-seed peak and end (window means) and whether the run declined; the choice by
+    SWEEP_RULE (None when no rate holds)."""
+    rows = {}
+    for name, lr in SWEEP.items():
+        peaks = [findings.value(out, s, (name, "peak", "success")) for s in seeds]
+        ends = [findings.value(out, s, (name, "end", "success")) for s in seeds]
+        holds = [not math.isnan(p) and p - e <= 0.05 for p, e in zip(peaks, ends)]
+        rows[lr] = {"peak": peaks, "end": ends, "holds": sum(holds), "base":
+                    [findings.value(out, s, (name, "base", "success")) for s in seeds]}
+    fine = [lr for lr, r in rows.items() if r["holds"] >= len(seeds) - 1]
+    return {"rule": SWEEP_RULE, "rates": rows, "choice": max(fine, key=float) if fine else None}
+
+
+def report(out: str, names: list[str], seeds: list[int], steps: int, minutes: float, figures: list[str]) -> dict:
+    """study.json's content: every finding judged (infra/findings.py), the sweep, and the run's settings."""
+    judged = [findings.judge_finding(out, seeds, f) for f in FINDINGS] if len(names) > 1 else []
+    return {"names": names, "seeds": seeds, "steps": steps, "lr": LR, "train": TRAIN, "minutes": minutes,
+            "figures": figures, "sweep": sweep_choice(out, seeds), "findings": judged}
+
+
+def write_tables(doc: str, study: dict) -> None:
+    """docs/findings.md's tables (between their markers) from study.json: the sweep and each finding's."""
+    sweep = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
+    for lr, r in study["sweep"]["rates"].items():
+        sweep.append(f"| {lr} | {' '.join(findings.fmt(x, 2) for x in r['base'])} | "
+                     f"{' '.join(findings.fmt(x, 2) for x in r['peak'])} | "
+                     f"{' '.join(findings.fmt(x, 2) for x in r['end'])} | {r['holds']} of {len(study['seeds'])} |")
+    sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
+    tables = {"sweep": "\n".join(sweep), **{f"finding-{f['id']}": findings.finding_table(f)
+                                            for f in study["findings"]}}
+    missing = findings.fill_tables(doc, tables)
+    if missing:
+        print(f"warning: {doc} has no markers for the tables {missing}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/study", help="folder of the study's runs, logs and figures")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 of every configuration")
-    p.add_argument("--steps", type=int, default=150, help="training steps of every run")
-    p.add_argument("--samples", type=int, default=2, help="eval.py samples per validation task")
+    p.add_argument("--out", default="runs/study", help="folder of the study's runs, logs and study.json")
+    p.add_argument("--seeds", type=int, default=SEEDS, help="seeds 0 .. N-1 of every configuration")
+    p.add_argument("--steps", type=int, default=STEPS, help="training steps of every run")
+    p.add_argument("--samples", type=int, default=2, help="eval.py samples per test problem")
+    p.add_argument("--sweep", action="store_true", help="run the learning-rate sweep (single agent) only")
     p.add_argument("--only", default=None, help="comma-separated grid names (default: all; single always runs)")
-    p.add_argument("--figures", default=None, help="folder for the figures (default: --out; docs/findings.md's "
-                   "are in docs/findings)")
-    p.add_argument("--dry-run", action="store_true", help="print the grid's commands, run nothing")
+    p.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
+    p.add_argument("--doc", default=None, help="a findings page whose marked tables are rewritten from study.json")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
-    names = list(GRID) if not args.only else ["single", *[n for n in args.only.split(",") if n != "single"]]
-    unknown = [n for n in names if n not in GRID]
+    names = list(SWEEP) if args.sweep else list(GRID) if not args.only else \
+        ["single", *[n for n in args.only.split(",") if n != "single"]]
+    unknown = [n for n in names if n not in GRID and n not in SWEEP]
     if unknown:
         p.error(f"--only: unknown names {unknown}; the grid: {', '.join(GRID)}")
-    args.out = os.path.abspath(args.out)  # the commands run from the repository root
+    if not args.sweep and LR is None and not args.dry_run:
+        p.error("the grid's learning rate is not chosen yet: run --sweep first and write its choice into LR")
+    args.out, seeds = os.path.abspath(args.out), list(range(args.seeds))  # the commands run from the repository
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
     log, start = os.path.join(args.out, "study.log"), time.time()
-    for seed in range(args.seeds):  # seed by seed, so that a stopped study has whole seeds to show
+    for seed in seeds:  # seed by seed, so that a stopped study has whole seeds to show
         for name in names:
             if not finished(args.out, name, seed, args.steps):
-                run(train_command(args.out, name, seed, args.steps), log, args.dry_run)
-        for name in names[1:]:
-            for command in eval_commands(args.out, name, seed, args.samples, names):
+                run(train_command(args.out, name, seed, args.steps, LR or "LR"), log, args.dry_run)
+        for name in [n for n in names[1:] if n in GRID]:
+            for command in eval_commands(args.out, name, seed, args.samples, [n for n in names if n in GRID]):
                 run(command, log, args.dry_run)
-    if not args.dry_run:
+    if args.dry_run:
+        return
+    figures = []
+    if not args.sweep:
         from infra.plots import plot_study
         os.makedirs(args.figures or args.out, exist_ok=True)
         figures = plot_study(args.out, args.seeds, args.figures or args.out)
-        with open(os.path.join(args.out, "study.json"), "w") as f:
-            json.dump({"names": names, "seeds": args.seeds, "steps": args.steps, "minutes": (time.time() - start)
-                       / 60, "figures": figures, "summary": summary(args.out, names, args.seeds)}, f, indent=1)
-        print(f"study: {(time.time() - start) / 60:.1f} minutes; figures and study.json in {args.out}")
+    study = report(args.out, names, seeds, args.steps, (time.time() - start) / 60, figures)
+    with open(os.path.join(args.out, "study.json"), "w") as f:
+        json.dump(study, f, indent=1)
+    if args.doc:
+        write_tables(args.doc, study)
+    print(f"study: {(time.time() - start) / 60:.1f} minutes; study.json in {args.out}")
 
 
 if __name__ == "__main__":

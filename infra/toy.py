@@ -1,44 +1,62 @@
 """The toy world (`--model toy`): a 0.76M-parameter model that plays every role of every workflow, built in minutes.
 
-What it is for: watching the paper's mechanisms play out on a laptop. A noisy scripted oracle plays the real
-workflows (the caller passes its rollout in) on every one-digit arithmetic problem; a small BPE tokenizer is
-trained on the transcripts; a small Llama is warmed up on them by supervised learning. Each role of the oracle
-has two habits, a careful one that works the problem out (`3 + 4 = 7.`, then the answer) and a hurried one that
-does not, and a knob (`KNOBS`) sets how often it is careful. The warm-up copies those habits, so the model starts
-with every role's format and a middling skill in each, and GRPO has a behaviour to reinforce that carries over to
-problems it has not trained on: being careful. What it is not: a model of the paper's 0.6B-4B models (the README's
-"The toy world" says what a toy world can and cannot show).
+What it is for: watching the paper's mechanisms play out on a laptop (docs/toy_world.md). A noisy scripted oracle
+plays the real workflows (the caller passes its rollout in) on every one-digit arithmetic problem; a small BPE
+tokenizer is trained on the transcripts; a small Llama is warmed up on them by supervised learning
+(infra/toy_model.py). Each role of the oracle has a skill of its own, a careful habit and a hurried one, and a
+knob (`KNOBS`) sets how often it is careful:
+
+| role | careful | hurried |
+|---|---|---|
+| solver (single agent, generators, workers) | works it out: `3 + 4 = 7.` | guesses: the same line, right 1 time in 5 |
+| worker | careful more often under a strategy suited to the operation | |
+| retry (Eval-Opt, after Incorrect) | works it out again | moves the last answer, the way the feedback points |
+| aggregator | the plurality of the boxed answers, else the middle one | picks by position (solution 1 half the time) |
+| evaluator | sets the problem against the attempt, says which way it is off | lenient: Correct 3 times in 4 |
+| orchestrator | the three strategies suited to the operation | three at random |
+| synthesizer | the workers' plurality, else the middle one | copies a worker at random |
+
+Right and wrong solver lines look alike (no length shortcut); the evaluator never states the answer; each role
+writes a format of its own (`format_of`), so a role that writes another's can be counted. The warm-up copies the
+habits; GRPO then has, in every role, a skill to reinforce that carries over to problems it has not trained on.
+`python -m infra.toy --calibrate --seed S` measures the base model against targets fixed before any RL run
+(infra/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
+world can and cannot show).
 
     python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~3 min)
+    python -m infra.toy --calibrate --seed 0                      # the base model against its targets
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
-import shutil
+import subprocess
+import sys
+from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
 
-import torch
-import transformers
+from infra.models import CACHE_DIR
 
-from infra.models import CACHE_DIR, CHATML
-
-VERSION = 4  # part of the cache folder's name: bump it when the recipe below changes
-KNOBS = {  # how often each role of the oracle takes its careful habit (the rest of the time: its hurried one)
-    "solve": 0.5,       # generators, workers, Eval-Opt retries: the answer is right exactly when careful
-    "select": 0.5,      # aggregator: careful picks a right candidate when there is one; hurried picks at random
-    "judge": 0.3,       # evaluator: careful verdicts are right; hurried ones are a coin flip (about 65% right)
-    "synthesise": 0.5,  # synthesizer: careful works the answer out; hurried copies the first solution's answer
+VERSION = 5  # part of the cache folder's name: bump it when the oracle or the warm-up changes
+KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
+    "solve": 0.4,       # solvers without a strategy (single agent, generators, Eval-Opt's first attempt)
+    "suited": 0.55,     # a worker whose strategy suits the operation
+    "unsuited": 0.2,    # a worker whose strategy does not
+    "retry": 0.5,       # Eval-Opt's retries
+    "select": 0.5,      # the aggregator
+    "judge": 0.5,       # the evaluator
+    "plan": 0.5,        # the orchestrator
+    "synthesise": 0.5,  # the synthesizer
 }
-EPISODES = {"single": 16, "voting": 2, "evalopt": 2, "orchworkers": 2}  # oracle episodes per problem and workflow
-SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=4, max_position_embeddings=1024)  # 0.76M parameters with its ~1,000-token vocabulary
-VOCAB, WARMUP_STEPS, BATCH, LR = 1024, 1000, 32, 3e-3  # 1,000 steps: about 3 minutes on 2 cores
-STRATEGIES = ["Work it out step by step.", "Count on from the larger number.", "Check with the inverse operation.",
-              "Split a number into tens and ones.", "Use a number line."]
+LUCKY = 0.2  # a hurried guess is right this often; otherwise it is off by 1, 2 or 3, either way
+STRATEGIES = {  # three suited to each operation; the orchestrator's skill is to propose the suited ones
+    "+": ["Count on from the larger number.", "Make a ten first.", "Add the ones one by one."],
+    "-": ["Count back from the first number.", "Count up from the smaller number.", "Check with addition."],
+    "×": ["Use repeated addition.", "Double and double again.", "Recall the times table."],
+}
+SUITED = {s: op for op, strategies in STRATEGIES.items() for s in strategies}
+HABITS = ("solve", "retry", "select", "judge", "plan", "synthesise")  # what calibration reports, one per role
 
 
 def folder(seed: int) -> str:
@@ -49,7 +67,255 @@ def ready(seed: int) -> bool:
     return os.path.isfile(os.path.join(folder(seed), "model.safetensors"))
 
 
-# ---------------------------------------------------------------- the oracle
+# ---------------------------------------------------------------- reading a prompt
+
+_PROBLEM = re.compile(r"What is (\d+) ([+\-×]) (\d+)\?")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}")
+_HEADER = re.compile(r"--- Solution (\d+)[^\n]*---\n")
+# A candidate runs to the next header, to the instruction after the block, or to the end of the message.
+_BLOCK_END = re.compile(r"\n\n(?=Which solution|Review them|Read each solution)|<\|im_end\|>")
+RETRY_ASK = ("Write a new solution", "Write an improved solution", "Solve the problem again")
+
+
+@dataclass
+class Seen:
+    """What one prompt shows a role: the problem, its answer, and what the role works on."""
+    a: int
+    op: str
+    b: int
+    answer: int
+    candidates: list[int | None]  # the boxed answer of each numbered solution (aggregator, synthesizer)
+    strategy: str | None          # a worker's strategy
+    attempt: int | None           # the latest attempt's boxed answer (evaluator, retry)
+    feedback: str                 # the latest critique (retry)
+
+
+def to_int(text: str | None) -> int | None:
+    return int(text) if text is not None and re.fullmatch(r"-?\d+", text.strip()) else None
+
+
+def last_user(prompt: str) -> str:
+    """The last user message of a rendered ChatML prompt (the instruction this call answers)."""
+    return prompt.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+
+
+def candidates(message: str) -> list[int | None]:
+    """The boxed answer (last box) of each numbered solution in a user message, None where it has none."""
+    heads = list(_HEADER.finditer(message))
+    found = []
+    for i, head in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(message)
+        stop = _BLOCK_END.search(message, head.end(), end)
+        boxes = _BOXED.findall(message[head.end():stop.start() if stop else end])
+        found.append(to_int(boxes[-1]) if boxes else None)
+    return found
+
+
+def read_prompt(prompt: str) -> Seen:
+    """Parse what the oracle needs from a rendered prompt: the last problem (a one-shot example comes first)."""
+    a, op, b = _PROBLEM.findall(prompt)[-1]
+    a, b = int(a), int(b)
+    answer = {"+": a + b, "-": a - b, "×": a * b}[op]
+    message = last_user(prompt)
+    strategy = re.search(r"your main approach, and solve the whole problem: (.+)$", message)
+    tail = prompt[prompt.rfind(f"What is {a} {op} {b}?"):]  # after the problem: its attempts and critiques
+    turns = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", tail, re.S)
+    answers = [t for t in turns if not _VERDICT.search(t)]
+    critiques = [t for t in turns if _VERDICT.search(t)]
+    proposed = re.search(r"Proposed solution:\n(.*?)\n\nCheck", message, re.S)  # Eval-Opt's clean context
+    attempt = answers[-1] if answers else proposed.group(1) if proposed else None
+    boxes = _BOXED.findall(attempt) if attempt else []
+    feedback = critiques[-1] if critiques else message if "Feedback:" in message else ""
+    return Seen(a, op, b, answer, candidates(message), strategy.group(1).strip() if strategy else None,
+                to_int(boxes[-1]) if boxes else None, feedback)
+
+
+def is_retry(prompt: str) -> bool:
+    return any(ask in last_user(prompt) for ask in RETRY_ASK)
+
+
+def habit_of(role: str, prompt: str) -> str:
+    """The habit a call of `role` (a role type) to `prompt` exercises."""
+    return {"aggregator": "select", "evaluator": "judge", "orchestrator": "plan", "synthesizer": "synthesise"}.get(
+        role, "retry" if is_retry(prompt) else "solve")
+
+
+# ---------------------------------------------------------------- the oracle's habits
+
+def solver_line(s: Seen, x: int) -> str:
+    return f"{s.a} {s.op} {s.b} = {x}.\n\n\\boxed{{{x}}}"
+
+
+def guess(s: Seen, rng: random.Random) -> int:
+    return s.answer if rng.random() < LUCKY else s.answer + rng.choice([-3, -2, -1, 1, 2, 3])
+
+
+def plurality(answers: list[int | None]) -> tuple[list[int], int | None]:
+    """The 1-based numbers of the candidates that share the most common answer (two or more), and that answer."""
+    counts = Counter(x for x in answers if x is not None)
+    if not counts or counts.most_common(1)[0][1] < 2:
+        return [], None
+    top = counts.most_common(1)[0][0]
+    return [i for i, x in enumerate(answers, 1) if x == top], top
+
+
+def middle(answers: list[int | None]) -> int:
+    """The 1-based number of the candidate whose answer is the median of the boxed ones (wrong guesses fall on
+    either side of the answer, so the middle one is right more often than a random one); 1 with fewer than 3."""
+    boxed = [(x, i) for i, x in enumerate(answers, 1) if x is not None]
+    return sorted(boxed)[len(boxed) // 2][1] if len(boxed) >= 3 else boxed[0][1] if boxed else 1
+
+
+def agreeing(numbers: list[int]) -> str:
+    return " and ".join(str(k) for k in numbers) if len(numbers) < 3 else "1, 2 and 3"
+
+
+def select(s: Seen, careful: bool, rng: random.Random) -> str:
+    n = max(len(s.candidates), 1)
+    if careful:
+        who, x = plurality(s.candidates)
+        if who:
+            return f"Solutions {agreeing(who)} agree on {x}.\n\n\\boxed{{{who[0]}}}"
+        k = middle(s.candidates)
+        return f"No two solutions agree; solution {k} is in the middle.\n\n\\boxed{{{k}}}"
+    k = 1 if rng.random() < 0.5 or n == 1 else rng.randint(2, n)  # the position bias: the first half the time
+    return f"Solution {k} looks right.\n\n\\boxed{{{k}}}"
+
+
+def judge(s: Seen, careful: bool, rng: random.Random) -> str:
+    """Careful: the problem set against the attempt, and which way the attempt is off (it never states the
+    answer, which the evaluator's prompt forbids); hurried: lenient."""
+    if careful:
+        if s.attempt is None:
+            return "There is no answer to check.\n\n\\boxed{Incorrect}"
+        check = f"Check: {s.a} {s.op} {s.b} against {s.attempt}"
+        if s.attempt == s.answer:
+            return f"{check}: it holds.\n\n\\boxed{{Correct}}"
+        return f"{check}: too {'high' if s.attempt > s.answer else 'low'}.\n\n\\boxed{{Incorrect}}"
+    if rng.random() < 0.75:  # lenient
+        return "Looks fine.\n\n\\boxed{Correct}"
+    return "Something is off.\n\n\\boxed{Incorrect}"
+
+
+def retry(s: Seen, careful: bool, rng: random.Random) -> str:
+    if careful or s.attempt is None:
+        return solver_line(s, s.answer if careful else guess(s, rng))
+    step = rng.choice([1, 2])
+    sign = -1 if "too high" in s.feedback else 1 if "too low" in s.feedback else rng.choice([-1, 1])
+    return solver_line(s, s.attempt + sign * step)  # a hurried retry moves the last answer: it can break a right one
+
+
+def plan(s: Seen, careful: bool, rng: random.Random) -> str:
+    chosen = rng.sample(STRATEGIES[s.op], 3) if careful else rng.sample(sorted(SUITED), 3)
+    return "\n".join(f"STRATEGY {i}: {strategy}" for i, strategy in enumerate(chosen, 1))
+
+
+def synthesise(s: Seen, careful: bool, rng: random.Random) -> str:
+    if careful:
+        who, x = plurality(s.candidates)
+        if who:
+            return f"Most workers say {x}.\n\n\\boxed{{{x}}}"
+    k = middle(s.candidates) if careful else rng.randint(1, max(len(s.candidates), 1))
+    x = s.candidates[k - 1] if k <= len(s.candidates) and s.candidates[k - 1] is not None else guess(s, rng)
+    if careful:
+        return f"No two workers agree; the middle answer is {x}.\n\n\\boxed{{{x}}}"
+    return f"Going with worker {k}.\n\n\\boxed{{{x}}}"
+
+
+def careful_rate(habit: str, s: Seen, knobs: dict[str, float]) -> float:
+    if habit == "solve" and s.strategy is not None:
+        return knobs["suited" if SUITED.get(s.strategy) == s.op else "unsuited"]
+    return knobs[habit]
+
+
+def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, float],
+                forced: dict[str, bool] | None = None) -> str:
+    """The oracle's answer for a call of `role` (a call name) to `prompt` (the rendered chat); `forced` maps a
+    habit to always careful (True) or always hurried (False): calibration's swaps."""
+    role = re.sub(r"\d+$", "", role)
+    s, habit = read_prompt(prompt), habit_of(role, prompt)
+    careful = (forced or {}).get(habit)
+    if careful is None:
+        careful = rng.random() < careful_rate(habit, s, knobs)
+    if habit == "solve":
+        return solver_line(s, s.answer if careful else guess(s, rng))
+    return {"retry": retry, "select": select, "judge": judge, "plan": plan, "synthesise": synthesise}[habit](
+        s, careful, rng)
+
+
+# ---------------------------------------------------------------- reading an output
+
+FORMATS = {  # each role's own formats (careful, then hurried); a role writing another's is counted
+    "solver": [r"-?\d+ [+\-×] -?\d+ = -?\d+\.\n\n\\boxed\{-?\d+\}"],
+    "aggregator": [r"(Solutions [\d, and]+ agree on -?\d+|No two solutions agree; solution \d+ is in the middle)"
+                   r"\.\n\n\\boxed\{\d+\}",
+                   r"Solution \d+ looks right\.\n\n\\boxed\{\d+\}"],
+    "evaluator": [r"(Check: -?\d+ [+\-×] \d+ against -?\d+: (it holds|too high|too low)|There is no answer to check)"
+                  r"\.\n\n\\boxed\{(Correct|Incorrect)\}",
+                  r"(Looks fine|Something is off)\.\n\n\\boxed\{(Correct|Incorrect)\}"],
+    "orchestrator": [r"STRATEGY 1: [^\n]+(\nSTRATEGY \d: [^\n]+)*"],
+    "synthesizer": [r"(Most workers say -?\d+|No two workers agree; the middle answer is -?\d+)\.\n\n"
+                    r"\\boxed\{-?\d+\}", r"Going with worker \d+\.\n\n\\boxed\{-?\d+\}"],
+}
+OWN_FORMAT = {"generator": "solver", "worker": "solver", "aggregator": "aggregator", "evaluator": "evaluator",
+              "orchestrator": "orchestrator", "synthesizer": "synthesizer"}
+
+
+def format_of(text: str) -> tuple[str | None, bool]:
+    """(the role whose format `text` is, careful?): (None, False) when it is no role's."""
+    text = text.strip()
+    for owner, patterns in FORMATS.items():
+        for i, pattern in enumerate(patterns):
+            if re.fullmatch(pattern, text):
+                return owner, i == 0
+    return None, False
+
+
+def judged(role: str, prompt: str, text: str) -> dict:
+    """What calibration reads of one call: its habit, whether it is in its own format, another role's, careful
+    (solvers and retries: a right working line), and right given its inputs."""
+    role, s = re.sub(r"\d+$", "", role), read_prompt(prompt)
+    habit, (owner, careful) = habit_of(role, prompt), format_of(text)
+    boxes = _BOXED.findall(text)
+    last = boxes[-1] if boxes else None
+    if habit in ("solve", "retry", "synthesise"):
+        right = to_int(last) == s.answer
+    elif habit == "select":
+        k = to_int(boxes[0]) if boxes else None  # as workflows.parse_selection: the first box
+        right = k is not None and 1 <= k <= len(s.candidates) and s.candidates[k - 1] == s.answer
+    elif habit == "judge":
+        right = last in ("Correct", "Incorrect") and (last == "Correct") == (s.attempt == s.answer)
+    else:
+        lines = re.findall(r"STRATEGY \d: (.+)", text)
+        right = bool(lines) and all(SUITED.get(x.strip()) == s.op for x in lines)
+    if habit in ("solve", "retry") or habit == "plan":
+        careful = owner == OWN_FORMAT[role] and right
+    return {"habit": habit, "own": owner == OWN_FORMAT[role], "foreign": owner not in (None, OWN_FORMAT[role]),
+            "careful": owner == OWN_FORMAT[role] and careful, "right": right,
+            "states_answer": habit == "judge" and states_answer(s, text),
+            "attempt_right": s.attempt == s.answer, "previous_right": s.attempt == s.answer}
+
+
+def role_tallies(episodes: list, decode) -> dict[str, list[float]]:
+    """Per role type, as numerators and denominators (infra/tallies.py): outputs in the role's own format, in
+    another role's (`foreign_format`: role capture by content, finding 5), and careful."""
+    tallies: dict[str, list[float]] = {}
+    for ep in episodes:
+        for c in ep.calls:
+            record = judged(c.name, decode(c.prompt_ids), c.text)
+            for key, what in (("own_format", "own"), ("foreign_format", "foreign"), ("careful", "careful")):
+                counts = tallies.setdefault(f"{c.role}/{key}", [0.0, 0.0])
+                counts[0] += record[what]
+                counts[1] += 1
+    return tallies
+
+
+def states_answer(s: Seen, text: str) -> bool:
+    """An evaluator output that gives away the answer: the problem worked out, the answer boxed or announced."""
+    return (f"{s.a} {s.op} {s.b} = {s.answer}" in text or f"\\boxed{{{s.answer}}}" in text
+            or re.search(rf"answer is {s.answer}\b", text) is not None)
+
 
 @dataclass
 class Said:
@@ -60,40 +326,27 @@ class Said:
     logprobs: list[float] | None = None
 
 
-_PROBLEM = re.compile(r"What is (\d+) ([+\-×]) (\d+)\?")
-_BOXED_NUMBER = re.compile(r"\\boxed\{(-?\d+)\}")
-_SOLUTION = re.compile(r"--- Solution (\d+) ---\n(.*?)(?=\n\n--- Solution|\n\n[A-Z][^\n]*$|\Z)", re.S)
+class Oracle:
+    """A sampling engine that answers with `oracle_text`. Without a tokenizer, prompts and outputs are UTF-8 bytes
+    (the warm-up's transcripts, before the toy tokenizer exists); with one, it plays beside the model.
+    `forced`: habit -> always careful (True) or always hurried (False)."""
 
+    def __init__(self, seed: int, knobs: dict[str, float] | None = None, tokenizer=None,
+                 forced: dict[str, bool] | None = None):
+        self.rng, self.knobs, self.tokenizer, self.forced = random.Random(seed), knobs or KNOBS, tokenizer, forced
 
-def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, float]) -> str:
-    """The oracle's answer for a call of `role` (a call name) to `prompt` (the rendered chat)."""
-    a, op, b = _PROBLEM.findall(prompt)[-1]  # the last problem: the one-shot example comes first
-    r = {"+": int(a) + int(b), "-": int(a) - int(b), "×": int(a) * int(b)}[op]
-    work = f"{a} {op} {b} = {r}."
-    role = re.sub(r"\d+$", "", role)
-    if role == "orchestrator":
-        return "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(rng.sample(STRATEGIES, 3), 1))
-    if role in ("generator", "worker"):
-        if rng.random() < knobs["solve"]:
-            return f"{work}\n\n\\boxed{{{r}}}"
-        return f"\\boxed{{{r + rng.choice([-3, -2, -1, 1, 2, 3])}}}"
-    answers = [(int(k), _BOXED_NUMBER.findall(t)) for k, t in _SOLUTION.findall(prompt)]
-    if role == "aggregator":
-        right = [k for k, found in answers if found and int(found[-1]) == r]
-        if rng.random() < knobs["select"]:
-            return f"{work} Solution {right[0]} says {r}.\n\n\\boxed{{{right[0]}}}" if right else \
-                f"{work} No solution says {r}.\n\n\\boxed{{1}}"
-        return f"\\boxed{{{rng.randint(1, len(answers))}}}"
-    if role == "synthesizer":
-        if rng.random() < knobs["synthesise"] or not answers or not answers[0][1]:
-            return f"{work}\n\n\\boxed{{{r}}}"
-        return f"\\boxed{{{answers[0][1][-1]}}}"
-    attempt = _BOXED_NUMBER.findall(prompt.rsplit("<|im_start|>user", 1)[0])  # evaluator: the latest attempt
-    if rng.random() < knobs["judge"]:
-        said = attempt[-1] if attempt else "nothing"
-        verdict = "Correct" if attempt and int(attempt[-1]) == r else "Incorrect"
-        return f"{work} The answer says {said}.\n\n\\boxed{{{verdict}}}"
-    return f"\\boxed{{{rng.choice(['Correct', 'Incorrect'])}}}"
+    def plays(self, name: str, prompt: str) -> bool:
+        """Whether this call's habit is one the oracle is forced to play (calibration's swaps)."""
+        return habit_of(re.sub(r"\d+$", "", name), prompt) in (self.forced or {})
+
+    def generate(self, prompts: list[list[int]], adapters: list[str], desc: str = "") -> list[Said]:
+        said = []
+        for ids, name in zip(prompts, adapters):
+            prompt = self.tokenizer.decode(ids) if self.tokenizer else bytes(ids).decode("utf-8")
+            text = oracle_text(name, prompt, self.rng, self.knobs, self.forced)
+            out = self.tokenizer(text, add_special_tokens=False).input_ids if self.tokenizer else list(text.encode())
+            said.append(Said(out, text))
+        return said
 
 
 def chatml(messages: list[dict], generation_prompt: bool = True) -> str:
@@ -102,105 +355,22 @@ def chatml(messages: list[dict], generation_prompt: bool = True) -> str:
     return text + ("<|im_start|>assistant\n" if generation_prompt else "")
 
 
-class Oracle:
-    """A sampling engine that answers with `oracle_text`. Prompts and outputs are UTF-8 bytes (the toy tokenizer
-    is trained on the transcripts afterwards); `adapters` carry the call names (the caller routes a name to
-    itself)."""
-
-    def __init__(self, seed: int, knobs: dict[str, float]):
-        self.rng, self.knobs = random.Random(seed), knobs
-
-    def generate(self, prompts: list[list[int]], adapters: list[str], desc: str = "") -> list[Said]:
-        texts = [oracle_text(name, bytes(ids).decode("utf-8"), self.rng, self.knobs)
-                 for ids, name in zip(prompts, adapters)]
-        return [Said(list(t.encode("utf-8")), t) for t in texts]
-
-
-def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tuple[list[dict], str]]:
-    """(prompt messages, completion) of every call of the oracle's episodes. `play(workflow, n, engine, encode)`
-    runs the caller's workflows on every problem and returns the episodes."""
-    engine, rows = Oracle(seed, knobs), []
-    for workflow, n in EPISODES.items():
-        for ep in play(workflow, n, engine, lambda messages: list(chatml(messages).encode("utf-8"))):
-            rows += [(c.messages, c.text) for c in ep.calls]
-    return rows
+def main(argv: list[str] | None = None) -> None:
+    """`python -m infra.toy --calibrate --seed S`: eval.py's calibration (infra/ never imports the method files,
+    so, as infra/study.py does, this runs the command)."""
+    import argparse
+    p = argparse.ArgumentParser(description="the toy world: build and calibrate a seed's toy model")
+    p.add_argument("--calibrate", action="store_true", help="measure the base model against the targets")
+    p.add_argument("--seed", type=int, default=0, help="the toy model's seed")
+    p.add_argument("--episodes", type=int, default=None, help="episodes per measurement (default: the targets')")
+    args = p.parse_args(argv)
+    if not args.calibrate:
+        p.error("nothing to do: give --calibrate")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extra = ["--episodes", str(args.episodes)] if args.episodes else []
+    raise SystemExit(subprocess.run([sys.executable, "eval.py", "calibrate", "--seed", str(args.seed), *extra],
+                                    cwd=root).returncode)
 
 
-# ---------------------------------------------------------------- tokenizer, model, warm-up
-
-def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
-    """Byte-level BPE on the transcripts: digits stay single tokens (so a number is spelled, never memorised
-    whole), merges may cross spaces (instructions become a few tokens each); ChatML as the chat format."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\d"), "isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
-    fast.chat_template = CHATML
-    return fast
-
-
-def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: int = WARMUP_STEPS) -> list[float]:
-    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only; AdamW
-    with a linear warm-up (50 steps, fewer in a short run) and a linear decay to 0. Returns each step's loss."""
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    warm = max(1, min(50, steps // 10))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warm, (steps - s) / max(steps - warm, 1)))
-    model.train()
-    losses = []
-    for _ in range(steps):
-        batch = rng.sample(range(len(rows)), min(BATCH, len(rows)))
-        width = max(len(rows[i][0]) + len(rows[i][1]) for i in batch)
-        ids = torch.full((len(batch), width), 0, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        for j, i in enumerate(batch):  # right padding; labels only on the completion
-            p, c = rows[i]
-            ids[j, :len(p) + len(c)] = torch.tensor(p + c)
-            labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-    return losses
-
-
-def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
-          out: str | None = None) -> str:
-    """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
-    fresh Llama, the warm-up; written aside and renamed, so a crash never leaves a half folder. Deterministic:
-    the same seed gives the same files."""
-    out = out or folder(seed)
-    if os.path.isfile(os.path.join(out, "model.safetensors")):
-        return out
-    knobs = knobs or KNOBS
-    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 3 minutes)")
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        calls = transcripts(play, seed, knobs)
-        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m, t in calls])
-        rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
-                 tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
-        config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
-                                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                          bos_token_id=None)
-        model = transformers.LlamaForCausalLM(config)
-        losses = warm_up(model, rows, seed, steps)
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.eval().save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    with open(os.path.join(tmp, "toy.json"), "w") as f:
-        json.dump({"seed": seed, "knobs": knobs, "rows": len(rows), "steps": steps, "loss_first": losses[0],
-                   "loss_last": sum(losses[-20:]) / len(losses[-20:])}, f, indent=1)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+if __name__ == "__main__":
+    main()

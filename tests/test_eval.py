@@ -283,22 +283,3 @@ def test_a_cells_run_is_evaluated_with_the_papers_evaluation_lengths(cell, lengt
     on_cpu = ["--device", "cpu", "--engine", "hf"]  # asked for: a cell on this machine is not refused
     args = vars(train.parse_args(["--cell", cell, *on_cpu] if cell else ["--model", "tiny"]))
     assert E.eval_lengths(args) == lengths
-
-
-def test_the_study_dry_run_lists_the_grid(tmp_path, capsys):
-    """`python -m infra.study --dry-run`: seed by seed, every configuration as a train.py command, then eval.py:
-    `trained` on each of the 10 multi-agent runs, and base and the two SA modes (which load no adapter of the run)
-    once per workflow, on its first configuration, with the single-agent run of the same seed; nothing is
-    written."""
-    from infra import study
-    study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
-    lines = capsys.readouterr().out.splitlines()
-    trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines if ln.startswith("eval.py")]
-    assert len(trains) == 11 * 3 and len(evals) == 3 * (10 + 3 * 3) and len(lines) == len(trains) + len(evals)
-    assert all("-s0 " in ln or ln.endswith("-s0") for ln in lines[:11 + 19]) and "-s1" in lines[30]  # seed 0 first
-    i6 = "--workflow voting --policy ip --coherence generator=0.3 --seed 2 --steps 150"
-    assert sum(i6 in ln for ln in trains) == 1
-    sa = [ln for ln in evals if f"--mode sa-transfer --samples 2 --sa-run {tmp_path / 'study' / 'single-s1'}" in ln]
-    assert [ln.split()[2].rsplit("/", 1)[1] for ln in sa] == ["voting-sp-s1", "evalopt-sp-s1", "orchworkers-sp-s1"]
-    assert sum("--mode trained" in ln for ln in evals) == 30
-    assert not os.path.exists(tmp_path / "study")

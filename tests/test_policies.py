@@ -479,17 +479,18 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
 
 
 
-# ---------------------------------------------------------------- the toy model (infra/toy.py)
+# ---------------------------------------------------------------- the toy model (infra/toy_model.py)
 
-TOY_TEST_STEPS = 250  # supervised steps of the format test's toy model (about 50 s; the full warm-up has 760)
+TOY_TEST_STEPS = 250  # habit steps of the format test's toy model (about a minute; the full warm-up has 1,000)
 
 
 @pytest.fixture(scope="module")
 def small_toy(tmp_path_factory):
     """A toy model warmed up with a small budget."""
-    import train
-    from infra import toy
-    return toy.build(0, train.play_every_problem, steps=TOY_TEST_STEPS, out=str(tmp_path_factory.mktemp("toy") / "m"))
+    import eval
+    from infra import toy_model
+    return toy_model.build(0, eval.play_every_problem, steps=TOY_TEST_STEPS,
+                           out=str(tmp_path_factory.mktemp("toy") / "m"))
 
 
 def test_two_toy_builds_with_one_seed_are_identical(tmp_path):
@@ -497,15 +498,15 @@ def test_two_toy_builds_with_one_seed_are_identical(tmp_path):
     show it: every step depends on all the ones before); another seed gives another model."""
     from safetensors.torch import load_file
 
-    import train
-    from infra import toy
-    folders = [toy.build(3, train.play_every_problem, steps=8, out=str(tmp_path / f"build{i}")) for i in range(2)]
+    import eval
+    from infra import toy_model
+    folders = [toy_model.build(3, eval.play_every_problem, steps=8, out=str(tmp_path / f"build{i}")) for i in range(2)]
     a, b = (load_file(os.path.join(f, "model.safetensors")) for f in folders)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     for name in ("tokenizer.json", "toy.json"):
         with open(os.path.join(folders[0], name)) as f, open(os.path.join(folders[1], name)) as g:
             assert f.read() == g.read()
-    other = toy.build(4, train.play_every_problem, steps=8, out=str(tmp_path / "seed4"))
+    other = toy_model.build(4, eval.play_every_problem, steps=8, out=str(tmp_path / "seed4"))
     c = load_file(os.path.join(other, "model.safetensors"))
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
 

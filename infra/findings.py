@@ -1,0 +1,166 @@
+"""The toy-world study's statistics: per-seed numbers read from run folders, paired differences, and the verdict of
+each predeclared comparison (infra/study.py's FINDINGS), written as the tables of docs/findings.md.
+
+What it does: reads each configuration's runs (one per seed) into per-seed values, of validation curves as window
+means (the peak: the best mean of 3 consecutive validation points; the end: the mean of the last 3; so neither
+is the maximum of noisy points), of eval.py's accuracy on the held-out test problems, and of training metrics
+averaged over the last steps; pairs two quantities seed by seed; and applies a comparison's rule:
+- `greater` (A beats B by at least t): shown when the mean paired difference is >= t and all seeds but one
+  agree in sign; the opposite when it is <= -t and all seeds but one have B ahead; otherwise not shown;
+- `matches` (A at least as good as B, within t): shown when the mean difference is >= -t and all seeds but one
+  are within t; the opposite when B is ahead by more than t on average and in all seeds but one;
+- `near` (A equal to a value within t): shown or not shown.
+A finding is not testable here when one of its preconditions is not shown. What it is not: the method, or a
+place to change a threshold after a comparison has been seen.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+
+from infra.runfolder import read_results
+
+WINDOW = 3          # validation points in a peak or end window
+TRAIN_LAST = 20     # training steps a training metric is averaged over at the end
+BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
+
+
+def series(out: str, name: str, seed: int, key: str) -> list[tuple[int, float]]:
+    metrics = read_results(os.path.join(out, f"{name}-s{seed}", "metrics.jsonl"), ("step",), warn=False)
+    return [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+
+
+def window_peak(values: list[float]) -> float:
+    return max(sum(values[i:i + WINDOW]) / WINDOW for i in range(len(values) - WINDOW + 1)) \
+        if len(values) >= WINDOW else float("nan")
+
+
+def window_end(values: list[float]) -> float:
+    return sum(values[-WINDOW:]) / WINDOW if len(values) >= WINDOW else float("nan")
+
+
+def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy") -> float:
+    """eval.py's `key` of `mode` on the test problems, from the run of `name` (base and the SA modes: from the
+    workflow's first configuration, where the study runs them)."""
+    records = read_results(os.path.join(out, f"{name}-s{seed}", "eval.jsonl"), ("mode", "metrics"), warn=False)
+    found = [r["metrics"].get(key) for r in records if r["mode"] == mode and r.get("dataset", "").endswith("test")]
+    return found[-1] if found and found[-1] is not None else float("nan")
+
+
+def value(out: str, seed: int, spec: tuple) -> float:
+    """One per-seed number. spec: (configuration, quantity, key); quantities: base (validation at step 0), peak,
+    end, decline (peak - end), change (end - base), train (the mean of the last TRAIN_LAST training steps),
+    eval:<mode> (eval.py on the test problems)."""
+    name, quantity, key = spec
+    if quantity.startswith("eval:"):
+        return eval_value(out, name, seed, quantity[5:], key)
+    points = series(out, name, seed, key if quantity == "train" else f"val/{key}")
+    values = [v for _, v in points]
+    if not values:
+        return float("nan")
+    if quantity == "train":
+        last = [v for s, v in points if s > 0][-TRAIN_LAST:]
+        return sum(last) / len(last) if last else float("nan")
+    if quantity == "base":
+        return values[0] if points[0][0] == 0 else float("nan")
+    numbers = {"peak": window_peak(values), "end": window_end(values)}
+    numbers.update(decline=numbers["peak"] - numbers["end"], change=numbers["end"] - values[0])
+    return numbers[quantity]
+
+
+def summarise(diffs: list[float], seed: int = 0) -> dict:
+    """Mean, standard error, a bootstrap 95% interval over seeds, and the signs of per-seed values."""
+    d = [x for x in diffs if not math.isnan(x)]
+    n = len(d)
+    if n == 0:
+        return {"n": 0, "mean": float("nan"), "se": float("nan"), "ci": [float("nan")] * 2, "positive": 0,
+                "negative": 0, "per_seed": diffs}
+    mean = sum(d) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(d) for _ in range(n)) / n for _ in range(BOOTSTRAP))
+    return {"n": n, "mean": mean, "se": se, "ci": [means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]],
+            "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d), "per_seed": diffs}
+
+
+def verdict(rule: str, threshold: float, s: dict, target: float | None = None) -> str:
+    """The rule of one comparison (see the header) applied to its summary `s`."""
+    n, mean, per_seed = s["n"], s["mean"], [x for x in s["per_seed"] if not math.isnan(x)]
+    if n < 2:
+        return "not testable here"
+    agree = n - 1  # all seeds but one
+    if rule == "near":
+        return "shown" if abs(mean - target) <= threshold else "not shown"
+    if rule == "greater" and mean >= threshold and s["positive"] >= agree:
+        return "shown"
+    if rule == "matches" and mean >= -threshold and sum(x >= -threshold for x in per_seed) >= agree:
+        return "shown"
+    if mean <= -threshold and s["negative"] >= agree:
+        return "the opposite"
+    return "not shown"
+
+
+def compare(out: str, seeds: list[int], comparison: dict) -> dict:
+    """A comparison's per-seed differences (A - B, or A alone for `near`), their summary and the verdict."""
+    a = [value(out, seed, comparison["a"]) for seed in seeds]
+    b = [value(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison else [0.0] * len(seeds)
+    s = summarise([x - y for x, y in zip(a, b)])
+    s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s, comparison.get("target")))
+    return s
+
+
+def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
+    """Every comparison of a finding, then its verdict: not testable here (a precondition not shown), shown (every
+    main comparison shown), the opposite (every main comparison the opposite), or not shown."""
+    pre = [dict(c, **compare(out, seeds, c)) for c in finding.get("preconditions", [])]
+    main = [dict(c, **compare(out, seeds, c)) for c in finding["comparisons"]]
+    verdicts = {c["verdict"] for c in main}
+    if any(c["verdict"] != "shown" for c in pre):
+        overall = "not testable here"
+    elif verdicts == {"shown"}:
+        overall = "shown"
+    elif verdicts == {"the opposite"}:
+        overall = "the opposite"
+    else:
+        overall = "not shown"
+    return {"id": finding["id"], "claim": finding["claim"], "preconditions": pre, "comparisons": main,
+            "verdict": overall}
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{digits}f}"
+
+
+def finding_table(result: dict) -> str:
+    """The markdown table of one finding: each comparison with its rule, per-seed differences, mean, SE, the
+    bootstrap interval, the seeds agreeing in sign, and the verdict."""
+    rows = ["| comparison | rule | per seed | mean | SE | 95% interval | seeds + / - | verdict |",
+            "|---|---|---|---|---|---|---|---|"]
+    for kind, comparisons in (("precondition: ", result["preconditions"]), ("", result["comparisons"])):
+        for c in comparisons:
+            rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near" else "")
+            per_seed = " ".join(fmt(x, 2) for x in c["per_seed"])
+            rows.append(f"| {kind}{c['label']} | {rule} | {per_seed} | {fmt(c['mean'])} | {fmt(c['se'])} | "
+                        f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} | "
+                        f"{c['verdict']} |")
+    rows.append(f"\n**Verdict: {result['verdict']}.**")
+    return "\n".join(rows)
+
+
+def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
+    """Replace what stands between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in `path` by `tables[NAME]`;
+    returns the names it found no markers for (the prose around the markers is the author's)."""
+    with open(path) as f:
+        text = f.read()
+    missing = []
+    for name, table in tables.items():
+        pattern = re.compile(rf"(<!-- table:{re.escape(name)} -->\n).*?(\n<!-- /table:{re.escape(name)} -->)", re.S)
+        if not pattern.search(text):
+            missing.append(name)
+        text = pattern.sub(lambda m, table=table: m.group(1) + table + m.group(2), text)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return missing

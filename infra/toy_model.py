@@ -1,0 +1,172 @@
+"""The toy model (`--model toy`): a tokenizer and a small Llama warmed up on the toy oracle's transcripts.
+
+What it does: plays the oracle (infra/toy.py) through the real workflows on all 243 one-digit problems (the caller
+passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
+share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
+supervised learning. Built once per seed into the cache (about 3 minutes on 2 cores), deterministic: the same
+seed gives the same files. What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks
+that the warmed-up model reproduces each habit (infra/calibration.py).
+
+    python train.py --model toy --workflow voting --policy ip     # builds the toy model of --seed on first use
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from typing import Callable
+
+import torch
+import transformers
+
+from infra.models import CHATML
+from infra.toy import KNOBS, Oracle, chatml, folder, habit_of
+
+EPISODES = {"single": 6, "voting": 7, "evalopt": 14, "orchworkers": 6}  # oracle episodes per problem and workflow
+ROWS = {"solve": 2000, "work": 1500, "retry": 1500, "select": 1500, "judge": 2000, "plan": 1500, "synthesise": 1500}
+SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=4, max_position_embeddings=1024)  # 0.76M parameters with its ~1,000-token vocabulary
+VOCAB = 1024
+WARMUP_STEPS = 2000  # supervised steps of BATCH rows
+BATCH = 32
+LR = 3e-3
+FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.3, 4, 128  # a first phase of 0.3 x steps fact batches, then one in 5
+
+
+def row_kind(name: str, prompt: str) -> str:
+    """The habit a warm-up row teaches; a worker (a solver with a strategy) is its own kind."""
+    habit = habit_of(name.rstrip("0123456789"), prompt)
+    return "work" if habit == "solve" and "your main approach" in prompt else habit
+
+
+def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tuple[list[dict], str]]:
+    """(prompt messages, completion) rows: every call of the oracle's episodes, then `ROWS[kind]` of each kind
+    drawn at random (all of a kind when it has fewer). `play(workflow, n, engine, encode)` runs the caller's
+    workflows on every problem and returns the episodes."""
+    engine, by_kind = Oracle(seed, knobs), {kind: [] for kind in ROWS}
+    for workflow, n in EPISODES.items():
+        for ep in play(workflow, n, engine, lambda messages: list(chatml(messages).encode("utf-8"))):
+            for c in ep.calls:
+                by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.text))
+    rng, rows = random.Random(seed), []
+    for kind, wanted in ROWS.items():
+        rows += rng.sample(by_kind[kind], min(wanted, len(by_kind[kind])))
+    rng.shuffle(rows)
+    return rows
+
+
+def facts() -> list[tuple[str, str]]:
+    """(question, worked line) of every piece of arithmetic the habits use: the 243 problems and the retries'
+    nudges by 1 or 2. A real base model knows its tables from pretraining; the toy model learns them here first,
+    so that the warm-up's rows teach habits (how often a role is careful) on top of arithmetic it can do."""
+    found = {}
+    for a in range(1, 10):
+        for b in range(1, 10):
+            found.update({f"{a} + {b}": a + b, f"{a} - {b}": a - b, f"{a} × {b}": a * b})
+    for x in range(-14, 88):  # a hurried retry's nudge of the last answer
+        for k in (1, 2):
+            found[f"{x} + {k}"], found[f"{x} - {k}"] = x + k, x - k
+    return [(q, f"{q} = {r}.") for q, r in sorted(found.items())]
+
+
+def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
+    """Byte-level BPE on the transcripts: digits stay single tokens (so a number is spelled, never memorised
+    whole), merges may cross spaces (instructions become a few tokens each); ChatML as the chat format."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\d"), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                pad_token="<|im_end|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: int = WARMUP_STEPS,
+            fact_rows: list[tuple[list[int], list[int]]] | None = None) -> list[float]:
+    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only; AdamW
+    with a linear warm-up (50 steps, fewer in a short run) and a linear decay to 0. With `fact_rows` (short
+    arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact batches, then every FACT_EVERY-th
+    step is one (so the tables are not forgotten). Returns each step's loss."""
+    rng = random.Random(seed)
+    fact_steps = int(steps * FACT_SHARE) if fact_rows else 0
+    total = steps + fact_steps + (steps // FACT_EVERY if fact_rows else 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    warm = max(1, min(50, total // 10))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, (total - s) / max(total - warm, 1)))
+    model.train()
+    losses = []
+    queue: list[list[tuple[list[int], list[int]]]] = []
+    for i in range(total):
+        habit_step = i - fact_steps
+        if habit_step < 0 or (fact_rows and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
+            batch = [fact_rows[j] for j in rng.sample(range(len(fact_rows)), min(FACT_BATCH, len(fact_rows)))]
+        else:
+            queue = queue or similar_lengths(rows, rng)
+            batch = queue.pop()
+        width = max(len(p) + len(c) for p, c in batch)
+        ids = torch.full((len(batch), width), 0, dtype=torch.long)           # (B, T)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)     # (B, T): -100 where no loss
+        for j, (p, c) in enumerate(batch):  # right padding; labels only on the completion
+            ids[j, :len(p) + len(c)] = torch.tensor(p + c)
+            labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def similar_lengths(rows: list, rng: random.Random, batches: int = 8) -> list[list]:
+    """`batches` batches of BATCH rows drawn at random, each of rows of similar length (drawn together, sorted by
+    length, cut), in random order: a batch pads to its longest row, so this halves the warm-up's padding."""
+    drawn = sorted(rng.sample(range(len(rows)), min(BATCH * batches, len(rows))),
+                   key=lambda j: len(rows[j][0]) + len(rows[j][1]))
+    cut = [[rows[j] for j in drawn[k:k + BATCH]] for k in range(0, len(drawn), BATCH)]
+    rng.shuffle(cut)
+    return cut
+
+
+def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
+          out: str | None = None) -> str:
+    """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
+    fresh Llama, the warm-up; written aside and renamed, so a crash never leaves a half folder."""
+    out = out or folder(seed)
+    if os.path.isfile(os.path.join(out, "model.safetensors")):
+        return out
+    knobs = knobs or KNOBS
+    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 3 minutes)", flush=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        calls = transcripts(play, seed, knobs)
+        known = [([{"role": "user", "content": q}], line) for q, line in facts()]
+        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False)
+                                     for m, t in calls + known])
+        rows, fact_rows = ([(tokenizer(chatml(m), add_special_tokens=False).input_ids,
+                             tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
+                            for m, t in pairs] for pairs in (calls, known))
+        config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
+                                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                          bos_token_id=None)
+        model = transformers.LlamaForCausalLM(config)
+        losses = warm_up(model, rows, seed, steps, fact_rows)
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.eval().save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    with open(os.path.join(tmp, "toy.json"), "w") as f:
+        json.dump({"seed": seed, "knobs": knobs, "rows": len(rows), "facts": len(fact_rows), "steps": steps,
+                   "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:])}, f, indent=1)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out

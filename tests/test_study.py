@@ -1,0 +1,107 @@
+"""The toy-world study (infra/study.py) and its statistics (infra/findings.py): the grid's commands, window means,
+paired differences against hand-computed values, each rule's verdicts, and the tables written into a page."""
+import json
+import math
+import os
+
+import pytest
+
+from infra import findings, study
+
+
+def test_the_study_dry_run_lists_the_grid(tmp_path, capsys):
+    """`python -m infra.study --dry-run`: seed by seed, every configuration as a train.py command, then eval.py on
+    the test problems: `trained` on each of the 11 multi-agent runs, and base and the two SA modes (which load no
+    adapter of the run) once per workflow, on its first configuration, with the single-agent run of the same
+    seed; nothing is written."""
+    study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines if ln.startswith("eval.py")]
+    per_seed = 12 + 11 + 3 * 3
+    assert len(trains) == 12 * 3 and len(evals) == 3 * (11 + 3 * 3) and len(lines) == len(trains) + len(evals)
+    assert all("-s0 " in ln or ln.endswith("-s0") for ln in lines[:per_seed]) and "-s1" in lines[per_seed]
+    assert all("--split test" in ln for ln in evals)
+    i6 = "--workflow voting --policy ip --coherence generator=0.3 --lr LR --seed 2 --steps 150"
+    assert sum(i6 in ln for ln in trains) == 1
+    assert sum("--policy ip --lr LR/3 --seed" in ln for ln in trains) == 3  # finding 4's control
+    sa = [ln for ln in evals if f"--mode sa-transfer --samples 2 --split test --sa-run "
+          f"{tmp_path / 'study' / 'single-s1'}" in ln]
+    assert [ln.split()[2].rsplit("/", 1)[1] for ln in sa] == ["voting-sp-s1", "evalopt-sp-s1", "orchworkers-sp-s1"]
+    assert sum("--mode trained" in ln for ln in evals) == 33
+    assert not os.path.exists(tmp_path / "study")
+
+
+def test_the_sweep_runs_the_single_agent_at_its_three_rates(tmp_path, capsys):
+    study.main(["--dry-run", "--sweep", "--out", str(tmp_path / "s"), "--seeds", "5"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 15 and all("--workflow single" in ln for ln in lines)
+    assert sorted({ln.split("--lr ")[1].split()[0] for ln in lines}) == ["1e-3", "1e-4", "3e-4"]
+
+
+def test_the_grid_waits_for_the_sweeps_choice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(study, "LR", None)
+    with pytest.raises(SystemExit):
+        study.main(["--out", str(tmp_path / "s")])
+    assert "run --sweep first" in capsys.readouterr().err and not os.path.exists(tmp_path / "s")
+
+
+def test_windows_read_the_best_and_the_last_three_points():
+    values = [0.2, 0.9, 0.3, 0.6, 0.6, 0.3, 0.0, 0.3]  # the single best point (0.9) is not the peak
+    assert findings.window_peak(values) == pytest.approx(0.6)   # (0.9 + 0.3 + 0.6) / 3 and (0.3 + 0.6 + 0.6) / 3
+    assert findings.window_end(values) == pytest.approx(0.2)    # (0.3 + 0.0 + 0.3) / 3
+    assert math.isnan(findings.window_peak([0.5, 0.5]))
+
+
+def test_paired_differences_by_hand():
+    s = findings.summarise([0.1, 0.2, 0.3, -0.1, 0.0])
+    assert s["mean"] == pytest.approx(0.1)
+    assert s["se"] == pytest.approx(math.sqrt(0.1 / 4 / 5))  # squares about the mean: 0+0.01+0.04+0.04+0.01
+    assert (s["positive"], s["negative"]) == (3, 1)
+    assert s["ci"][0] < 0.1 < s["ci"][1] and -0.1 <= s["ci"][0] and s["ci"][1] <= 0.3
+
+
+@pytest.mark.parametrize("rule, diffs, verdict", [
+    ("greater", [0.1, 0.08, 0.12, 0.06, -0.01], "shown"),          # mean 0.07 >= 0.05; 4 of 5 positive
+    ("greater", [0.3, 0.2, -0.1, -0.05, 0.0], "not shown"),        # mean 0.07, but only 2 of 5 positive
+    ("greater", [-0.1, -0.08, -0.12, -0.06, 0.01], "the opposite"),
+    ("matches", [-0.03, 0.0, 0.02, -0.04, -0.19], "shown"),        # mean -0.048 >= -0.05; 4 of 5 within 0.05
+    ("matches", [-0.1, -0.2, -0.1, -0.3, 0.1], "the opposite"),
+    ("matches", [-0.1, 0.0, 0.05, -0.1, -0.02], "not shown"),      # mean -0.034, but 2 of 5 beyond -0.05
+])
+def test_each_rule_gives_its_verdict(rule, diffs, verdict):
+    assert findings.verdict(rule, 0.05, findings.summarise(diffs)) == verdict
+
+
+def write_run(out, name, seed, points, evals=()):
+    folder = out / f"{name}-s{seed}"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * i, "val/success": v}) + "\n"
+                                                  for i, v in enumerate(points)))
+    (folder / "eval.jsonl").write_text("".join(json.dumps({"mode": m, "dataset": "math-d0-test",
+                                                           "metrics": {"accuracy": a}}) + "\n" for m, a in evals))
+
+
+def test_a_finding_is_judged_from_run_folders_and_its_table_written(tmp_path):
+    """IP declines by 0.3 in every seed, SP holds: 'decline: IP - SP' is shown; the table replaces the text
+    between its markers and leaves the prose alone."""
+    for seed in range(5):
+        write_run(tmp_path, "voting-ip", seed, [0.4, 0.7, 0.7, 0.7, 0.4, 0.4, 0.4])
+        write_run(tmp_path, "voting-sp", seed, [0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6 - 0.01 * seed])
+    finding = {"id": "4", "claim": "IP declines", "comparisons": [
+        study.c("decline: IP - SP", ("voting-ip", "decline", "success"), ("voting-sp", "decline", "success"))]}
+    result = findings.judge_finding(str(tmp_path), list(range(5)), finding)
+    assert result["verdict"] == "shown"
+    assert result["comparisons"][0]["mean"] == pytest.approx(0.3 - 0.01 * 2 / 3, abs=1e-9)  # SP's mean decline
+    page = tmp_path / "findings.md"
+    page.write_text("Prose.\n<!-- table:finding-4 -->\nold\n<!-- /table:finding-4 -->\nMore prose.\n")
+    assert findings.fill_tables(str(page), {"finding-4": findings.finding_table(result), "other": "x"}) == ["other"]
+    text = page.read_text()
+    assert text.startswith("Prose.\n") and text.endswith("More prose.\n") and "old" not in text
+    assert "| decline: IP - SP | greater 0.05 |" in text and "**Verdict: shown.**" in text
+
+
+def test_eval_values_come_from_the_test_problems(tmp_path):
+    write_run(tmp_path, "voting-sp", 0, [0.5], evals=[("trained", 0.7), ("base", 0.4)])
+    assert findings.value(str(tmp_path), 0, study.ev("voting-sp")) == 0.7
+    assert findings.value(str(tmp_path), 0, study.ev("voting-sp", "base")) == 0.4
+    assert math.isnan(findings.value(str(tmp_path), 0, study.ev("voting-sp", "sa-transfer")))

@@ -1,0 +1,118 @@
+"""The toy world's oracle (infra/toy.py) and its calibration (infra/calibration.py, eval.py calibrate): every habit
+does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
+target with its measured value."""
+import functools
+import random
+
+import pytest
+
+from infra import calibration, toy
+from infra.toy import KNOBS, Oracle, chatml, format_of, judged, oracle_text
+
+
+def aggregator_prompt(solutions: list[str]) -> str:
+    import tasks
+    import workflows
+    task = tasks.Task("t", "What is 3 + 4?", "7", "math")
+    return chatml(workflows.aggregator_messages(task, solutions, workflows.WorkflowOptions()))
+
+
+def test_the_last_candidate_ends_where_the_instruction_begins():
+    """Only solution 3 is right. The instruction after the block has an example `\\boxed{1}`; read as part of
+    solution 3 (the old pattern's lookahead never matched before `<|im_end|>`), it made solution 3 say 1 and the
+    careful aggregator pick solution 1."""
+    prompt = aggregator_prompt(["3 + 4 = 6.\n\n\\boxed{6}", "3 + 4 = 9.\n\n\\boxed{9}", "3 + 4 = 7.\n\n\\boxed{7}"])
+    assert toy.candidates(toy.last_user(prompt)) == [6, 9, 7]
+    careful = dict(KNOBS, select=1.0)  # the careful habit every time (the same knob before and after the fix)
+    picks = [oracle_text("aggregator", prompt, random.Random(i), careful) for i in range(20)]
+    assert all(p.endswith("\\boxed{3}") for p in picks), picks[0]  # no two agree: 7 lies between 6 and 9
+
+
+def test_the_careful_aggregator_takes_the_plurality_and_the_hurried_one_favours_position():
+    prompt = aggregator_prompt(["3 + 4 = 8.\n\n\\boxed{8}", "3 + 4 = 7.\n\n\\boxed{7}", "3 + 4 = 7.\n\n\\boxed{7}"])
+    rng = random.Random(0)
+    assert oracle_text("aggregator", prompt, rng, KNOBS, {"select": True}) == \
+        "Solutions 2 and 3 agree on 7.\n\n\\boxed{2}"
+    hurried = [oracle_text("aggregator", prompt, rng, KNOBS, {"select": False})[-2] for _ in range(2000)]
+    assert 0.45 < hurried.count("1") / 2000 < 0.55  # solution 1 half the time: 4.5 standard errors either side
+
+
+def oracle_calls(workflow: str, n: int = 2, seed: int = 0) -> list:
+    import eval
+    episodes = eval.play_every_problem(workflow, n, Oracle(seed), lambda m: list(chatml(m).encode()))
+    return [(c, chatml(c.messages)) for e in episodes for c in e.calls]
+
+
+@pytest.mark.parametrize("workflow", ["single", "voting", "evalopt", "orchworkers"])
+def test_every_oracle_output_is_in_its_own_format_and_judged_as_its_habit(workflow):
+    calls = oracle_calls(workflow)
+    records = [judged(c.name, prompt, c.text) for c, prompt in calls]
+    assert all(r["own"] and not r["foreign"] for r in records)
+    assert not any(r["states_answer"] for r in records)  # the evaluator never gives the answer away
+    for habit in {r["habit"] for r in records}:  # each habit careful about as often as its knob says
+        rate = sum(r["careful"] for r in records if r["habit"] == habit) / sum(r["habit"] == habit for r in records)
+        assert 0.3 <= rate <= 0.65, (habit, rate)
+
+
+def test_a_solvers_correctness_cannot_be_read_off_its_length():
+    calls = [(c, p) for c, p in oracle_calls("voting") if c.role == "generator"]
+    records = [dict(judged(c.name, p, c.text), length=len(c.text)) for c, p in calls]
+    assert calibration.length_predictability(records) <= calibration.LENGTH_AT_MOST
+    assert 0.4 < sum(r["right"] for r in records) / len(records) < 0.65  # 0.4 careful + 0.6 x 0.2 lucky = 0.52
+
+
+def test_each_role_format_is_told_apart():
+    assert format_of("3 + 4 = 7.\n\n\\boxed{7}") == ("solver", True)
+    assert format_of("Solution 2 looks right.\n\n\\boxed{2}") == ("aggregator", False)
+    assert format_of("Check: 7 - 4 against 3: it holds.\n\n\\boxed{Correct}") == ("evaluator", True)
+    assert format_of("Going with worker 1.\n\n\\boxed{7}") == ("synthesizer", False)
+    assert format_of("STRATEGY 1: Make a ten first.\nSTRATEGY 2: Use a number line.") == ("orchestrator", True)
+    assert format_of("The answer is 7.") == (None, False)
+
+
+def test_a_careful_evaluator_checks_without_the_answer_and_points_the_retry():
+    import tasks
+    import workflows
+    task, opts = tasks.Task("t", "What is 6 × 3?", "18", "math"), workflows.WorkflowOptions()
+    history = workflows.solver_messages(task, opts) + [{"role": "assistant", "content": "6 × 3 = 20.\n\n\\boxed{20}"}]
+    prompt = chatml(workflows.evaluator_messages(task, "", history, opts))
+    said = oracle_text("evaluator", prompt, random.Random(0), KNOBS, {"judge": True})
+    assert said == "Check: 6 × 3 against 20: too high.\n\n\\boxed{Incorrect}"
+    retry = chatml(workflows.refine_messages(task, opts, "", "", history + [{"role": "assistant", "content": said}]))
+    moved = {oracle_text("generator", retry, random.Random(i), KNOBS, {"retry": False}) for i in range(20)}
+    assert moved == {"6 × 3 = 19.\n\n\\boxed{19}", "6 × 3 = 18.\n\n\\boxed{18}"}  # down by 1 or 2, as told
+
+
+@pytest.fixture(scope="module")
+def small_calibration(tmp_path_factory):
+    """The calibration of a toy model warmed up for 30 steps, on 12 problems, one episode each: a report that
+    misses targets (so the exit code and the names of missed targets are exercised), in about a minute."""
+    import eval
+    from infra import toy_model
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setattr(toy_model, "build", functools.partial(toy_model.build, steps=30))
+    import tasks
+    import workflows
+    few = tasks.synthetic_math(243, difficulty=0, seed=0)[:12]
+
+    def play(workflow, n, engine, encode, route=lambda name: name):
+        return workflows.rollout(few, n, workflow, engine, encode, route, workflows.WorkflowOptions())
+    monkeypatch.setattr(eval, "play_every_problem", play)
+    out = tmp_path_factory.mktemp("out") / "calibration.jsonl"
+    with pytest.raises(SystemExit) as stopped:
+        eval.calibrate_command(seed=5, episodes=1, out=str(out))
+    monkeypatch.undo()
+    return stopped.value.code, out
+
+
+def test_the_calibration_report_names_every_target_and_exits_1_when_one_is_missed(small_calibration, capsys):
+    import json
+    code, out = small_calibration
+    record = json.loads(out.read_text().splitlines()[-1])
+    assert code == 1 and record["missed"]
+    assert set(record["habits"]) == set(calibration.KINDS)
+    assert set(record["swaps"]) == {f"{w} {name}" for w, _, name in calibration.SWAPS}
+    assert "evaluator_edge" in record["structure"] and "retry_fixes" in record["structure"]
+    assert all(0 <= record["oracle_success"][w] <= 1 for w in calibration.EPISODES)
+    assert "solve: calls" in record["missed"]  # 12 problems x 1 episode: fewer than 500 calls
