@@ -1,4 +1,4 @@
-"""The vLLM smoke test: step one of the README's GPU section, about three minutes on the user's GPU box.
+"""The vLLM smoke test: step one of the GPU install (README, "vLLM engine"), about three minutes on a GPU box.
 
 What it does: builds the rollout engine exactly as a cell builds it (`infra.vllm_engine.VLLMEngine`, whose
 `vllm.LLM` arguments come from `llm_arguments`: the Voting-IP cell's two adapters at its LoRA rank 64, its dtype,
@@ -120,7 +120,7 @@ def check_drift(engine: VLLMEngine, model, prompts, adapters, temperature: float
         engine.sampling = greedy_sampling
     per = policies.logprob_drift(model, prompts, [g.completion_ids for g in gens], adapters,
                                  [g.logprobs for g in gens])
-    drift = {str(a): total / max(n, 1) for a, (total, n) in per.items()}
+    drift = {a or "base": total / max(n, 1) for a, (total, n) in per.items()}
     worst = max(drift, key=drift.__getitem__)
     return ("PASS" if drift[worst] < DRIFT_WARN else "FAIL"), (
         f"temperature {temperature}: drift " + ", ".join(f"{a} {d:.2g}" for a, d in sorted(drift.items()))

@@ -121,3 +121,25 @@ def test_memory_peak_is_the_trainers_own_and_vllms_footprint_is_logged_once(fake
     state["released"] = 20 * GIB
     engine.sleep()
     assert engine.trainer_peak_bytes() == 32 * GIB
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_the_gpu_checks_memory_rows_are_three_padded_micro_batches_at_the_budget(small):
+    """bench/gpu_check.py's memory check must exercise what a cell's update does: an IP generator group cut into
+    3 mini-batches of 4 (the later two need the old-log-prob pass), each one micro-batch whose rows differ in
+    length (so transformers builds the 4D mask) and fill the budget exactly: 4 x 12,800 = 51,200 tokens on the
+    GPU, 4 x 256 = 1,024 in --small."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import gpu_check
+
+    from policies import micro_batches
+    rows, budget, longest = gpu_check.generator_rows(small, 1000)
+    assert (budget, longest) == ((1024, 256) if small else (51200, 12800))
+    assert len(rows) == 12 and {r.adapter for r in rows} == {"generator"}
+    for start in (0, 4, 8):
+        mb = rows[start:start + 4]
+        cut = micro_batches([r.prompt_ids for r in mb], [r.completion_ids for r in mb], 512, budget)
+        widths = [len(r.prompt_ids) + len(r.completion_ids) for r in mb]
+        assert len(cut) == 1 and len(set(widths)) == 4 and 4 * max(widths) == budget
