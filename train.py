@@ -333,13 +333,16 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     samples = grpo.training_samples(episodes, args.std_scale, distributed.world()[0])
     calls = [c for e in episodes for c in e.calls]
     tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for c in calls), len(calls)]}
-    if args.engine == "vllm":  # vLLM asleep (its GPU memory freed), then the drift check, before the update
-        t.engine.sleep()       # changes the weights vLLM sampled with
+    if args.engine == "vllm":  # vLLM asleep (its GPU memory freed, the peak counters reset), then the drift check,
+        t.engine.sleep()       # before the update changes the weights vLLM sampled with
         tallies.update(vllm_engine.vllm_drift(calls, lambda *rows: policies.logprob_drift(
             t.model, *rows, args.micro_batch_size, t.settings.max_tokens_per_micro_batch)))
     t1 = time.time()
     m = grpo.update_policy(t.model, grpo.global_batch(samples), t.optimizers, t.settings, t.grad_ema)
     t_update = time.time() - t1
+    cuda = next(t.model.parameters()).is_cuda
+    if cuda:  # the trainer's own peak: since vLLM fell asleep, less what torch still counts as vLLM's
+        peak = t.engine.trainer_peak_bytes() if args.engine == "vllm" else torch.cuda.max_memory_allocated()
     if args.engine == "vllm":
         t.engine.wake_up()
         t.engine.sync_adapters(t.model, sorted({s.adapter for s in samples}))  # new versions of updated adapters
@@ -349,9 +352,9 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
              time_update=t_update, rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
              update_tok_s=sum(p[2] for p in parts) / max(t_update, 1e-9))
     m["reward"] = m["reward"] or 0.0  # None: no calls, every episode was ended by an over-long prompt
-    if next(t.model.parameters()).is_cuda:  # the trainer's peak (PyTorch's allocator), the device's use now
+    if cuda:  # the trainer's peak (PyTorch's allocator), the device's use now
         free, total = torch.cuda.mem_get_info()
-        m.update({"memory/peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
+        m.update({"memory/peak_gib": peak / 2 ** 30,
                   "memory/device_used_gib": (total - free) / 2 ** 30})
     return m
 

@@ -2,24 +2,36 @@
 
 Each check prints what it measured and holds it to a bound; a table at the end says pass, FAIL or skip (and why),
 and the exit status is 0 only when no check failed. A missing requirement is one line and exit 1, before any check.
-  1. training: 3 steps of the Voting-IP cell configuration with a learnable stand-in reward (even-length outputs
+  1. training: 2 steps of the Voting-IP cell configuration with a learnable stand-in reward (even-length outputs
      win; a random or untrained model earns no math reward, so advantages and gradients would be 0): every step
      finite, both adapters with a non-zero gradient; step time, peak trainer memory, vLLM drift where it ran.
-  2. memory: one update micro-batch at a cell's full row length (math Eval-Opt, 30,720 + 5,120 tokens) on the
-     Qwen3-0.6B shape; `torch.cuda.max_memory_allocated` must stay under the plan's number (infra/memory.py).
-  3. bf16: the same rows' log-probs in bf16 and fp32; mean difference under 0.05 nats a token.
+  2. memory: an IP generator update of three mini-batches (the later two need the no-grad old-log-prob pass),
+     each one padded micro-batch of rows of different lengths at a cell's token budget (51,200), so transformers
+     builds the 4D mask, on the Qwen3-0.6B shape in bf16 with checkpointing and LoRA 64: the SDPA kernel that ran,
+     allocated and reserved peaks against each term of the plan (infra/memory.py; allocated must stay under it),
+     and update tokens/s after a warm-up update.
+  3. bf16: the same rows' log-probs in bf16 and fp32, mean difference under 0.05 nats a token, with the random LM
+     head scaled so the logits spread as a trained model's do (std 4 over the vocabulary; random weights: ~0.6,
+     where any dtype agrees).
   4. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
   5. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
 Nothing is downloaded: Qwen/Qwen3-0.6B where it is in the local hub cache, else `random-qwen3-0.6b` (its shape,
-random weights). `--small` rehearses it on the CPU with tiny-qwen3 and small sizes; the memory bound, vLLM and
-the GPU tests are skipped there, and the table says so.
+random weights). Runs and data go under --work (/tmp/gpu_check); only `gpu_check.json` (the summary: versions,
+results, the training metrics) goes to --out ($OUT), next to the log gpu_check.sh writes there. Wheels in .whl/
+(gpu_check.sh --fetch-wheels) are installed into /tmp/gpu-check-site where the machine lacks their package.
+`--small` rehearses it on the CPU with tiny-qwen3 and small sizes (the memory bound, vLLM and the GPU tests skip);
+`--preflight` (this CPU machine) installs .whl/ into a fresh folder for the lent machine's Python and imports what
+the checks need from it, before any device time is spent. Estimated 3 minutes on one H200 (bench/README.md).
 
-    bash bench/gpu_check.sh            # on the GPU machine, under 8 minutes
-    bash bench/gpu_check.sh --small    # CPU rehearsal, about 2 minutes
+    bash bench/gpu_check.sh                    # on the GPU machine: under 6 minutes
+    bash bench/gpu_check.sh --only memory      # one check again (comma-separated names: training,memory,...)
+    bash bench/gpu_check.sh --small            # CPU rehearsal, about 2 minutes
+    python3 bench/gpu_check.py --preflight     # CPU: the wheels install and import; versions
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -29,6 +41,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from gpu_wheels import SITE, VERSIONS, install_wheels, preflight, versions  # noqa: E402 (bench/, beside this file)
+
 REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; README, 'Two commands')",
             "transformers": "pip install -r requirements.txt", "peft": "pip install -r requirements.txt",
             "datasets": "pip install -r requirements.txt", "math_verify": "pip install -r requirements.txt",
@@ -40,6 +54,8 @@ import tasks, train, workflows
 workflows.grade_many = lambda ts, outs: [tasks.Grade(float(len(o) % 2 == 0), o[:8], True, "parity") for o in outs]
 train.main(sys.argv[1:])
 """
+TARGET_LOGIT_STD = 4.0  # a trained LM's logits over the vocabulary spread this much (random weights: ~0.6)
+BUDGET = 51200          # the cells' micro-batch token budget (cells.PAPER_HYPERPARAMETERS)
 
 
 def missing_requirements(small: bool) -> list[str]:
@@ -62,82 +78,153 @@ def model_name(small: bool) -> str:
         else "random-qwen3-0.6b"
 
 
-def check_training(small: bool, model: str, out: str) -> tuple[str, str]:
-    """3 steps of the Voting-IP cell configuration with the stand-in reward, in a process of its own."""
+def check_training(small: bool, model: str, work: str, summary: dict) -> tuple[str, str]:
+    """2 steps of the Voting-IP cell configuration with the stand-in reward, in a process of its own, its run
+    folder under `work`; its metrics go into the summary. Where `datasets` does not import, the cell's data files
+    cannot be read: the synthetic math task instead (said in the detail)."""
     import tasks
-    data, val, run = (os.path.join(out, name) for name in ("dapo.jsonl", "aime.jsonl", "run"))
+    data, val, run = (os.path.join(work, name) for name in ("dapo.jsonl", "aime.jsonl", "run"))
     for path, problems in ((data, tasks.synthetic_math(200, difficulty=1, seed=1)),
                            (val, tasks.synthetic_math(30, difficulty=1, seed=2))):  # nothing from the hub
         with open(path, "w") as f:
             f.writelines(json.dumps({"problem": t.question, "answer": t.answer}) + "\n" for t in problems)
+    datasets_error = import_error("datasets")
+    source = ["--task", "math"] if datasets_error else ["--data", data, "--val-data", val]
     engine = "vllm" if not small and importlib.util.find_spec("vllm") else "hf"
     size = ["--device", "cpu", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16"] if small else \
-        ["--tasks-per-step", "8", "--max-new-tokens", "512", "--gen-batch-size", "256"]
-    command = [sys.executable, "-c", PARITY_TRAIN, "--cell", "Voting-IP-0.6B-Math", "--model", model, "--data", data,
-               "--val-data", val, "--steps", "3", "--val-every", "0", "--engine", engine, "--overwrite", "--run-dir",
-               run, *size]
+        ["--tasks-per-step", "8", "--max-new-tokens", "256", "--gen-batch-size", "256"]
+    command = [sys.executable, "-c", PARITY_TRAIN, "--cell", "Voting-IP-0.6B-Math", "--model", model, *source,
+               "--steps", "2", "--val-every", "0", "--engine", engine, "--overwrite", "--run-dir", run, *size]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         return "FAIL", f"train.py exited {done.returncode}: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
     steps = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
+    summary["training_metrics"] = steps
     grads = {r: max(m[f"{r}/grad_norm"] for m in steps) for r in ("generator", "aggregator")}
-    ok = [m["step"] for m in steps] == [1, 2, 3] and not any(m["nonfinite_steps"] for m in steps) and \
+    ok = [m["step"] for m in steps] == [1, 2] and not any(m["nonfinite_steps"] for m in steps) and \
         min(grads.values()) > 0
     seconds = sum(m["time_rollout"] + m["time_update"] for m in steps) / len(steps)
     detail = (f"{engine}, {seconds:.1f} s a step, gradient norms generator {grads['generator']:.3g} aggregator "
               f"{grads['aggregator']:.3g}, peak trainer memory {steps[-1].get('memory/peak_gib', 0):.1f} GiB")
     if "vllm/logprob_drift" in steps[-1]:
         detail += f", vllm/logprob_drift {max(m['vllm/logprob_drift'] for m in steps):.2g}"
+    if datasets_error:
+        detail += f"; datasets does not import ({datasets_error}): synthetic math task instead of the cell's files"
     return ("pass" if ok else "FAIL"), detail
 
 
-def check_memory(small: bool, model: str) -> tuple[str, str]:
-    """One micro-batch of one full-length row; on CUDA its peak against the plan's number."""
-    from collections import defaultdict
+def import_error(module: str) -> str | None:
+    """None where `module` imports, else its error in one line."""
+    try:
+        importlib.import_module(module)
+        return None
+    except Exception as e:  # an ImportError, or a broken dependency's own error
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
+
+def generator_rows(small: bool, vocab: int):
+    """12 generator rows, 3 mini-batches of 4 rows of different lengths (one shared prompt length, four
+    completion lengths), each mini-batch exactly one padded micro-batch of the token budget: 4 x 12,800 = 51,200
+    (--small: 4 x 256 = 1,024)."""
+    import torch
+
+    from grpo import Sample
+    prompt, completions, budget = (160, (96, 80, 64, 48), 1024) if small else (8192, (4608, 4096, 3584, 3072), BUDGET)
+    g = torch.Generator().manual_seed(0)
+    rows = [Sample(torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+                   torch.randint(0, vocab, (n,), generator=g).tolist(), (-1.0) ** k * (1 + k / 12), "generator",
+                   "generator") for k, n in enumerate(completions * 3)]
+    return rows, budget, prompt + completions[0]
+
+
+class SDPACalls:
+    """Within `with`: the attention masks transformers passes to SDPA and the aten attention kernels that ran
+    (torch.profiler, CPU op names such as aten::_scaled_dot_product_efficient_attention)."""
+
+    def __enter__(self):
+        import torch
+        self.masks, self.real = set(), torch.nn.functional.scaled_dot_product_attention
+
+        def spy(*a, attn_mask=None, **k):
+            self.masks.add(None if attn_mask is None else tuple(attn_mask.shape))
+            return self.real(*a, attn_mask=attn_mask, **k)
+        torch.nn.functional.scaled_dot_product_attention = spy
+        self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        self.profile.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        self.profile.__exit__(*exc)
+        torch.nn.functional.scaled_dot_product_attention = self.real
+        self.kernels = sorted({e.name for e in self.profile.events() if e.name.startswith(
+            ("aten::_scaled_dot_product_", "aten::_efficient_attention", "aten::_flash_attention"))})
+
+
+def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: int) -> dict[str, float]:
+    """The plan's terms for one update micro-batch (infra/memory.update_bytes), in bytes."""
+    from infra import memory
+    from policies import LOGPROB_CHUNK
+    ckpt, full = (k * 1024 for k in memory.QWEN3_LAYER_KIB["0.6B"])
+    terms = {"static": memory.static_bytes(params, lora, adapters),
+             "activations": budget * (lm.config.num_hidden_layers * ckpt + full),
+             "mask": memory.mask_bytes(budget, longest),
+             "head": memory.HEAD_COPIES * LOGPROB_CHUNK * lm.config.vocab_size * 4}
+    return {**terms, "plan": sum(terms.values())}
+
+
+def check_memory(small: bool, model: str) -> tuple[str, str]:
+    """An IP generator update of 3 padded mini-batches at the token budget: a warm-up update (profiled: the SDPA
+    kernel), then a timed one (peaks, tokens/s); on CUDA the allocated peak against the plan."""
     import torch
 
     import policies
-    from grpo import Sample, UpdateSettings, _micro_step
-    from infra import memory
-    prompt, new = (2048, 256) if small else (30720, 5120)
+    from grpo import UpdateSettings, make_optimizers, update_policy
     device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
     torch.manual_seed(0)
     base, _ = policies.load_model(model, dtype, device)
     params = sum(p.numel() for p in base.parameters())
-    lm = policies.add_adapters(base, ["shared"], rank=64)
+    lm = policies.add_adapters(base, ["aggregator", "generator"], rank=64, alpha=32)
     policies.enable_grad_checkpointing(lm)
-    lora = sum(p.numel() for p in policies.adapter_parameters(lm, "shared"))
-    vocab = min(1000, lm.config.vocab_size)
-    row = Sample(torch.randint(0, vocab, (prompt,)).tolist(), torch.randint(0, vocab, (new,)).tolist(), 1.0,
-                 "generator", "shared")
+    lora = sum(p.numel() for p in policies.adapter_parameters(lm, "generator"))
+    rows, budget, longest = generator_rows(small, min(1000, lm.config.vocab_size))
+    opts = make_optimizers(lm, ["aggregator", "generator"], 1e-6, 0.0, 0, "constant", 10)
+    cfg = UpdateSettings(mini_batch_size=4, micro_batch_size=512, max_tokens_per_micro_batch=budget,
+                         temperature=0.7)
+    with SDPACalls() as sdpa:
+        warm = update_policy(lm, rows, opts, cfg)
     if device == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with policies.use_adapter(lm, "shared"):
-        lm.train()
-        _micro_step(lm, [row], [None], [1.0 / new], UpdateSettings(temperature=0.7, share_prompts=False),
-                    defaultdict(lambda: [0.0, 0.0]))
-    grad = torch.stack([p.grad.float().norm() for p in policies.adapter_parameters(lm, "shared")]).norm().item()
-    if not grad > 0 or grad != grad:
-        return "FAIL", f"one {prompt + new}-token row: gradient norm {grad}"
+    start = time.time()
+    m = update_policy(lm, rows, opts, cfg)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    tok_s = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows) / (time.time() - start)
+    masks = sorted(str(s) for s in sdpa.masks)  # (rows, 1, W, W): the 4D mask of rows of different lengths
+    detail = (f"3 mini-batches x 4 rows of {longest - len(rows[-1].completion_ids)}-{longest} tokens, budget "
+              f"{budget}: SDPA masks {', '.join(masks)}, kernels {', '.join(sdpa.kernels) or 'none seen'}; "
+              f"update {tok_s:,.0f} tok/s after a warm-up")
+    ok = warm["generator/opt_steps"] == m["generator/opt_steps"] == 3 and not m["nonfinite_steps"] and \
+        any(s is not None and len(s) == 4 for s in sdpa.masks)
     if device == "cpu":
-        return "pass", f"one {prompt + new}-token row, gradient norm {grad:.3g}; the plan's bound needs CUDA (skipped)"
-    ckpt, full = (k * 1024 for k in memory.QWEN3_LAYER_KIB["0.6B"])
-    head = memory.HEAD_COPIES * policies.LOGPROB_CHUNK * lm.config.vocab_size * 4
-    plan = memory.update_bytes(params, lora, 1, prompt + new, prompt + new, lm.config.num_hidden_layers, ckpt, full,
-                               head)
-    peak = torch.cuda.max_memory_allocated()
-    return ("pass" if peak <= plan else "FAIL"), (f"one {prompt + new}-token row: peak {peak / 2 ** 30:.1f} GiB, "
-                                                  f"plan {plan / 2 ** 30:.1f} GiB (ratio {peak / plan:.2f})")
+        return ("pass" if ok else "FAIL"), detail + "; the plan's bound needs CUDA (skipped)"
+    terms = plan_terms(lm, params, lora, 2, budget, longest)
+    peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    detail += (f"; peak allocated {peak / 2 ** 30:.1f} GiB, reserved {reserved / 2 ** 30:.1f} GiB, plan "
+               + ", ".join(f"{k} {v / 2 ** 30:.1f}" for k, v in terms.items()) + f" GiB (allocated / plan "
+               f"{peak / terms['plan']:.2f}, reserved / plan {reserved / terms['plan']:.2f})")
+    return ("pass" if ok and peak <= terms["plan"] else "FAIL"), detail
 
 
 def check_bf16(small: bool, model: str) -> tuple[str, str]:
-    """The same 8 rows' log-probs in fp32 and bf16 on one device: mean |difference| per token."""
+    """The same 8 rows' log-probs in fp32 and bf16 on one device: mean |difference| per token. Random weights get
+    their LM head scaled (in both dtypes alike) so the logits' std over the vocabulary is TARGET_LOGIT_STD."""
     import torch
 
     import policies
     device = "cpu" if small else "cuda"
-    got, g = {}, torch.Generator().manual_seed(2)
+    got, g, scale, spread = {}, torch.Generator().manual_seed(2), 1.0, None
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         lm, _ = policies.load_model(model, dtype, device)
@@ -146,10 +233,18 @@ def check_bf16(small: bool, model: str) -> tuple[str, str]:
             prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in torch.randint(16, 200, (8,))]
             completions = [torch.randint(0, vocab, (int(n),), generator=g).tolist()
                            for n in torch.randint(8, 128, (8,))]
+            with torch.no_grad():
+                spread = lm(input_ids=torch.tensor([prompts[0] + completions[0]], device=device)).logits.std(-1)
+                spread = spread.mean().item()
+            scale = TARGET_LOGIT_STD / spread if model.startswith(("random-", "tiny")) else 1.0
+        head = lm.get_output_embeddings()  # a new parameter: the (tied) input embedding keeps its weights
+        head.weight = torch.nn.Parameter(head.weight.detach() * scale, requires_grad=False)
         got[dtype] = torch.cat(policies.policy_logprobs(lm, None, prompts, completions)).float()
         del lm
     diff = (got[torch.float32] - got[torch.bfloat16]).abs()
-    return ("pass" if diff.mean() < 0.05 else "FAIL"), (f"{len(diff)} tokens: mean |fp32 - bf16| "
+    how = f"LM head x{scale:.2f}: logit std {spread:.2f} -> {spread * scale:.2f}" if scale != 1.0 else \
+        f"trained weights, logit std {spread:.2f}"
+    return ("pass" if diff.mean() < 0.05 else "FAIL"), (f"{how}; {len(diff)} tokens: mean |fp32 - bf16| "
                                                         f"{diff.mean():.4f}, max {diff.max():.3f} nats")
 
 
@@ -163,29 +258,32 @@ def check_pytest(marker: str, path: str, needs: str | None, timeout: int) -> tup
     return ("pass" if done.returncode == 0 and "passed" in last else "FAIL"), last
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--small", action="store_true", help="CPU rehearsal: tiny-qwen3, small sizes")
-    p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="folder for the run and data")
-    args = p.parse_args()
-    missing = missing_requirements(args.small)
-    if missing:
-        print("\n".join(missing), file=sys.stderr)
-        return 1
+def header(small: bool, site: str) -> dict:
+    """Versions (torch, transformers, peft, datasets first), the device, the model; printed and summarized."""
     import torch
-    os.makedirs(args.out, exist_ok=True)
-    model = model_name(args.small)
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}; model {model}", flush=True)
+    info = {**versions(site), "cuda": torch.version.cuda, "model": model_name(small),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"}
+    print(", ".join(f"{k} {info[k]}" for k in ("torch", "transformers", "peft", "datasets", "python", "cuda", "gpu",
+                                                "model")), flush=True)
+    print(f"other versions: {', '.join(f'{k} {v}' for k, v in info.items() if k in VERSIONS[4:])}; from .whl: "
+          f"{', '.join(info['from .whl']) or 'none'}; unmet requirements: "
+          f"{'; '.join(info['unmet requirements']) or 'none'}", flush=True)
+    return info
+
+
+def run_checks(args, model: str, summary: dict) -> list[tuple[str, str, str, float]]:
+    """(name, status, detail, seconds) of every check --only keeps, each printed as it ends."""
     vllm = None if importlib.util.find_spec("vllm") else "vLLM does not import here"
     no_gpu = "--small: no GPU" if args.small else None
-    checks = {"training": lambda: check_training(args.small, model, args.out),
+    checks = {"training": lambda: check_training(args.small, model, args.work, summary),
               "memory": lambda: check_memory(args.small, model),
               "bf16": lambda: check_bf16(args.small, model),
-              "vLLM vs HF": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, 240),
-              "GPU tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, 180)}
+              "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, 240),
+              "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, 180)}
     results = []
     for name, check in checks.items():
+        if args.only and name not in args.only:
+            continue
         start = time.time()
         try:
             status, detail = check()
@@ -193,9 +291,42 @@ def main() -> int:
             status, detail = "FAIL", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         results.append((name, status, detail, time.time() - start))
         print(f"== {name}: {status} ({time.time() - start:.0f} s) {detail}", flush=True)
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", action="store_true", help="CPU rehearsal: tiny-qwen3, small sizes")
+    p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="where gpu_check.json goes")
+    p.add_argument("--work", default="/tmp/gpu_check/work", help="the training run and its data (not --out)")
+    p.add_argument("--only", type=lambda s: s.split(","), default=None,
+                   help="comma-separated checks: training,memory,bf16,vllm,gpu-tests")
+    p.add_argument("--preflight", action="store_true", help="CPU: install .whl/ as the lent machine would, import")
+    p.add_argument("--wheels", default=os.path.join(ROOT, ".whl"), help="wheels for the lent machine")
+    args = p.parse_args()
+    if args.preflight:
+        return preflight(args.wheels)
+    if bad := sorted(set(args.only or []) - {"training", "memory", "bf16", "vllm", "gpu-tests"}):
+        p.error(f"--only: unknown check {', '.join(bad)}")
+    if glob.glob(os.path.join(args.wheels, "*.whl")):  # what this machine lacks, before anything imports it
+        subprocess.run(["rm", "-rf", SITE], check=True)
+        if install_wheels(args.wheels, SITE, every=False):
+            sys.path.insert(0, SITE)
+            os.environ["PYTHONPATH"] = SITE + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    missing = missing_requirements(args.small)
+    if missing:
+        print("\n".join(missing), file=sys.stderr)
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    summary = {"header": header(args.small, SITE)}
+    results = run_checks(args, summary["header"]["model"], summary)
     print("\n| check | result | seconds | detail |\n|---|---|---|---|")
     for name, status, detail, seconds in results:
         print(f"| {name} | {status} | {seconds:.0f} | {detail} |")
+    summary["results"] = [dict(check=n, result=s, seconds=round(t, 1), detail=d) for n, s, d, t in results]
+    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+        json.dump(summary, f, indent=1)
     return 1 if any(status == "FAIL" for _, status, _, _ in results) else 0
 
 

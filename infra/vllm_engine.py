@@ -15,8 +15,10 @@ import shutil
 import tempfile
 from typing import Callable
 
+import torch
 from tqdm import tqdm
 
+from infra.memory import kv_bytes_per_token
 from infra.models import BUILTIN_MODELS, smollm2_folder
 
 BASE_NAMES = (None, "__base__")  # rows without an adapter (PEFT's name for "no adapter" is __base__)
@@ -64,15 +66,18 @@ class VLLMEngine:
             raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
         # sleep mode (weights to host memory, KV cache freed while the trainer updates) exists on CUDA/ROCm/XPU only
         self.can_sleep = current_platform.is_sleep_mode_available()
-        # under torchrun each rank runs its own engine (tensor parallel 1) on its share of the prompts, with vLLM's
-        # torchrun-compatible launcher and a sampling seed of its own
-        ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
-            else {}
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks,
-                       enable_lora=True, max_loras=len(model.peft_config),
-                       max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
-                       enable_sleep_mode=self.can_sleep, max_model_len=max_model_len,
-                       enforce_eager=current_platform.is_cpu())  # CPU: skip torch.compile (minutes on 2 cores)
+        self.cuda = not current_platform.is_cpu() and torch.cuda.is_available()
+        before = cuda_memory()
+        self.llm = LLM(**llm_arguments(model_path, model, dtype, seed, gpu_memory, max_model_len, self.can_sleep,
+                                       current_platform.is_cpu()))
+        after = cuda_memory()
+        # vLLM's weights and KV cache live in torch's allocator: torch counts them even while vLLM sleeps
+        self.counted_bytes, self.held_bytes = after[0] - before[0], 0
+        self.awake_bytes = before[1] - after[1]  # the device memory vLLM took (mem_get_info: free before - after)
+        self.kv_cache_bytes = kv_cache_bytes(self.llm, model.config, dtype)
+        print(f"vLLM: KV cache {self.kv_cache_bytes / 2 ** 30:.2f} GiB, awake footprint "
+              f"{self.awake_bytes / 2 ** 30:.2f} GiB of the device ({self.counted_bytes / 2 ** 30:.2f} GiB in "
+              "torch's counters)" if self.cuda else f"vLLM: KV cache {self.kv_cache_bytes / 2 ** 30:.2f} GiB (CPU)")
         # stop on every EOS id (kept in the output, like HFEngine); top_k 0 = off, as in HFEngine
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
                                        stop_token_ids=sorted(self.eos_ids), logprobs=0, detokenize=False)
@@ -97,13 +102,26 @@ class VLLMEngine:
             self.llm.llm_engine.add_lora(self.requests[name])  # load now: a bad folder fails here, not mid-rollout
 
     def sleep(self) -> None:
-        """Before the update: free the GPU for the trainer (no-op where sleep mode is not available)."""
-        if self.can_sleep:
-            self.llm.sleep(level=1)  # level 1 keeps the (never changing) base weights in host memory
+        """Before the update: free the GPU for the trainer (no-op where sleep mode is not available). Then the
+        peak counters start afresh, so that `trainer_peak_bytes` is the drift check's and the update's peak."""
+        if not self.can_sleep:
+            return
+        before = torch.cuda.memory_allocated()
+        self.llm.sleep(level=1)  # level 1 keeps the (never changing) base weights in host memory
+        # what torch still counts as vLLM's: its allocations, less any the sleep returned to torch
+        self.held_bytes = max(0, self.counted_bytes - (before - torch.cuda.memory_allocated()))
+        torch.cuda.reset_peak_memory_stats()
 
     def wake_up(self) -> None:
+        """After the update: the trainer's cached blocks go back to the device first, so that vLLM re-maps its
+        memory into free memory, not into memory torch's cache holds (TRL empties the cache here too)."""
         if self.can_sleep:
+            torch.cuda.empty_cache()
             self.llm.wake_up()
+
+    def trainer_peak_bytes(self) -> int:
+        """torch's allocated peak since `sleep`, less what it counts for the sleeping vLLM: the trainer's own."""
+        return torch.cuda.max_memory_allocated() - self.held_bytes
 
     def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list:
         """Like `HFEngine.generate` (`desc` unused: no progress bar), plus each token's log-prob."""
@@ -123,6 +141,38 @@ class VLLMEngine:
                 logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, ids)]
                 out[i] = self.to_generation(ids, self.eos_ids, self.tokenizer, logprobs)
         return out
+
+
+def llm_arguments(model_path: str, model, dtype: str, seed: int, gpu_memory: float, max_model_len: int | None,
+                  sleep: bool, cpu: bool) -> dict:
+    """The `vllm.LLM` arguments of a cell's engine (bench/vllm_smoke.py builds its engine with the same): LoRA
+    slots for every adapter of `model`, at the smallest rank vLLM reserves that holds them. Under torchrun each
+    rank runs its own engine (tensor parallel 1) on its share of the prompts, with vLLM's torchrun-compatible
+    launcher and a sampling seed of its own."""
+    rank = max(c.r for c in model.peft_config.values())
+    ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
+        else {}
+    return dict(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks,
+                enable_lora=True, max_loras=len(model.peft_config),
+                max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
+                enable_sleep_mode=sleep, max_model_len=max_model_len,
+                enforce_eager=cpu)  # CPU: skip torch.compile (minutes on 2 cores)
+
+
+def cuda_memory() -> tuple[int, int]:
+    """(bytes torch counts as allocated, bytes free on the device); (0, 0) without CUDA."""
+    if not torch.cuda.is_available():
+        return 0, 0
+    return torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0]
+
+
+def kv_cache_bytes(llm, config, dtype: str) -> int:
+    """The KV cache vLLM reserved: its blocks x tokens a block x a token's keys and values (infra/memory.py)."""
+    cache = llm.llm_engine.vllm_config.cache_config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, head_dim,
+                                   torch.empty(0, dtype=getattr(torch, dtype)).element_size())
+    return (cache.num_gpu_blocks or 0) * cache.block_size * per_token
 
 
 DRIFT_ROWS, DRIFT_WARN = 32, 0.05  # rows per step checked for vllm/logprob_drift; warn above (bf16: ~1e-2)

@@ -257,6 +257,23 @@ def test_chunked_logprobs_equal_the_full_logits_computation(monkeypatch, make_lo
     assert int(mask.sum()) > 5 * 3  # several chunks really ran
 
 
+def test_the_transformers_here_takes_the_code_paths_its_version_has(make_lora_model):
+    """.ci/run runs this file under three transformers: requirements.txt's (5.24: `activation_checkpointing_enable`,
+    the `cache` argument), the vLLM venv's (< 5.20, as vLLM pins it on a GPU) and 5.17 (the lent GPU machine's):
+    gradient_checkpointing_enable and `past_key_values`. Checkpointing is on either way. (Versions between 5.20
+    and 5.24 are not pinned anywhere here; which names they have is not asserted.)"""
+    import transformers
+    from packaging.version import Version
+    model = make_lora_model("tiny-qwen3")
+    version = Version(transformers.__version__)
+    if version < Version("5.20") or version >= Version("5.24"):
+        new = version >= Version("5.24")
+        assert hasattr(model.get_base_model(), "activation_checkpointing_enable") == new
+        assert policies.cache_kwarg(model) == ("cache" if new else "past_key_values")
+    enable_grad_checkpointing(model)
+    assert policies.grad_checkpointing_on(model)
+
+
 def test_bf16_weights_with_fp32_lora_and_optimizer_state(make_lora_model):
     model = make_lora_model("tiny-qwen3", torch.bfloat16)
     base = [p for n, p in model.named_parameters() if "lora_" not in n]

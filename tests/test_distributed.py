@@ -208,6 +208,7 @@ def test_init_distributed_honours_the_device_flag(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.setdefault("set_device", i))
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kw: calls.setdefault("backend",
                                                                                                         backend))
+    monkeypatch.setattr(distributed, "_created_group", False)  # restored after: no group was really made here
     assert distributed.init_distributed("cpu") == "cpu" and calls == {"backend": "gloo"}
     calls.clear()
     assert distributed.init_distributed("auto") == "cuda:1" and calls == {"set_device": 1, "backend": "nccl"}
@@ -230,3 +231,27 @@ def test_resume_reads_onto_the_cpu_and_moves_the_i6_state_to_the_ranks_device(tm
     assert seen == ["cpu"]
     assert grad_ema["shared"].device == next(model.parameters()).device
     assert torch.equal(grad_ema["shared"], torch.arange(4.0))
+
+
+def test_a_single_process_run_neither_uses_nor_destroys_a_process_group_it_did_not_create(tmp_path, monkeypatch):
+    """In-process vLLM on one GPU creates a world-size-1 process group before train.py's first gather. A plain
+    `python train.py` (no torchrun: WORLD_SIZE unset) must call no collective through it and must leave it alive
+    for vLLM to destroy: data parallel is torchrun's WORLD_SIZE > 1, not `dist.is_initialized()`. The group here
+    is gloo, world size 1, made as vLLM makes it; every collective and destroy_process_group is spied on."""
+    import torch.distributed as dist
+
+    import train
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+    for name in ("all_gather_object", "all_reduce", "barrier", "broadcast", "destroy_process_group"):
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        train.main([*TINY, "--steps", "1", "--val-every", "1", "--run-dir", str(tmp_path / "run")])
+        assert calls == [] and dist.is_initialized()
+        assert [m["step"] for m in metrics(str(tmp_path / "run"))] == [0, 1]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

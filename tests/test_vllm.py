@@ -155,3 +155,27 @@ def test_train_with_vllm_engine_logs_small_drift_after_every_update(setup, tmp_p
     assert all(m["vllm/logprob_drift"] < 1e-3 for m in steps)
     assert all(m["vllm/logprob_drift/generator"] < 1e-3 and m["vllm/logprob_drift/aggregator"] < 1e-3 for m in steps)
     assert all(m["generator/opt_steps"] == 3 and m["aggregator/opt_steps"] == 1 for m in steps)
+
+
+def test_the_smoke_tests_sync_check_fails_when_an_adapter_is_not_re_registered(setup):
+    """bench/vllm_smoke.py's checks 2 and 3 on this engine: with `--break-sync` (adapters saved, never registered
+    in vLLM) the changed adapter's rows keep their old tokens and its drift is large, so both checks FAIL; with
+    the engine's own sync both PASS."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import vllm_smoke
+    model, hf, vllm, prompts, adapters = setup
+    saved = {n: p.detach().clone() for n, p in model.named_parameters() if ".beta." in n}
+    try:
+        status, why = vllm_smoke.check_sync(vllm, model, prompts, adapters, 0.3, vllm_smoke.stale_sync(vllm))
+        assert status == "FAIL" and "beta changed and synced: 0/3 of its rows changed" in why, why
+        status, why = vllm_smoke.check_drift(vllm, model, prompts, adapters, 0.7)
+        assert status == "FAIL" and "worst beta" in why, why
+        status, why = vllm_smoke.check_sync(vllm, model, prompts, adapters, 0.3)
+        assert status == "PASS" and "0 rows of other adapters" in why, why
+        assert vllm_smoke.check_drift(vllm, model, prompts, adapters, 0.7)[0] == "PASS"
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in saved:
+                    p.copy_(saved[n])
+        vllm.sync_adapters(model, ["beta"])
