@@ -281,7 +281,7 @@ def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name:
     return workflows.rollout(problems, n, workflow, engine, encode, route, workflows.WorkflowOptions())
 
 
-def calibrate_command(seed: int, episodes: int | None, out: str | None) -> dict:
+def calibrate_command(seed: int, episodes: int | None, out: str | None, temperature: float | None = None) -> dict:
     """The toy model of `seed` before any RL, against calibration's targets: every workflow played by the model
     alone, by the oracle alone, and with one habit at a time played by an always-careful and an always-hurried
     oracle. Exits 1 when a target is missed."""
@@ -289,7 +289,8 @@ def calibrate_command(seed: int, episodes: int | None, out: str | None) -> dict:
         check_writable(out, "--out", folder=False)
     toy_model.build(seed, play_every_problem)
     model, tokenizer = policies.load_model("toy", torch.float32, "cpu", seed)
-    engine = policies.HFEngine(model, tokenizer, calibration.MAX_NEW_TOKENS, calibration.TEMPERATURE)
+    temperature = calibration.TEMPERATURE if temperature is None else temperature
+    engine = policies.HFEngine(model, tokenizer, calibration.MAX_NEW_TOKENS, temperature)
     encode, route = policies.chat_encoder(tokenizer), lambda name: name  # a plain model: names pick no adapter
     checkpoints.seed_everything(seed)
     runs = {w: play_every_problem(w, episodes or n, engine, encode, route) for w, n in calibration.EPISODES.items()}
@@ -306,7 +307,7 @@ def calibrate_command(seed: int, episodes: int | None, out: str | None) -> dict:
     by_kind = calibration.call_records([e for eps in runs.values() for e in eps], tokenizer.decode, seed)
     success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in runs.items()}
     oracle_success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in by_oracle.items()}
-    text, record = calibration.report(seed, success, oracle_success, calibration.habit_table(by_kind),
+    text, record = calibration.report(seed, temperature, success, oracle_success, calibration.habit_table(by_kind),
                                       calibration.structure(success, by_kind), swaps)
     print(text)
     if out:
@@ -331,6 +332,8 @@ def build_parser() -> Parser:
     calibrate.add_argument("--episodes", type=number(int, 1), default=None, help="episodes per problem of every "
                            "measurement (default: calibration.EPISODES, >= 500 calls of each habit)")
     calibrate.add_argument("--out", default=None, help="also write the record as JSON here")
+    calibrate.add_argument("--temperature", type=number(float, 0), default=None,
+                           help="sampling temperature (default: the study's, calibration.TEMPERATURE)")
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
     table.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
     g = p.add_argument_group("evaluate")
@@ -397,7 +400,7 @@ def main(argv: list[str] | None = None):
     if args.command == "table":
         return results_command(args.results)
     if args.command == "calibrate":
-        return calibrate_command(args.seed, args.episodes, args.out)
+        return calibrate_command(args.seed, args.episodes, args.out, args.temperature)
     if args.command == "plot":
         out = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
         check_writable(out, "--out", folder=True)

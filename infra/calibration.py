@@ -142,9 +142,10 @@ def checks(habits: dict, struct: dict, swaps: dict[str, tuple[float, float]]) ->
     return rows
 
 
-def report(seed: int, success: dict, oracle_success: dict, habits: dict, struct: dict, swaps: dict) -> tuple[str, dict]:
+def report(seed: int, temperature: float, success: dict, oracle_success: dict, habits: dict, struct: dict,
+           swaps: dict) -> tuple[str, dict]:
     """The printed table and the JSON record of one seed's calibration; `record["missed"]` names what failed."""
-    lines = [f"toy model, seed {seed}: the base model against its targets (temperature {TEMPERATURE})",
+    lines = [f"toy model, seed {seed}: the base model against its targets (temperature {temperature})",
              "workflow accuracy (base model / oracle): " + ", ".join(
                  f"{w} {success[w]:.3f} / {oracle_success[w]:.3f}" for w in success),
              f"{'habit':<11}{'calls':>6}{'careful':>9}{'oracle':>8}{'right':>8}{'oracle':>8}{'own fmt':>9}"
@@ -158,6 +159,6 @@ def report(seed: int, success: dict, oracle_success: dict, habits: dict, struct:
     missed = [name for name, _, _, held in rows if not held]
     lines.append("calibration: every target holds" if not missed else
                  f"calibration: {len(missed)} target(s) missed: {', '.join(missed)}")
-    record = {"seed": seed, "success": success, "oracle_success": oracle_success, "habits": habits,
-              "structure": struct, "swaps": swaps, "missed": missed}
+    record = {"seed": seed, "temperature": temperature, "success": success, "oracle_success": oracle_success,
+              "habits": habits, "structure": struct, "swaps": swaps, "missed": missed}
     return "\n".join(lines), record

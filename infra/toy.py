@@ -12,7 +12,7 @@ knob (`KNOBS`) sets how often it is careful:
 | worker | careful more often under a strategy suited to the operation | |
 | retry (Eval-Opt, after Incorrect) | works it out again | moves the last answer, the way the feedback points |
 | aggregator | the plurality of the boxed answers, else the middle one | picks by position (solution 1 half the time) |
-| evaluator | sets the problem against the attempt, says which way it is off | lenient: Correct 3 times in 4 |
+| evaluator | checks by the inverse operation, says which way it is off | lenient: Correct 3 times in 4 |
 | orchestrator | the three strategies suited to the operation | three at random |
 | synthesizer | the workers' plurality, else the middle one | copies a worker at random |
 
@@ -183,16 +183,26 @@ def select(s: Seen, careful: bool, rng: random.Random) -> str:
     return f"Solution {k} looks right.\n\n\\boxed{{{k}}}"
 
 
+def inverse_check(s: Seen, w: int) -> tuple[str, bool]:
+    """The evaluator's check of an attempt `w` by the inverse operation (it never states the answer)."""
+    if s.op == "+":
+        return f"{w} - {s.b} = {w - s.b}", w - s.b == s.a
+    if s.op == "-":
+        return f"{w} + {s.b} = {w + s.b}", w + s.b == s.a
+    return f"{w} ÷ {s.b} = {w // s.b} r {w % s.b}", w % s.b == 0 and w // s.b == s.a
+
+
 def judge(s: Seen, careful: bool, rng: random.Random) -> str:
-    """Careful: the problem set against the attempt, and which way the attempt is off (it never states the
-    answer, which the evaluator's prompt forbids); hurried: lenient."""
+    """Careful: the attempt checked by the inverse operation, its result set beside the number it must equal,
+    and which way the attempt is off (never the answer, which the evaluator's prompt forbids); hurried: lenient."""
     if careful:
         if s.attempt is None:
             return "There is no answer to check.\n\n\\boxed{Incorrect}"
-        check = f"Check: {s.a} {s.op} {s.b} against {s.attempt}"
-        if s.attempt == s.answer:
-            return f"{check}: it holds.\n\n\\boxed{{Correct}}"
-        return f"{check}: too {'high' if s.attempt > s.answer else 'low'}.\n\n\\boxed{{Incorrect}}"
+        check, holds = inverse_check(s, s.attempt)
+        if holds:
+            return f"Check: {check}; the problem has {s.a}.\n\n\\boxed{{Correct}}"
+        way = "high" if s.attempt > s.answer else "low"
+        return f"Check: {check}; the problem has {s.a}: too {way}.\n\n\\boxed{{Incorrect}}"
     if rng.random() < 0.75:  # lenient
         return "Looks fine.\n\n\\boxed{Correct}"
     return "Something is off.\n\n\\boxed{Incorrect}"
@@ -251,8 +261,8 @@ FORMATS = {  # each role's own formats (careful, then hurried); a role writing a
     "aggregator": [r"(Solutions [\d, and]+ agree on -?\d+|No two solutions agree; solution \d+ is in the middle)"
                    r"\.\n\n\\boxed\{\d+\}",
                    r"Solution \d+ looks right\.\n\n\\boxed\{\d+\}"],
-    "evaluator": [r"(Check: -?\d+ [+\-×] \d+ against -?\d+: (it holds|too high|too low)|There is no answer to check)"
-                  r"\.\n\n\\boxed\{(Correct|Incorrect)\}",
+    "evaluator": [r"(Check: -?\d+ [+\-÷] \d+ = -?\d+( r \d+)?; the problem has \d+(: too (high|low))?|"
+                  r"There is no answer to check)\.\n\n\\boxed\{(Correct|Incorrect)\}",
                   r"(Looks fine|Something is off)\.\n\n\\boxed\{(Correct|Incorrect)\}"],
     "orchestrator": [r"STRATEGY 1: [^\n]+(\nSTRATEGY \d: [^\n]+)*"],
     "synthesizer": [r"(Most workers say -?\d+|No two workers agree; the middle answer is -?\d+)\.\n\n"
@@ -363,11 +373,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calibrate", action="store_true", help="measure the base model against the targets")
     p.add_argument("--seed", type=int, default=0, help="the toy model's seed")
     p.add_argument("--episodes", type=int, default=None, help="episodes per measurement (default: the targets')")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the study's)")
     args = p.parse_args(argv)
     if not args.calibrate:
         p.error("nothing to do: give --calibrate")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     extra = ["--episodes", str(args.episodes)] if args.episodes else []
+    extra += ["--temperature", str(args.temperature)] if args.temperature is not None else []
     raise SystemExit(subprocess.run([sys.executable, "eval.py", "calibrate", "--seed", str(args.seed), *extra],
                                     cwd=root).returncode)
 

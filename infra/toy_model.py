@@ -57,13 +57,20 @@ def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tupl
 
 
 def facts() -> list[tuple[str, str]]:
-    """(question, worked line) of every piece of arithmetic the habits use: the 243 problems and the retries'
-    nudges by 1 or 2. A real base model knows its tables from pretraining; the toy model learns them here first,
-    so that the warm-up's rows teach habits (how often a role is careful) on top of arithmetic it can do."""
+    """(question, worked line) of every piece of arithmetic the habits use: the 243 problems, the evaluator's
+    inverse checks of answers off by up to 3, and the retries' nudges by 1 or 2. A real base model knows its
+    tables from pretraining; the toy model learns them here first, so that the warm-up's rows teach habits (how
+    often a role is careful) on top of arithmetic it can already do."""
     found = {}
     for a in range(1, 10):
         for b in range(1, 10):
-            found.update({f"{a} + {b}": a + b, f"{a} - {b}": a - b, f"{a} × {b}": a * b})
+            for op, r in (("+", a + b), ("-", a - b), ("×", a * b)):
+                found[f"{a} {op} {b}"] = r
+                for w in range(r - 3, r + 4):  # the evaluator's check of an attempt w (infra/toy.py inverse_check)
+                    if op == "×":
+                        found[f"{w} ÷ {b}"] = f"{w // b} r {w % b}"
+                    else:
+                        found[f"{w} {'-' if op == '+' else '+'} {b}"] = w - b if op == "+" else w + b
     for x in range(-14, 88):  # a hurried retry's nudge of the last answer
         for k in (1, 2):
             found[f"{x} + {k}"], found[f"{x} - {k}"] = x + k, x - k

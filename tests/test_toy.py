@@ -64,20 +64,20 @@ def test_a_solvers_correctness_cannot_be_read_off_its_length():
 def test_each_role_format_is_told_apart():
     assert format_of("3 + 4 = 7.\n\n\\boxed{7}") == ("solver", True)
     assert format_of("Solution 2 looks right.\n\n\\boxed{2}") == ("aggregator", False)
-    assert format_of("Check: 7 - 4 against 3: it holds.\n\n\\boxed{Correct}") == ("evaluator", True)
+    assert format_of("Check: 7 - 4 = 3; the problem has 3.\n\n\\boxed{Correct}") == ("evaluator", True)
     assert format_of("Going with worker 1.\n\n\\boxed{7}") == ("synthesizer", False)
     assert format_of("STRATEGY 1: Make a ten first.\nSTRATEGY 2: Use a number line.") == ("orchestrator", True)
     assert format_of("The answer is 7.") == (None, False)
 
 
-def test_a_careful_evaluator_checks_without_the_answer_and_points_the_retry():
+def test_a_careful_evaluator_checks_by_the_inverse_and_points_the_retry():
     import tasks
     import workflows
     task, opts = tasks.Task("t", "What is 6 × 3?", "18", "math"), workflows.WorkflowOptions()
     history = workflows.solver_messages(task, opts) + [{"role": "assistant", "content": "6 × 3 = 20.\n\n\\boxed{20}"}]
     prompt = chatml(workflows.evaluator_messages(task, "", history, opts))
     said = oracle_text("evaluator", prompt, random.Random(0), KNOBS, {"judge": True})
-    assert said == "Check: 6 × 3 against 20: too high.\n\n\\boxed{Incorrect}"
+    assert said == "Check: 20 ÷ 3 = 6 r 2; the problem has 6: too high.\n\n\\boxed{Incorrect}"
     retry = chatml(workflows.refine_messages(task, opts, "", "", history + [{"role": "assistant", "content": said}]))
     moved = {oracle_text("generator", retry, random.Random(i), KNOBS, {"retry": False}) for i in range(20)}
     assert moved == {"6 × 3 = 19.\n\n\\boxed{19}", "6 × 3 = 18.\n\n\\boxed{18}"}  # down by 1 or 2, as told
