@@ -27,7 +27,7 @@ FORMAT_MIN = 0.8                            # a role's format compliance below t
 LENGTH_CHANGE = 0.5                         # a role's response length up or down by more than this fraction
 JUMPS = {"grad_norm": 3.0, "entropy": 2.0}  # a step over this many times the median of the steps before it
 JUMP_WINDOW, JUMP_HISTORY = 10, 5           # that median: over up to 10 steps before, once 5 exist
-SMOOTH = 5                                  # training metrics: a running mean over 5 steps (a 30-step run on)
+SMOOTH = 5                                  # training metrics: a running mean over 5 steps (series of 30 or more)
 DROP_MIN = 0.05                             # validation accuracy this far below its earlier peak: a warning
 # The curves: (id, title, [(metric, style)]); `{role}` is drawn for each role, `*` matches any parser path
 CHARTS = [
@@ -328,21 +328,22 @@ def run_header(run: dict, runs: list[dict], i: int, warnings: list[dict]) -> str
         facts.append(("validation accuracy", f"{val[0][1]:.3f} at step {val[0][0]}, best {best[1]:.3f} (step "
                                              f"{best[0]}), last {val[-1][1]:.3f} (step {val[-1][0]})"))
     what, flags = differing_flags(run, runs)
-    flag_text = " ".join(f"--{k.replace('_', '-')} {v if isinstance(v, str) else json.dumps(v)}"
-                         for k, v in flags.items()) or "none"
+    flag_text = " ".join(f"<code>{html.escape(f'--{k} ' + (v if isinstance(v, str) else json.dumps(v)))}</code>"
+                         for k, v in ((k.replace("_", "-"), v) for k, v in flags.items())) or "none"
     items = "".join(f'<li class="warn" data-kind="{w["kind"]}" data-role="{w["role"] or ""}">{html.escape(w["text"])}'
                     f' <a href="#r{i}-{w["chart"]}">curve</a> <a href="#r{i}-episodes" class="to-episodes" '
                     f'data-run="r{i}" data-role="{w["role"] or ""}">episodes</a></li>' for w in warnings)
     return (f'<div class="run"><h2>{html.escape(run["name"])}</h2><table>'
             + "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
-            + f'</table><p><b>flags that {what}:</b> <code>{html.escape(flag_text)}</code></p>'
-            f'<h3>warnings ({len(warnings)})</h3><ul>{items or "<li>none</li>"}</ul></div>')
+            + f'</table><p><b>flags that {what}:</b> {flag_text}</p>'
+            f'<div class="warnings"><h3>warnings ({len(warnings)})</h3><ul>{items or "<li>none</li>"}</ul></div></div>')
 
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#222}h2{margin:4px 0}
 h4{margin:6px 0 2px;font-size:13px}.run,.chart{border:1px solid #ddd;border-radius:6px;padding:8px}
 .grid{display:grid;grid-template-columns:repeat(var(--n),minmax(360px,600px));gap:12px;margin-bottom:8px}
-.flow{grid-template-columns:repeat(auto-fill,minmax(380px,1fr))}
+.flow{grid-template-columns:repeat(auto-fill,minmax(380px,1fr))}.heads{grid-template-columns:repeat(var(--n),1fr)}
+.heads .run{columns:2 430px}.run h2{column-span:all}.warnings{break-inside:avoid}code{white-space:nowrap}
 svg text{font-size:10px;fill:#555}.legend{font-size:11px}.key{margin-right:10px;white-space:nowrap}
 .key i{display:inline-block;width:18px;margin:0 3px 3px 0}.warn{color:#a00}.none,.absent{color:#888}
 table{border-collapse:collapse}th,td{text-align:left;vertical-align:top;padding:3px 6px}
@@ -374,7 +375,7 @@ def page(runs: list[dict], warnings: list[list[dict]]) -> str:
     headers = "".join(run_header(r, runs, i, w) for i, (r, w) in enumerate(zip(runs, warnings)))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>report: {html.escape(title)}</title>'
             f'<style>{CSS}</style></head><body><h1>Training report: {html.escape(title)}</h1>'
-            f'<div class="grid" style="--n:{len(runs)}">{headers}</div><h2>Curves over training</h2>'
+            f'<div class="grid heads" style="--n:{len(runs)}">{headers}</div><h2>Curves over training</h2>'
             f'<p class="legend">solid with dots: validation; thin: training (long runs: a {SMOOTH}-step running mean); '
             f'dashed level: the base model (step-0 validation); red: warned steps.</p>{chart_rows(runs, warnings)}'
             f'<h2>What each role wrote</h2>{"".join(episodes_section(r, i) for i, r in enumerate(runs))}'
