@@ -1,5 +1,6 @@
 """The per-run HTML report (`eval.py report`, infra/report.py) and the validation samples train.py keeps for it
 (infra/samples.py): read back by parsing the HTML with the standard library's parser, not by string search."""
+import errno
 import json
 import os
 import shutil
@@ -241,3 +242,25 @@ def test_a_resumed_run_writes_the_same_samples_and_drops_later_ones(tiny_run, tm
     train.main(["--resume", cut])
     assert sorted(os.listdir(os.path.join(cut, "samples"))) == [f"step_00000{s}.json" for s in (0, 1, 2)]
     assert samples.read_samples(cut) == samples.read_samples(run_dir)
+
+
+def test_a_samples_file_that_cannot_be_written_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """The step-2 samples file cannot be written (a full disk, patched): one line naming the file and why, the last
+    good checkpoint and the resume command; the resumed run writes it."""
+    real = samples.write_samples
+
+    def full_disk(run_dir, step, records):
+        if step == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(run_dir, step, records)
+    monkeypatch.setattr(samples, "write_samples", full_disk)
+    run_dir = str(tmp_path / "run")
+    with pytest.raises(SystemExit) as stop:
+        train.main([*TINY, "--run-dir", run_dir])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 1 and err[-1] == (
+        "error: could not write RUN/samples/step_000002.json: the disk is full; the last good checkpoint is step 1; "
+        f"once it can be written, continue with: python train.py --resume {run_dir}")
+    monkeypatch.setattr(samples, "write_samples", real)
+    train.main(["--resume", run_dir])
+    assert sorted(samples.read_samples(run_dir)) == [0, 1, 2]
