@@ -37,17 +37,16 @@ CHARTS = [
     ("format", "format compliance", [("val/{role}/format_ok", "val"), ("{role}/format_ok", "train")]),
     ("fallback", "parser fallbacks taken", [("val/{role}/fallback_*", "val"), ("{role}/fallback_*", "train")]),
     ("entropy", "entropy (per token)", [("{role}/entropy", "train")]),
-    ("grad", "gradient norm: the adapter's; dashed: the role's own (SP)", [("{role}/grad_norm", "train"),
-                                                                          ("{role}/role_grad_norm", "alt")]),
-    ("share", "loss share (solid), gradient share (dashed): SP", [("{role}/loss_share", "train"),
-                                                                  ("{role}/grad_norm_share", "alt")]),
+    ("grad", "gradient norm: the adapter's; dashed: the role's own (SP)",
+     [("{role}/grad_norm", "train"), ("{role}/role_grad_norm", "alt")]),
+    ("share", "loss share (solid), gradient share (dashed): SP",
+     [("{role}/loss_share", "train"), ("{role}/grad_norm_share", "alt")]),
     ("steps", "optimizer steps per training step (IP: per instance)", [("{role}/opt_steps", "train")]),
 ]
 RATES = {"val", "acc", "format", "fallback", "share"}  # the charts of rates, drawn from 0 to 1
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]  # one per role, in the workflow's order
-STYLE = {"val": 'stroke-width="2"', "train": 'stroke-width="1" opacity="0.55"',
-         "alt": 'stroke-width="1.5" stroke-dasharray="5 3"'}
-DASH = {"val": "solid 2px", "train": "solid 1px", "alt": "dashed 2px"}  # the same in the legends
+STYLE = {"val": 'stroke-width="2"', "train": 'stroke-width="1" opacity=".55"', "alt": 'stroke-dasharray="5 3"'}
+DASH = {"val": "solid 2px", "train": "solid 1px", "alt": "dashed 1px"}  # the same in the legends
 
 
 # ---------------------------------------------------------------- reading a run
