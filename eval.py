@@ -16,6 +16,7 @@ SA adapter into a workflow you have not trained, make an untrained run folder fo
     python eval.py --run-dir runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --samples 4
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]       # PNG curves from metrics.jsonl
     python eval.py table runs/voting-ip runs/voting-sp                         # their eval.jsonl as one table
+    python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html # role curves, warnings, samples
 
 Each evaluation appends one JSON line to RUN/eval.jsonl (cell, step, dataset, mode, metrics); `--dump` writes
 one JSON file per episode (every call's prompt, output, parsed answer, correctness, reward) under
@@ -42,6 +43,7 @@ import workflows
 from infra import calibration, checkpoints, distributed, memory, toy, toy_model
 from infra.cells import PAPER_LENGTHS, cell_name
 from infra.plots import EVAL_KEYS, plot_runs
+from infra.report import write_report
 from infra.runfolder import (
     NAME_KEYS,
     HelpFormatter,
@@ -334,6 +336,9 @@ def build_parser() -> Parser:
     calibrate.add_argument("--out", default=None, help="also write the record as JSON here")
     calibrate.add_argument("--temperature", type=number(float, 0), default=None,
                            help="sampling temperature (default: the study's, calibration.TEMPERATURE)")
+    report = commands.add_parser("report", help="one HTML file: per-role curves, warnings, sampled episodes")
+    report.add_argument("runs", nargs="+", help="run folders written by train.py")
+    report.add_argument("--out", required=True, help="the HTML file to write")
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
     table.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
     g = p.add_argument_group("evaluate")
@@ -367,7 +372,7 @@ def build_parser() -> Parser:
 def check_eval_args(args: argparse.Namespace) -> None:
     """One line for each bad value, before any model loads."""
     if not args.run:
-        usage_error("--run-dir RUN is needed (or a command: plot, table; see --help)")
+        usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
     read_run_args(args.run, keys=EVAL_RUN_KEYS)  # a folder that is not a run: one line
     if args.out:
         check_writable(args.out, "--out", folder=False)
@@ -401,6 +406,10 @@ def main(argv: list[str] | None = None):
         return results_command(args.results)
     if args.command == "calibrate":
         return calibrate_command(args.seed, args.episodes, args.out, args.temperature)
+    if args.command == "report":
+        written = write_report(args.runs, args.out)
+        print(f"wrote {args.out} ({written['bytes'] / 1e6:.2f} MB; {sum(map(len, written['warnings']))} warnings)")
+        return written
     if args.command == "plot":
         out = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
         check_writable(out, "--out", folder=True)

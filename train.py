@@ -36,7 +36,7 @@ import tasks
 import workflows
 from eval import play_every_problem
 from grpo import UpdateSettings
-from infra import cells, checkpoints, distributed, memory, toy, toy_model, vllm_engine
+from infra import cells, checkpoints, distributed, memory, samples, toy, toy_model, vllm_engine
 from infra.runfolder import (
     GracefulStop,
     HelpFormatter,
@@ -61,7 +61,7 @@ from workflows import ROLES, WORKFLOWS
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device", "gen_batch_size",
              "gen_max_tokens", "micro_batch_size", "max_tokens_per_micro_batch", "grad_checkpointing",
-             "vllm_gpu_memory")
+             "vllm_gpu_memory", "val_samples")
 MAX_NONFINITE_STEPS = 3  # training steps in a row with a non-finite loss or gradient before the run stops
 COUNT, COUNT0 = number(int, 1), number(int, 0)                  # >= 1, >= 0
 POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
@@ -174,6 +174,8 @@ def add_run_flags(p: Parser) -> None:
                    + ", --".join(RESUMABLE).replace("_", "-") + " may change")
     g.add_argument("--val-every", type=COUNT0, default=5, help="validate every N steps, first and last; 0 = never")
     g.add_argument("--val-n", type=COUNT, default=1, help="samples per validation task")
+    g.add_argument("--val-samples", type=COUNT0, default=4, help="the first N validation tasks: their episodes, every "
+                   "call, go to RUN/samples/step_<N>.json at each validation (eval.py report); 0 = none")
     g.add_argument("--save-every", type=COUNT0, default=10, help="checkpoint every N steps and at the end")
     g.add_argument("--keep-last", type=COUNT0, default=0, help="keep only the newest N checkpoints; 0 = all")
     g.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
@@ -359,9 +361,11 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     return m
 
 
-def validate(val_tasks, args, t: Trainer) -> dict[str, float]:
-    """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts are added."""
+def validate(val_tasks, args, t: Trainer, step: int) -> dict[str, float]:
+    """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts are added. The
+    episodes of the first --val-samples tasks, the same at every step, go to RUN/samples/ (rank 0 writes)."""
     episodes = run_workflow(val_tasks, args.val_n, args, t, "validate")
+    samples.keep_samples(args.run_dir, step, episodes, [v.id for v in val_tasks[:args.val_samples]])
     tallies = workflows.episode_tallies(episodes)
     if args.model == "toy":  # each role's habit and format, read by the toy world's parsers (finding 5's content)
         tallies.update(toy.role_tallies(episodes, t.tokenizer.decode))
@@ -401,15 +405,16 @@ def run(argv: list[str] | None) -> str:
     try:
         if rank == 0:
             with writing("RUN/args.json", args.run_dir):
-                write_args(args)                 # the first write into the run folder
+                write_args(args, build_parser())  # the first write into the run folder (and the defaults)
         metrics_path, start = os.path.join(args.run_dir, "metrics.jsonl"), 0
         if args.resume:
             start = checkpoints.resume_from_checkpoint(args.run_dir, t.model, t.optimizers, t.grad_ema, args.seed)
             if args.engine == "vllm":
                 t.engine.sync_adapters(t.model)  # vLLM started from the fresh adapters: give it the checkpoint's
             if rank == 0:
-                with writing("RUN/metrics.jsonl", args.run_dir):
+                with writing("RUN/metrics.jsonl and RUN/samples/", args.run_dir):
                     keep_metrics_until(metrics_path, start)
+                    samples.keep_samples_until(args.run_dir, start)  # as metrics: a later step's file would be stale
             if start >= args.steps:
                 print(f"nothing to train: {args.run_dir} is at step {start}; extend it with --steps N (N > {start})")
         with writing("RUN/metrics.jsonl", args.run_dir):
@@ -444,7 +449,7 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
     stop, bad_steps, size = GracefulStop(), 0, distributed.world()[1]
     try:
         if args.val_every and start == 0:
-            m = validate(val_tasks, args, t)
+            m = validate(val_tasks, args, t, 0)
             print(f"step 0 | val acc {m['val/success']:.3f}")
             with writing("RUN/metrics.jsonl", args.run_dir):
                 metrics_file.write(json_line({"step": 0, **m}))
@@ -454,7 +459,7 @@ def train_loop(args, start: int, train_tasks, val_tasks, t: Trainer, metrics_fil
             m = {"step": step, **train_step([train_tasks[order[(pos + i) % len(order)]]
                                              for i in range(args.tasks_per_step)], args, t)}
             if args.val_every and (step % args.val_every == 0 or step == args.steps):
-                m.update(validate(val_tasks, args, t))
+                m.update(validate(val_tasks, args, t, step))
             tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}"
                        + (f" | val acc {m['val/success']:.3f}" if "val/success" in m else "")
                        + f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")

@@ -10,6 +10,8 @@ are in checkpoints.py.
     RUN/metrics.jsonl        one line per training step (and step 0: validation before training)
     RUN/eval.jsonl           one line per evaluation (eval.py)
     RUN/checkpoints/step_N/  adapters and optimizer state (checkpoints.py)
+    RUN/defaults.json        train.py's defaults when the run was written (eval.py report shows what differs)
+    RUN/samples/step_N.json  the episodes of a few fixed validation tasks at each validation (samples.py)
     RUN/trajectories/...     eval.py --dump: one JSON file per episode
 """
 from __future__ import annotations
@@ -180,8 +182,9 @@ def check_run_dir(run_dir: str, overwrite: bool) -> None:
     check_writable(run_dir, "--run-dir", folder=True)
 
 
-def write_args(args: argparse.Namespace) -> None:
-    """RUN/args.json, atomically. A new run with --overwrite first moves an old run aside (never mixes them)."""
+def write_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> None:
+    """RUN/args.json, atomically; with `parser`, its defaults too, as RUN/defaults.json (what eval.py report
+    compares the flags with). A new run with --overwrite first moves an old run aside (never mixes them)."""
     if not args.resume and holds_run(args.run_dir):
         aside = f"{args.run_dir.rstrip(os.sep)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
         os.rename(args.run_dir, aside)
@@ -191,6 +194,11 @@ def write_args(args: argparse.Namespace) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump({**vars(args), "resume": None, "overwrite": False}, f, indent=1)
     os.replace(path + ".tmp", path)
+    if parser is not None:
+        defaults = {a.dest: a.default for a in parser._actions if a.dest != "help"}
+        with open(os.path.join(args.run_dir, "defaults.json.tmp"), "w") as f:
+            json.dump(defaults, f, indent=1, default=str)
+        os.replace(os.path.join(args.run_dir, "defaults.json.tmp"), os.path.join(args.run_dir, "defaults.json"))
 
 
 # ---------------------------------------------------------------- JSONL files
@@ -273,22 +281,28 @@ def trajectory_folder(run_dir: str, dataset: str, mode: str, step: int, sa_run: 
     return os.path.join(run_dir, "trajectories", dataset, f"{mode}-step_{step:06d}")
 
 
+def episode_record(ep) -> dict:
+    """An episode as plain JSON: the task, the outcome, then every call in order (name, role, adapter, turn,
+    messages, output, parsed answer, own correctness, reward, truncation, length, the rest of its metrics)."""
+    calls = [{"name": c.name, "role": c.role, "adapter": c.adapter, "turn": c.turn, "messages": c.messages,
+              "output": c.text, "parsed": c.metrics.get("parsed"), "correct": c.metrics.get("correct"),
+              "reward": c.reward, "truncated": c.truncated, "response_tokens": len(c.completion_ids),
+              "metrics": {k: v for k, v in c.metrics.items() if k not in ("parsed", "correct")}}
+             for c in ep.calls]
+    record = {"task": {"id": ep.task.id, "question": ep.task.question, "answer": ep.task.answer},
+              "sample": ep.sample, "final_answer": ep.final_answer, "correct": ep.correct, "metrics": ep.metrics,
+              "calls": calls}
+    return json.loads(json.dumps(record, default=str))  # plain types only: it may be gathered over ranks
+
+
 def dump_trajectories(episodes: list, folder: str) -> list[str]:
-    """One readable JSON file per episode, `episode_<task-id>_<sample>.json`: the task, the outcome, then every
-    call in order (name, role, adapter, turn, messages, output, parsed answer, own correctness, reward)."""
+    """One readable JSON file per episode, `episode_<task-id>_<sample>.json` (`episode_record`)."""
     os.makedirs(folder, exist_ok=True)
     paths = []
     for ep in episodes:
         path = os.path.join(folder, f"episode_{re.sub(r'[^A-Za-z0-9_.-]', '-', ep.task.id)}_{ep.sample}.json")
-        calls = [{"name": c.name, "role": c.role, "adapter": c.adapter, "turn": c.turn, "messages": c.messages,
-                  "output": c.text, "parsed": c.metrics.get("parsed"), "correct": c.metrics.get("correct"),
-                  "reward": c.reward, "truncated": c.truncated, "response_tokens": len(c.completion_ids),
-                  "metrics": {k: v for k, v in c.metrics.items() if k not in ("parsed", "correct")}}
-                 for c in ep.calls]
         with open(path, "w") as f:
-            json.dump({"task": {"id": ep.task.id, "question": ep.task.question, "answer": ep.task.answer},
-                       "sample": ep.sample, "final_answer": ep.final_answer, "correct": ep.correct,
-                       "metrics": ep.metrics, "calls": calls}, f, indent=1, default=str)
+            json.dump(episode_record(ep), f, indent=1)
         paths.append(path)
     return paths
 

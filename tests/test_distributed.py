@@ -18,6 +18,8 @@ import pytest
 import torch
 from test_train import signal_after_first_step
 
+from infra import samples
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 WRAPPER = f"""
@@ -119,6 +121,8 @@ def test_two_ranks_give_the_step_one_process_gives(tmp_path, workflow, policy):
         assert a.keys() == b.keys()
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), k
+    kept = samples.read_samples(two)  # rank 0 wrote every rank's share of the sampled validation tasks
+    assert sorted(kept) == [0, 2] and kept == samples.read_samples(one) and len({e["task"]["id"] for e in kept[2]}) == 4
 
 
 def test_a_killed_two_rank_run_resumes_to_the_same_metrics(tmp_path):
