@@ -18,6 +18,7 @@ What it is not: a judgement of RL; nothing here changes after a study's comparis
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 
@@ -161,4 +162,13 @@ def report(seed: int, temperature: float, success: dict, oracle_success: dict, h
                  f"calibration: {len(missed)} target(s) missed: {', '.join(missed)}")
     record = {"seed": seed, "temperature": temperature, "success": success, "oracle_success": oracle_success,
               "habits": habits, "structure": struct, "swaps": swaps, "missed": missed}
-    return "\n".join(lines), record
+    return "\n".join(lines), json_safe(record)
+
+
+def json_safe(value):
+    """NaN (a measure with nothing to count, e.g. no retry of a right attempt) as None, as JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value

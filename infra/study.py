@@ -6,7 +6,8 @@ next one runs: (1) `--sweep`: the single agent at three learning rates, and the 
 grid's rate; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64 problems, then
 eval.py's four modes on 64 *other* problems (`--split test`); (3) FINDINGS, the comparisons, thresholds and
 rules written here before the grid ran, applied by infra/findings.py to per-seed paired differences; (4) the
-figures and the tables between the markers of docs/findings.md. Each run is an ordinary `python train.py` /
+figures, the tables between the markers of docs/findings.md, and one `eval.py report` page per run, next to it
+(RUN.html). Each run is an ordinary `python train.py` /
 `python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one resumed. What
 it is not: the method (it only calls train.py and eval.py), nor part of the test suite, nor a place to change
 a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
@@ -235,7 +236,11 @@ def main(argv: list[str] | None = None) -> None:
         from infra.plots import plot_study
         os.makedirs(args.figures or args.out, exist_ok=True)
         figures = plot_study(args.out, args.seeds, args.figures or args.out)
+    from infra.report import write_report  # a page per run, next to it (eval.py report): what each role wrote
+    reports = [write_report([run_dir(args.out, n, s)], run_dir(args.out, n, s) + ".html")["path"]
+               for s in seeds for n in names if finished(args.out, n, s, args.steps)]
     study = report(args.out, names, seeds, args.steps, (time.time() - start) / 60, figures)
+    study["reports"] = reports
     with open(os.path.join(args.out, "study.json"), "w") as f:
         json.dump(study, f, indent=1)
     if args.doc:
