@@ -16,6 +16,8 @@ SA adapter into a workflow you have not trained, make an untrained run folder fo
     python eval.py --run-dir runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --samples 4
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]       # PNG curves from metrics.jsonl
     python eval.py table runs/voting-ip runs/voting-sp                         # their eval.jsonl as one table
+    python eval.py --run-dir runs/toy-voting --split test --samples 2          # synthetic math: held-out problems
+    python eval.py calibrate --seed 0                                          # the toy model at base
     python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html # role curves, warnings, samples
 
 Each evaluation appends one JSON line to RUN/eval.jsonl (cell, step, dataset, mode, metrics); `--dump` writes

@@ -2,7 +2,8 @@
 evaluation on held-out problems, paired statistics, predeclared verdicts, figures and docs/findings.md's tables.
 
 What it is for: one command that does what docs/findings.md reports, in this order, each part fixed before the
-next one runs: (1) `--sweep`: the single agent at three learning rates, and the rule (SWEEP_RULE) that picks the
+next one runs: (0) each seed's toy model calibrated (eval.py calibrate; a seed that misses a target stops the
+study); (1) `--sweep`: the single agent at three learning rates, and the rule (SWEEP_RULE) that picks the
 grid's rate; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64 problems, then
 eval.py's four modes on 64 *other* problems (`--split test`); (3) FINDINGS, the comparisons, thresholds and
 rules written here before the grid ran, applied by infra/findings.py to per-seed paired differences; (4) the
@@ -163,6 +164,26 @@ def run(command: list[str], log: str, dry_run: bool) -> None:
     print(f"  {time.time() - start:.0f} s", flush=True)
 
 
+def calibrate(out: str, seed: int, log: str, dry_run: bool) -> None:
+    """The seed's toy model against its targets (eval.py calibrate), once: the study runs only on a calibrated
+    instrument, so a seed whose record names missed targets stops it, with their names."""
+    path = os.path.join(out, "calibration.jsonl")
+    records = [r for r in read_results(path, ("seed", "missed"), warn=False) if r["seed"] == seed]
+    if not records:
+        command = [sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", path]
+        print(" ".join(command[1:]), flush=True)
+        if dry_run:
+            return
+        with open(log, "a") as f:
+            subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        records = [r for r in read_results(path, ("seed", "missed"), warn=False) if r["seed"] == seed]
+    if not records:
+        raise SystemExit(f"error: the calibration of seed {seed} wrote no record; see {log}")
+    if records[-1]["missed"]:
+        raise SystemExit(f"error: seed {seed}'s toy model misses {len(records[-1]['missed'])} calibration "
+                         f"target(s) ({', '.join(records[-1]['missed'])}); the study runs on calibrated models only")
+
+
 def sweep_choice(out: str, seeds: list[int]) -> dict:
     """Each swept rate's per-seed peak and end (window means) and whether the run declined; the choice by
     SWEEP_RULE (None when no rate holds)."""
@@ -223,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(args.out, exist_ok=True)
     log, start = os.path.join(args.out, "study.log"), time.time()
     for seed in seeds:  # seed by seed, so that a stopped study has whole seeds to show
+        calibrate(args.out, seed, log, args.dry_run)
         for name in names:
             if not finished(args.out, name, seed, args.steps):
                 run(train_command(args.out, name, seed, args.steps, LR or "LR"), log, args.dry_run)

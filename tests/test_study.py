@@ -16,6 +16,9 @@ def test_the_study_dry_run_lists_the_grid(tmp_path, capsys):
     seed; nothing is written."""
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
+    calibrations = [ln for ln in lines if ln.startswith("eval.py calibrate")]
+    assert [ln.split()[3] for ln in calibrations] == ["0", "1", "2"]  # each seed's model, before its runs
+    lines = [ln for ln in lines if ln not in calibrations]
     trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines if ln.startswith("eval.py")]
     per_seed = 12 + 11 + 3 * 3
     assert len(trains) == 12 * 3 and len(evals) == 3 * (11 + 3 * 3) and len(lines) == len(trains) + len(evals)
@@ -33,7 +36,7 @@ def test_the_study_dry_run_lists_the_grid(tmp_path, capsys):
 
 def test_the_sweep_runs_the_single_agent_at_its_three_rates(tmp_path, capsys):
     study.main(["--dry-run", "--sweep", "--out", str(tmp_path / "s"), "--seeds", "5"])
-    lines = capsys.readouterr().out.splitlines()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("eval.py calibrate")]
     assert len(lines) == 15 and all("--workflow single" in ln for ln in lines)
     assert sorted({ln.split("--lr ")[1].split()[0] for ln in lines}) == ["1e-3", "1e-4", "3e-4"]
 
@@ -105,3 +108,14 @@ def test_eval_values_come_from_the_test_problems(tmp_path):
     assert findings.value(str(tmp_path), 0, study.ev("voting-sp")) == 0.7
     assert findings.value(str(tmp_path), 0, study.ev("voting-sp", "base")) == 0.4
     assert math.isnan(findings.value(str(tmp_path), 0, study.ev("voting-sp", "sa-transfer")))
+
+
+def test_an_uncalibrated_seed_stops_the_study(tmp_path, monkeypatch, capsys):
+    """A calibration record that names missed targets stops the study before any run of that seed."""
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "calibration.jsonl").write_text(json.dumps({"seed": 0, "missed": ["judge: right - oracle"]}) + "\n")
+    monkeypatch.setattr(study, "LR", "1e-4")
+    with pytest.raises(SystemExit) as stopped:
+        study.main(["--out", str(out), "--seeds", "1"])
+    assert "judge: right - oracle" in str(stopped.value) and not list(out.glob("single*"))
