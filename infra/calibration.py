@@ -108,8 +108,8 @@ def structure(success: dict[str, float], by_kind: dict[str, list[dict]]) -> dict
     return {"voting_minus_single": success["voting"] - success["single"],
             "orchworkers_minus_single": success["orchworkers"] - success["single"],
             "evaluator_edge": mean(r["right"] for r in judge) - max(attempts_right, 1 - attempts_right),
-            "retry_fixes": mean(r["right"] for r in retries if not r["previous_right"]),
-            "retry_breaks": mean(not r["right"] for r in retries if r["previous_right"]),
+            "retry_fixes": mean(r["right"] for r in retries if not r["attempt_right"]),
+            "retry_breaks": mean(not r["right"] for r in retries if r["attempt_right"]),
             "length_predicts_right": length_predictability(solvers),
             "evaluator_states_answer": mean(r["states_answer"] for r in judge)}
 

@@ -56,7 +56,6 @@ STRATEGIES = {  # three suited to each operation; the orchestrator's skill is to
     "×": ["Use repeated addition.", "Double and double again.", "Recall the times table."],
 }
 SUITED = {s: op for op, strategies in STRATEGIES.items() for s in strategies}
-HABITS = ("solve", "retry", "select", "judge", "plan", "synthesise")  # what calibration reports, one per role
 
 
 def folder(seed: int) -> str:
@@ -304,7 +303,7 @@ def judged(role: str, prompt: str, text: str) -> dict:
     return {"habit": habit, "own": owner == OWN_FORMAT[role], "foreign": owner not in (None, OWN_FORMAT[role]),
             "careful": owner == OWN_FORMAT[role] and careful, "right": right,
             "states_answer": habit == "judge" and states_answer(s, text),
-            "attempt_right": s.attempt == s.answer, "previous_right": s.attempt == s.answer}
+            "attempt_right": s.attempt == s.answer}  # the attempt an evaluator judges, or a retry redoes
 
 
 def role_tallies(episodes: list, decode) -> dict[str, list[float]]:
