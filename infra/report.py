@@ -1,7 +1,7 @@
 """A run's report as one HTML file: role-level curves, warnings, and what each role wrote (`eval.py report`).
 
-What it is for: seeing role-level drift, which aggregate accuracy hides. Per run: its cell and the flags that
-differ from train.py's defaults (RUN/defaults.json); per-role curves from metrics.jsonl (validation accuracy, each role's own
+What it is for: seeing role-level drift, which aggregate accuracy hides. Per run: its cell, the flags that differ
+from the defaults train.py wrote (RUN/defaults.json), per-role curves of metrics.jsonl (validation accuracy, own
 accuracy, length, format, fallbacks, entropy, gradient norm, SP's shares, optimizer steps), the base model's level
 (step-0 validation) dashed; warnings from the metrics (`role_warnings`), each linking to its curve and episodes; the
 validation samples train.py keeps (RUN/samples/) at the first, best and last validation step side by side, filtered
