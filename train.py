@@ -332,7 +332,7 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
     t0 = time.time()
     episodes = run_workflow(batch, args.n, args, t, "rollout")
     t_rollout = time.time() - t0
-    samples = grpo.training_samples(episodes, args.std_scale, distributed.world()[0])
+    samples = grpo.training_samples(episodes, args.std_scale)
     calls = [c for e in episodes for c in e.calls]
     tallies = {**workflows.episode_tallies(episodes), "reward": [sum(c.reward for c in calls), len(calls)]}
     if args.engine == "vllm":  # vLLM asleep (its GPU memory freed, the peak counters reset), then the drift check,
@@ -340,7 +340,7 @@ def train_step(batch: list[tasks.Task], args, t: Trainer) -> dict[str, float]:
         tallies.update(vllm_engine.vllm_drift(calls, lambda *rows: policies.logprob_drift(
             t.model, *rows, args.micro_batch_size, t.settings.max_tokens_per_micro_batch)))
     t1 = time.time()
-    m = grpo.update_policy(t.model, grpo.global_batch(samples), t.optimizers, t.settings, t.grad_ema)
+    m = grpo.update_policy(t.model, samples, t.optimizers, t.settings, t.grad_ema)
     t_update = time.time() - t1
     cuda = next(t.model.parameters()).is_cuda
     if cuda:  # the trainer's own peak: since vLLM fell asleep, less what torch still counts as vLLM's

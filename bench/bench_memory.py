@@ -1,8 +1,9 @@
 """Peak memory of one update micro-batch on CPU, how it scales, and what that means for Qwen3 cells on one GPU.
 
-Measured: one forward + backward of the update's loss on one micro-batch (`grpo._micro_step`: LoRA rank 64 on every
-linear layer, fp32 LoRA, the chunked LM head) of `tiny-qwen3` in fp32, in a fresh process each (peak resident memory
-only grows): the peak growth during the micro-batch, and the bytes autograd saved for backward (each storage once).
+Measured: one forward + backward of the update's loss on one micro-batch (`grpo.update_policy` on one mini-batch of
+one micro-batch, plain SGD at lr 0: LoRA rank 64 on every linear layer, fp32 LoRA, the chunked LM head) of
+`tiny-qwen3` in fp32, in a fresh process each (peak resident memory only grows): the peak growth during the
+micro-batch, and the bytes autograd saved for backward (each storage once).
   A. one row of 2k to 16k tokens, with and without activation checkpointing: the scaling per token;
   B. 8,192 tokens as 1, 2, 4 or 8 rows (checkpointing on): memory follows the token budget, not the rows;
   C. 1,024 completion tokens with Qwen3's 151,936-token vocabulary: the LM head's chunk peak, in fp32 vocab rows.
@@ -73,12 +74,10 @@ class SavedBytes:
 
 def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab: int) -> dict:
     """In a fresh process: tiny-qwen3 (its own vocabulary, or `vocab`), a warm-up row, then one micro-batch."""
-    from collections import defaultdict
-
     import torch
 
     import policies
-    from grpo import Sample, UpdateSettings, _micro_step
+    from grpo import Sample, UpdateSettings, update_policy
     from infra import models
     torch.manual_seed(0)
     tok = models.tiny_tokenizer()
@@ -86,15 +85,16 @@ def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab:
     model = policies.add_adapters(models.random_qwen3("bench", tok), ["shared"], rank=RANK)
     if checkpointing:
         policies.enable_grad_checkpointing(model)
-    cfg = UpdateSettings(temperature=0.7, share_prompts=False, micro_batch_size=rows)
+    cfg = UpdateSettings(temperature=0.7, share_prompts=False, micro_batch_size=rows, mini_batch_size=rows)
+    sgd = torch.optim.SGD(policies.adapter_parameters(model, "shared"), lr=0.0)  # no optimizer state
+    optimizers = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
     g = torch.Generator().manual_seed(1)
 
     def micro_batch(n: int, p: int, c: int) -> int:
         batch = [Sample(torch.randint(0, 256, (p,), generator=g).tolist(), torch.randint(0, 256, (c,), generator=g)
                         .tolist(), 1.0, "generator", "shared") for _ in range(n)]
-        with policies.use_adapter(model, "shared"), SavedBytes(model) as saved:
-            model.train()
-            _micro_step(model, batch, [None] * n, [1.0 / (n * c)] * n, cfg, defaultdict(lambda: [0.0, 0.0]))
+        with SavedBytes(model) as saved:  # one mini-batch of one micro-batch: on-policy, no extra forward
+            update_policy(model, batch, optimizers, cfg)
         return saved.total
 
     micro_batch(1, 3, 2)

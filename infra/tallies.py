@@ -1,16 +1,39 @@
 """Metrics as counts: every metric is a numerator and a denominator, added up, and divided once at the end.
 
 What it is for: one convention for the episode metrics (workflows.episode_tallies) and the update's metrics
-(grpo.update_policy), so that batches, mini-batches and the ranks of a torchrun launch combine by adding,
+(grpo.UpdateReport), so that batches, mini-batches and the ranks of a torchrun launch combine by adding,
 never by averaging averages. What it is not: which metrics exist (the concept files say that).
 
-    t = {"success": [3.0, 4.0]}; rates(add_tallies([t, t])) == {"success": 0.75}
+    tallies = {"success": [3.0, 4.0]}; rates(add_tallies([tallies, tallies])) == {"success": 0.75}
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
+
 Tallies = dict[str, list[float]]  # metric -> [numerator, denominator]
+
+
+def add_mean(tallies: Tallies, key: str, value: float) -> None:
+    """A value to average (each ranks' own, or the same on every rank: the average is unchanged)."""
+    tallies[key][0] += value
+    tallies[key][1] += 1
+
+
+def add_total(tallies: Tallies, key: str, value: float) -> None:
+    """A number to report as a total: its denominator stays 1 (every rank adds the same total)."""
+    tallies[key][0] += value
+    tallies[key][1] = 1.0
+
+
+def read_back(tallies: Tallies) -> None:
+    """Numerators left on the device as tensors become floats, in one copy: on a GPU each float() waits
+    for the device, and per row and metric that was thousands of waits per step."""
+    on_device = [k for k, v in tallies.items() if isinstance(v[0], torch.Tensor)]
+    if on_device:
+        for key, value in zip(on_device, torch.stack([tallies[k][0].float() for k in on_device]).tolist()):
+            tallies[key][0] = value
 
 
 def add_tallies(parts: list[Tallies]) -> Tallies:

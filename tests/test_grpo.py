@@ -4,11 +4,11 @@ Run from the repo root: python -m pytest tests/test_grpo.py -q
 Every expected number is computed by hand in the test (arithmetic in the comments).
 The model tests use `policies.load_model("tiny")` (a 2-layer random Llama, built in code).
 """
+import dataclasses
 import json
 import math
 import os
 import sys
-from collections import defaultdict
 
 import pytest
 import torch
@@ -18,13 +18,13 @@ from grpo import (
     AGGREGATIONS,
     Sample,
     UpdateSettings,
-    _micro_step,
     clipped_token_loss,
     group_advantages,
     make_optimizers,
     minibatch_weights,
     role_shares,
     token_weights,
+    training_samples,
     update_policy,
 )
 from policies import (
@@ -35,8 +35,11 @@ from policies import (
     completion_logprobs,
     load_model,
     policy_logprobs,
+    route_adapter,
     use_adapter,
 )
+from tasks import Task
+from workflows import Call, Episode, assign_rewards
 
 EPS = 1e-6
 
@@ -92,6 +95,40 @@ def test_group_advantages_no_std_scale_is_r_minus_mean():
     assert group_advantages([1, 0, 0, 1], ["g"] * 4, scale_by_std=False) == pytest.approx([0.5, -0.5, -0.5, 0.5])
     adv = group_advantages([1, 3, 1, 7], ["a", "a", "a", "b"], scale_by_std=False)
     assert adv == pytest.approx([-2 / 3, 4 / 3, -2 / 3, 7.0], abs=1e-12)
+
+
+# ---------------------------------------------------------------- the worked example: episodes -> rows
+
+@pytest.mark.parametrize("policy,adapters", [("sp", ["shared"] * 8),
+                                             ("ip", ["generator"] * 3 + ["aggregator"] + ["generator"] * 3
+                                              + ["aggregator"])])
+def test_worked_example_voting_to_advantages(policy, adapters):
+    """grpo.training_samples' docstring, kept true. One task (answer 4), n = 2 Voting episodes, outcome credit.
+    Episode 0: the generators answer 4, 5, 4 and the aggregator picks solution 2 (the 5): wrong, reward 0 for all
+    4 calls. Episode 1: 4, 4, 5, and it picks solution 1 (a 4): right, reward 1 for all 4. Each of the 4 groups
+    (an instance's call in episode 0 and its call in episode 1) holds rewards {0, 1}: mean 0.5, unbiased std
+    sqrt((0.25 + 0.25) / 1) = 0.70711, advantages (0 - 0.5) / (0.70711 + 1e-6) = -0.70710 and +0.70710. So
+    episode 0's generator0, which answered right, is pushed down: -0.7071, for the aggregator's wrong pick."""
+    task = Task("t1", "What is 2 + 2?", "4", "math")
+    episodes = []
+    for sample, (answers, pick) in enumerate([([4, 5, 4], 2), ([4, 4, 5], 1)]):
+        calls = [Call(f"generator{i}", 0, [], prompt_ids=[1, 2, 3], completion_ids=[40 + a], text=f"\\boxed{{{a}}}",
+                      metrics={"correct": a == 4}) for i, a in enumerate(answers)]
+        calls.append(Call("aggregator", 0, [], prompt_ids=[1, 2, 9], completion_ids=[50 + pick],
+                          text=f"\\boxed{{{pick}}}", is_answer=True))
+        for c in calls:
+            c.adapter = route_adapter(c.name, policy)
+        final = answers[pick - 1]
+        episodes.append(Episode(task, sample, calls, str(final), correct=final == 4))
+    assign_rewards(episodes, "outcome")
+    assert [c.reward for e in episodes for c in e.calls] == [0.0] * 4 + [1.0] * 4
+    rows = training_samples(episodes)
+    a = 0.5 / (math.sqrt(0.5) + EPS)  # 0.70710578
+    assert [s.adapter for s in rows] == adapters
+    assert [s.role for s in rows] == ["generator"] * 3 + ["aggregator"] + ["generator"] * 3 + ["aggregator"]
+    assert [s.advantage for s in rows] == pytest.approx([-a] * 4 + [a] * 4, abs=1e-12)
+    assert [round(s.advantage, 4) for s in rows] == [-0.7071] * 4 + [0.7071] * 4
+    assert episodes[0].calls[0].metrics["correct"] and rows[0].advantage < 0  # right, and still pushed down
 
 
 # ---------------------------------------------------------------- token_weights / aggregate
@@ -191,7 +228,7 @@ def test_clipped_token_loss_respects_custom_clip_values():
 
 
 def test_masked_tokens_contribute_nothing():
-    """The loss as _micro_step forms it, (token_loss * mask * w).sum(): masked logp values are irrelevant."""
+    """The loss as update_policy forms it, (token_loss * mask * w).sum(): masked logp values are irrelevant."""
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.float64)
     w = torch.tensor([[0.125], [0.25]], dtype=torch.float64)  # seq-mean-token-mean for lengths 4, 2
@@ -301,20 +338,21 @@ def _old_logps(model, samples, temperature, seed=0):
     return [o + 0.3 * torch.randn(o.shape, generator=g) for o in old]
 
 
-def _accumulated_grads(model, samples, old, weights, cfg, micro):
+def _accumulated_grads(model, samples, old, cfg, micro, monkeypatch):
+    """The gradient update_policy accumulates over one mini-batch of `samples` in micro-batches of `micro` rows,
+    with `old` as every row's old log-probs (SGD at lr 0 and no clipping: the step changes nothing), and the
+    update's metrics."""
+    import grpo
+    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, steps, cfg: [old])
     params = adapter_parameters(model, "shared")
-    for p in params:
-        p.grad = None
-    sums = defaultdict(lambda: [0.0, 0.0])  # tallies: (sum over tokens, tokens)
-    with use_adapter(model, "shared"):
-        model.train()
-        for m in range(0, len(samples), micro):
-            _micro_step(model, samples[m:m + micro], old[m:m + micro], weights[m:m + micro], cfg, sums)
-        model.eval()
-    grads = [p.grad.detach().clone() for p in params]
-    for p in params:
-        p.grad = None
-    return grads, sums
+    sgd = torch.optim.SGD(params, lr=0.0)
+    captured = []
+    sgd.register_step_pre_hook(lambda *_: captured.append([p.grad.detach().clone() for p in params]))
+    opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
+    settings = dataclasses.replace(cfg, mini_batch_size=len(samples), micro_batch_size=micro, max_grad_norm=1e9)
+    m = update_policy(model, samples, opts, settings)
+    (grads,) = captured
+    return grads, m
 
 
 def _reference_grads(model, samples, old, cfg):
@@ -338,10 +376,14 @@ def _reference_grads(model, samples, old, cfg):
     return grads, n_clipped
 
 
-def test_a_micro_step_reads_nothing_back_from_the_device(lora_model, monkeypatch):
+def test_the_update_reads_from_the_device_per_mini_batch_not_per_micro_batch(lora_model, monkeypatch):
     """On a GPU each float() / .item() of a tensor waits for the device; per row and statistic that was thousands
-    of waits per step. _micro_step leaves its per-role sums on the device (record_minibatch reads them in one
-    copy per mini-batch): no read from grpo.py's code while it runs. The sums are the per-token values."""
+    of waits per step. The per-role token sums stay on the device until the mini-batch ends (infra/tallies.py
+    reads them back in one copy), so grpo.py's own reads are per mini-batch: one SP mini-batch of two roles
+    reads its grad norm, the two roles' own gradient norms and their cosine (4), in 1 micro-batch or in 8."""
+    cfg = UpdateSettings(temperature=0.7, kl_coef={"generator": 0.1})
+    samples = _synthetic_samples(["generator", "aggregator"] * 4)
+    old = _old_logps(lora_model, samples, cfg.temperature)
     reads = []
     for name in ("__float__", "__bool__", "item", "tolist", "cpu"):
         original = getattr(torch.Tensor, name)
@@ -351,13 +393,13 @@ def test_a_micro_step_reads_nothing_back_from_the_device(lora_model, monkeypatch
                 reads.append(_name)
             return _original(self, *a, **kw)
         monkeypatch.setattr(torch.Tensor, name, spy)
-    cfg = UpdateSettings(temperature=0.7, kl_coef={"generator": 0.1})
-    samples = _synthetic_samples(["generator", "aggregator"] * 4)
-    old = _old_logps(lora_model, samples, cfg.temperature)
-    _, sums = _accumulated_grads(lora_model, samples, old, minibatch_weights(samples, cfg), cfg, 4)
-    assert reads == []
-    assert sums["aggregator/pg_loss"][1] == 6 + 8 + 5 + 4 and "aggregator/kl_base" not in sums
-    assert isinstance(sums["generator/kl_base"][0], torch.Tensor) and float(sums["generator/kl_base"][0]) > 0
+    counts = {}
+    for micro in (8, 1):
+        reads.clear()
+        _, m = _accumulated_grads(lora_model, samples, old, cfg, micro, monkeypatch)
+        counts[micro] = list(reads)
+    assert counts[8] == counts[1] == ["__float__"] * 4
+    assert m["generator/kl_base"] > 0 and "aggregator/kl_base" not in m
 
 
 def _max_diff(ga, gb):
@@ -365,7 +407,7 @@ def _max_diff(ga, gb):
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
-def test_micro_batch_invariance(lora_model, agg):
+def test_micro_batch_invariance(lora_model, agg, monkeypatch):
     cfg = UpdateSettings(agg=agg, norm_len=8, temperature=0.7)
     samples = _synthetic_samples()
     old = _old_logps(lora_model, samples, cfg.temperature)
@@ -376,26 +418,29 @@ def test_micro_batch_invariance(lora_model, agg):
     assert max(float(g.abs().max()) for g in ref) > 1e-4  # a real, nonzero gradient
     grads = {}
     for micro in (8, 2, 1):
-        grads[micro], sums = _accumulated_grads(lora_model, samples, old, weights, cfg, micro)
-        assert sums["generator/pg_loss"][1] == sum(COMPLETION_LENS)  # tokens: 1+6+3+8+2+5+7+4 = 36
+        grads[micro], m = _accumulated_grads(lora_model, samples, old, cfg, micro, monkeypatch)
+        # per token over 1+6+3+8+2+5+7+4 = 36 tokens, as the reference counts them
+        assert m["generator/clip_frac"] == pytest.approx(n_clipped / sum(COMPLETION_LENS), abs=1e-12)
         assert _max_diff(grads[micro], ref) < 1e-5, micro
     assert _max_diff(grads[8], grads[2]) < 1e-5
     assert _max_diff(grads[8], grads[1]) < 1e-5
 
 
-def test_micro_batch_invariance_with_role_weights(lora_model):
+def test_micro_batch_invariance_with_role_weights(lora_model, monkeypatch):
     roles = ["generator", "aggregator"] * 4
     cfg = UpdateSettings(agg="seq-mean-token-mean", temperature=0.7, role_weights={"generator": 2, "aggregator": 1})
     samples = _synthetic_samples(roles, seed=3)
     old = _old_logps(lora_model, samples, cfg.temperature, seed=3)
     weights = minibatch_weights(samples, cfg)
     assert role_shares(samples, weights) == pytest.approx({"generator": 2 / 3, "aggregator": 1 / 3}, abs=1e-12)
-    g8, _ = _accumulated_grads(lora_model, samples, old, weights, cfg, 8)
-    g1, _ = _accumulated_grads(lora_model, samples, old, weights, cfg, 1)
+    g8, _ = _accumulated_grads(lora_model, samples, old, cfg, 8, monkeypatch)
+    g1, _ = _accumulated_grads(lora_model, samples, old, cfg, 1, monkeypatch)
     assert max(float(g.abs().max()) for g in g8) > 1e-4
     assert _max_diff(g8, g1) < 1e-5
     # the role weights matter: the implicit weights give a different gradient
-    g_plain, _ = _accumulated_grads(lora_model, samples, old, token_weights(COMPLETION_LENS, cfg.agg), cfg, 8)
+    implicit = UpdateSettings(agg=cfg.agg, temperature=0.7)
+    assert minibatch_weights(samples, implicit) == pytest.approx(token_weights(COMPLETION_LENS, cfg.agg), abs=1e-15)
+    g_plain, _ = _accumulated_grads(lora_model, samples, old, implicit, 8, monkeypatch)
     assert _max_diff(g8, g_plain) > 1e-4
 
 
@@ -456,10 +501,11 @@ def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_bat
     monkeypatch.setattr(grpo, "old_logprobs", lambda *a: scored.append(real_old_logprobs(*a)) or scored[-1])
     m_fast, w_fast = run()
     # unoptimised: every row scored by a separate no-grad forward before any step
-    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, group, step_size, cfg, rank=0: policy_logprobs(
-        model, adapter, [s.prompt_ids for s in group], [s.completion_ids for s in group], 1, cfg.temperature))
+    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, steps, cfg: [policy_logprobs(
+        model, adapter, [s.prompt_ids for s in mb.rows], [s.completion_ids for s in mb.rows], 1, cfg.temperature)
+        for mb in steps])
     m_full, w_full = run()
-    assert sum(o is None for o in scored[0]) == mini_batch  # only the first mini-batch skipped its forward
+    assert [sum(o is None for o in mb) for mb in scored[0]] == [mini_batch] + [0] * (len(scored[0]) - 1)
     assert m_fast["generator/opt_steps"] == m_full["generator/opt_steps"] == -(-len(samples) // mini_batch)
     for key in ("generator/pg_loss", "generator/clip_frac", "generator/approx_kl", "generator/grad_norm"):
         assert m_fast[key] == pytest.approx(m_full[key], abs=1e-6), key
@@ -646,14 +692,18 @@ def test_ip_steps_per_role():
         assert all(int(opt.state[p]["step"]) == steps for p in params)
 
 
-def test_ip_update_leaves_other_adapter_untouched():
+@pytest.mark.parametrize("merge", [False, True])
+def test_ip_update_leaves_other_adapter_untouched(merge):
+    """An adapter without rows (the aggregator here) takes no step and keeps its weights, with one
+    mini-batch per `mini_batch_size` rows or one per adapter (--merge-instance-steps)."""
     model, _ = load_model("tiny")
     model = add_adapters(model, ["generator", "aggregator"], rank=4)
     opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-2, warmup_steps=1)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
     samples = [Sample([5, 6, 7], [8, 9, 10], a, "generator", "generator") for a in (1.0, -1.0)]
     samples[1].completion_ids = [11, 12]
-    m = update_policy(model, samples, opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
+    cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, merge_instance_steps=merge)
+    m = update_policy(model, samples, opts, cfg)
     assert m["generator/opt_steps"] == 1 and "aggregator/opt_steps" not in m
     changed = {n for n, p in model.named_parameters() if "lora_" in n and not torch.equal(p, before[n])}
     assert changed and all(".generator." in n for n in changed)
