@@ -382,8 +382,8 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine,
             if calls is not None:
                 pending.append((ep, workflow_run, calls))
         encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
-        pending = [(ep, run, cs) for ep, run, cs in pending
-                   if not end_if_overlong(ep, run, cs, max_prompt_tokens)]
+        pending = [(ep, workflow_run, cs) for ep, workflow_run, cs in pending
+                   if not end_if_overlong(ep, workflow_run, cs, max_prompt_tokens)]
         calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break
