@@ -29,6 +29,7 @@ reward) under RUN/trajectories/<dataset>/<mode>-step_<N>/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -74,7 +75,7 @@ SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: the SA adapter
 
 # What evaluation reads of a run's args.json (an older train.py's run may lack some)
 EVAL_RUN_KEYS = (*NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed", "credit",
-                 "prompts", "evalopt_context", "n_votes", "max_iterations", "max_subtasks",
+                 *(f.name for f in dataclasses.fields(workflows.WorkflowOptions)),
                  "lora_rank", "lora_alpha", "temperature", "top_p", "max_new_tokens",
                  "gen_batch_size", "enable_thinking")
 
