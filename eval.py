@@ -1,32 +1,35 @@
-"""Evaluate a workflow (base model, trained checkpoints, or a single-agent adapter dropped into it) and plot runs.
+"""Evaluate a workflow (base model, trained checkpoints, or a single-agent adapter dropped into it).
 
-Evaluation (docs/method.md, "Evaluation" and finding 1) reports accuracy, unbiased pass@k and per-role statistics
-per checkpoint, in four modes: `base` (adapters off, recorded as step 0), `trained` (the run's checkpoint, each
-role on its own adapter as in training), `sa-transfer` (a single-agent run's adapter, `--sa-run`, for every role)
-and `sa-generator-transfer` (that adapter for the solving roles only, generators and workers; the aggregator,
-evaluator, orchestrator and synthesizer on the base model). The workflow, split and sampling settings come from
-the run folder's args.json; `--data FILE` evaluates another set in the run's task format (AIME 2025 for math,
-DeepCoder's test split for code). A paper cell's run is evaluated with the paper's evaluation lengths. To drop an
-SA adapter into a workflow you have not trained, make an untrained run folder for it first
-(`python train.py --workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`).
+Evaluation (docs/method.md, "Evaluation" and finding 1) reports accuracy, unbiased pass@k and
+per-role statistics per checkpoint, in four modes: `base` (adapters off, recorded as step 0),
+`trained` (the run's checkpoint, each role on its own adapter as in training), `sa-transfer` (a
+single-agent run's adapter, `--sa-run`, for every role) and `sa-generator-transfer` (that adapter
+for the solving roles only, generators and workers; the aggregator, evaluator, orchestrator and
+synthesizer on the base model). The workflow, split and sampling settings come from the run folder's
+args.json; `--data FILE` evaluates another set in the run's task format (AIME 2025 for math,
+DeepCoder's test split for code). A paper cell's run is evaluated with the paper's evaluation
+lengths. To drop an SA adapter into a workflow you have not trained, make an untrained run folder
+for it first (`python train.py --workflow voting --steps 0 --val-every 0 --run-dir
+runs/voting-untrained`). It also plots runs, tabulates their results and calibrates the toy model.
 
-    python eval.py --run-dir runs/voting-ip --mode base --samples 4            # the base model, 4 samples per task
-    python eval.py --run-dir runs/voting-ip --step 10 --dump                   # one checkpoint, trajectories kept
-    python eval.py --run-dir runs/voting-ip --every-checkpoint                 # every saved checkpoint
+    python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
+    python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
+    python eval.py --run-dir runs/voting-ip --every-checkpoint       # every saved checkpoint
     python eval.py --run-dir runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --samples 4
-    python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]       # PNG curves from metrics.jsonl
-    python eval.py table runs/voting-ip runs/voting-sp                         # their eval.jsonl as one table
-    python eval.py --run-dir runs/toy-voting --split test --samples 2          # synthetic math: held-out problems
-    python eval.py calibrate --seed 0                                          # the toy model at base
-    python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html # role curves, warnings, samples
+    python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
+    python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
+    python eval.py --run-dir runs/toy-voting --split test --samples 2  # held-out synthetic math
+    python eval.py calibrate --seed 0                                # the toy model at base
+    python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html  # curves, samples
 
-Each evaluation appends one JSON line to RUN/eval.jsonl (cell, step, dataset, mode, metrics); `--dump` writes
-one JSON file per episode (every call's prompt, output, parsed answer, correctness, reward) under
-RUN/trajectories/<dataset>/<mode>-step_<N>/.
+Each evaluation appends one JSON line to RUN/eval.jsonl (cell, step, dataset, mode, metrics);
+`--dump` writes one JSON file per episode (every call's prompt, output, parsed answer, correctness,
+reward) under RUN/trajectories/<dataset>/<mode>-step_<N>/.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -44,18 +47,16 @@ import tasks
 import workflows
 from infra import calibration, checkpoints, distributed, memory, toy, toy_model
 from infra.cells import PAPER_LENGTHS, cell_name
+from infra.flags import HelpFormatter, Parser, number, settings_from
 from infra.plots import EVAL_KEYS, plot_runs
 from infra.report import write_report
 from infra.runfolder import (
     NAME_KEYS,
-    HelpFormatter,
-    Parser,
     WriteError,
     append_record,
     check_writable,
     dataset_name,
     dump_trajectories,
-    number,
     read_results,
     read_run_args,
     trajectory_folder,
@@ -64,29 +65,33 @@ from infra.runfolder import (
 )
 from infra.tallies import Tallies, add_tallies, rates
 from policies import BASE, route_adapter
-from workflows import ROLES, Episode, episode_tallies
+from workflows import ROLES, Episode, episode_tallies, role_type
 
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
-SA_MODES = ("sa-transfer", "sa-generator-transfer")  # the modes that load a single-agent run's adapter
+SA_MODES = ("sa-transfer", "sa-generator-transfer")  # they load a single-agent run's adapter
 SA_ADAPTER = "sa"  # the name that adapter takes here (it shows in dumps)
-SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: these get the SA adapter, the rest the base model
+SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: the SA adapter; the rest: base
 
 
 # What evaluation reads of a run's args.json (an older train.py's run may lack some)
-EVAL_RUN_KEYS = (*NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed", "credit", "prompts", "evalopt_context",
-                 "n_votes", "max_iterations", "max_subtasks", "lora_rank", "lora_alpha", "temperature", "top_p",
-                 "max_new_tokens", "gen_batch_size", "enable_thinking")
+EVAL_RUN_KEYS = (*NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed", "credit",
+                 *(f.name for f in dataclasses.fields(workflows.WorkflowOptions)),
+                 "lora_rank", "lora_alpha", "temperature", "top_p", "max_new_tokens",
+                 "gen_batch_size", "enable_thinking")
 
 
 def checkpoint_source(run_dir: str, mode: str, sa_run: str | None) -> str:
-    """The run whose checkpoints a mode loads: the SA run under the SA modes, else the run itself."""
+    """The run whose checkpoints a mode loads: the SA run under the SA modes, else the run
+    itself."""
     if mode in SA_MODES and not sa_run:
         usage_error(f"--mode {mode} needs --sa-run RUN (a single-agent run folder)")
     return sa_run if mode in SA_MODES else run_dir
 
 
-def resolve_steps(run_dir: str, mode: str, step: int | None, every: bool, sa_run: str | None) -> list[int]:
-    """[0] for base; else the requested (or latest, or every) checkpoint of the run whose adapters are loaded."""
+def resolve_steps(run_dir: str, mode: str, step: int | None, every: bool, sa_run: str | None
+                  ) -> list[int]:
+    """[0] for base; else the requested (or latest, or every) checkpoint of the run whose adapters
+    are loaded."""
     if mode == "base":
         return [0]
     source = checkpoint_source(run_dir, mode, sa_run)
@@ -101,17 +106,18 @@ def resolve_steps(run_dir: str, mode: str, step: int | None, every: bool, sa_run
 # ---------------------------------------------------------------- metrics (pure)
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021),
-    computed as a product so large n never overflows."""
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al.
+    2021), computed as a product so large n never overflows."""
     if n - c < k:  # every draw of k samples holds a correct one
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def evaluation_tallies(episodes: list[Episode]) -> Tallies:
-    """The counts one evaluation reports, as numerators and denominators (so ranks add them): the episode
-    tallies, each sample index's accuracy (`sample/<k>`: one full pass over the tasks), and pass@k for k = 1,
-    2, 4... up to the samples per task, per task (a task's samples are all on one rank)."""
+    """The counts one evaluation reports, as numerators and denominators (so ranks add them): the
+    episode tallies, each sample index's accuracy (`sample/<k>`: one full pass over the tasks), and
+    pass@k for k = 1, 2, 4... up to the samples per task, per task (a task's samples are all on one
+    rank)."""
     t = episode_tallies(episodes)
     per_task: dict[str, list[bool]] = {}
     for e in episodes:
@@ -126,48 +132,58 @@ def evaluation_tallies(episodes: list[Episode]) -> Tallies:
 
 
 def evaluation_metrics(tallies: Tallies | list[Episode]) -> dict[str, float | None]:
-    """Accuracy and its std over the sample indices, pass@k, and the episode metrics (per-role accuracy from each
-    role's own answer, format, length, any_correct, Eval-Opt's retry rates, fallbacks); None: nothing to count."""
+    """Accuracy and its std over the sample indices, pass@k, and the episode metrics (per-role
+    accuracy from each role's own answer, format, length, any_correct, Eval-Opt's retry rates,
+    fallbacks); None: nothing to count."""
     m = rates(evaluation_tallies(tallies) if isinstance(tallies, list) else tallies)
     per_sample = [m.pop(k) for k in [k for k in m if k.startswith("sample/")]]
-    return {"accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample), **m}
+    return {"accuracy": statistics.mean(per_sample), "accuracy_std": statistics.pstdev(per_sample),
+            **m}
 
 
 # ---------------------------------------------------------------- model and episodes per mode
 
 def mode_route(mode: str, policy: str) -> Callable[[str], str]:
-    """Call name -> adapter under each mode: adapters off (base), the run's own SP/IP routing (trained), the SA
-    adapter for every role (sa-transfer), or for the solving roles only, the rest on the base model."""
+    """Call name -> adapter under each mode: adapters off (base), the run's own SP/IP routing
+    (trained), the SA adapter for every role (sa-transfer), or for the solving roles only, the rest
+    on the base model."""
     if mode == "base":
         return lambda name: BASE
     if mode == "trained":
         return lambda name: route_adapter(name, policy)
     if mode == "sa-transfer":
         return lambda name: SA_ADAPTER
-    return lambda name: SA_ADAPTER if route_adapter(name, "ip") in SOLVING_ROLES else BASE  # ip: the role type
+    return lambda name: SA_ADAPTER if role_type(name) in SOLVING_ROLES else BASE
 
 
 def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
-    """(model, tokenizer) for a mode: the plain base model (`base`), the run's adapters (`trained`), or one
-    adapter shaped like the SA run's (SA modes). Checkpoint weights are loaded by `load_step`."""
-    model, tokenizer = policies.load_model(run_args["model"], getattr(torch, run_args["dtype"]), device,
-                                           run_args["seed"])
+    """(model, tokenizer) for a mode: the plain base model (`base`), the run's adapters (`trained`),
+    or one adapter shaped like the SA run's (SA modes). Checkpoint weights are loaded by
+    `load_step`."""
+    model, tokenizer = policies.load_model(run_args["model"], getattr(torch, run_args["dtype"]),
+                                           device, run_args["seed"])
     if mode == "trained":
-        adapters = sorted({route_adapter(r, run_args["policy"]) for r in ROLES[run_args["workflow"]]})
-        model = policies.add_adapters(model, adapters, run_args["lora_rank"], run_args["lora_alpha"])
+        roles = ROLES[run_args["workflow"]]
+        adapters = sorted({route_adapter(r, run_args["policy"]) for r in roles})
+        model = policies.add_adapters(model, adapters, run_args["lora_rank"],
+                                      run_args["lora_alpha"])
     elif mode in SA_MODES:
-        model = policies.add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"], sa_args["lora_alpha"])
+        model = policies.add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"],
+                                      sa_args["lora_alpha"])
     return model, tokenizer
 
 
-def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None, step: int) -> None:
-    """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter as `sa`. A
-    checkpoint that does not read back whole is one line (evaluations of earlier steps are already saved)."""
-    folder = os.path.join(checkpoints.checkpoint_folder(sa_run if mode in SA_MODES else run_dir, step), "adapters")
+def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None,
+              step: int) -> None:
+    """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter
+    as `sa`. A checkpoint that does not read back whole is one line (evaluations of earlier steps
+    are already saved)."""
+    source = sa_run if mode in SA_MODES else run_dir
+    folder = os.path.join(checkpoints.checkpoint_folder(source, step), "adapters")
     try:
         if mode == "trained":
             checkpoints.load_adapters(model, folder)
-        elif mode in SA_MODES:  # the SA run's one adapter (`shared` under SP, `generator` under IP), renamed `sa`
+        elif mode in SA_MODES:  # the SA run's one adapter (SP: `shared`, IP: `generator`), as `sa`
             saved = route_adapter("generator", sa_args["policy"])
             weights = checkpoints.read_adapters(folder, [saved], str(model.device))
             checkpoints.load_adapters(model, "", {SA_ADAPTER: weights[saved]})
@@ -182,124 +198,163 @@ def check_sa_run(run_args: dict, sa_run: str) -> dict:
         usage_error(f"--sa-run {sa_run} trained workflow {sa_args['workflow']!r}, not 'single'")
     for key in ("model", "task"):
         if sa_args[key] != run_args[key]:
-            usage_error(f"--sa-run {sa_run} has {key} {sa_args[key]!r} but --run has {run_args[key]!r}")
+            usage_error(f"--sa-run {sa_run} has {key} {sa_args[key]!r} "
+                        f"but --run has {run_args[key]!r}")
     return sa_args
 
 
 def eval_lengths(run_args: dict) -> tuple[int | None, int]:
-    """(prompt, response) token limits: a paper cell's evaluation lengths, else the run's training ones."""
+    """(prompt, response) token limits: a paper cell's evaluation lengths, else the run's training
+    ones."""
     if run_args.get("cell"):
-        return PAPER_LENGTHS["code" if run_args["task"] in ("code", "deepcoder") else "math", run_args["workflow"]][2:]
+        kind = "code" if run_args["task"] in ("code", "deepcoder") else "math"
+        return PAPER_LENGTHS[kind, run_args["workflow"]][2:]
     return run_args.get("max_prompt_tokens"), run_args["max_new_tokens"]
 
 
 def eval_tasks(run_args: dict, data: str | None, split: str = "val") -> list[tasks.Task]:
-    """The run's validation split, its test split (synthetic math: as many problems again, drawn after its
-    training ones), or every row of `data` read in the run's task format; bad rows: one line."""
+    """The run's validation split, its test split (synthetic math: as many problems again, drawn
+    after its training ones), or every row of `data` read in the run's task format; bad rows: one
+    line."""
+    a = run_args
     try:
         if split == "test":
-            return tasks.math_test(run_args["n_train"], run_args["n_val"], run_args["difficulty"], run_args["seed"])
+            return tasks.math_test(a["n_train"], a["n_val"], a["difficulty"], a["seed"])
         if data is None:
-            return tasks.load_split(run_args["task"], run_args["data"], run_args["data_config"], run_args["n_train"],
-                                    run_args["n_val"], run_args["difficulty"], run_args["seed"],
-                                    run_args.get("val_data"))[1]
-        return tasks.load_tasks("deepcoder" if run_args["task"] in ("code", "deepcoder") else "dapo", data)
+            return tasks.load_split(a["task"], a["data"], a["data_config"], a["n_train"],
+                                    a["n_val"], a["difficulty"], a["seed"], a.get("val_data"))[1]
+        return tasks.load_tasks("deepcoder" if a["task"] in ("code", "deepcoder") else "dapo", data)
     except (tasks.DataError, ValueError) as e:
         usage_error(str(e))
 
 
 # ---------------------------------------------------------------- evaluate
 
-def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Namespace) -> list[dict]:
-    """Evaluate each step of one mode (the model loads once), from the command line's settings (`args`); each
-    record is appended to the results file as soon as it is done. Under torchrun each rank runs a share."""
+def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Namespace
+                   ) -> list[dict]:
+    """Evaluate each step of one mode (the model loads once), from the command line's settings
+    (`args`); each record is appended to the results file as soon as it is done. Under torchrun
+    each rank runs a share."""
     run_args = read_run_args(run_dir, keys=EVAL_RUN_KEYS)
     sa_run = args.sa_run if mode in SA_MODES else None
-    sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run)) if mode in SA_MODES else None
+    sa_args = None
+    if mode in SA_MODES:
+        sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run))
     eval_set = eval_tasks(run_args, args.data, args.split)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = build_model(run_args, mode, sa_args, device)
     temp = run_args["temperature"] if args.temperature is None else args.temperature
     cell_prompt, cell_new = eval_lengths(run_args)
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
-    engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"], run_args["gen_batch_size"],
-                               max_tokens=memory.hf_generation_budget(model))  # on CUDA: the KV cache that fits
-    dataset, records = dataset_name(run_args, args.data) + ("-test" if args.split == "test" else ""), []
+    engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"],
+                               run_args["gen_batch_size"],
+                               max_tokens=memory.hf_generation_budget(model))  # CUDA: what fits
+    encode = policies.chat_encoder(tokenizer, run_args["enable_thinking"],
+                                   run_args.get("chat_template", "model"))
+    options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow
+    dataset = dataset_name(run_args, args.data) + ("-test" if args.split == "test" else "")
+    records = []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, sa_run, sa_args, step)
-        checkpoints.seed_everything(args.seed)  # every checkpoint samples with the same seed: differences are weights'
+        checkpoints.seed_everything(args.seed)  # the same at every step: differences are weights'
         start = time.time()
-        episodes = workflows.run_episodes(distributed.share(eval_set), args.n, run_args, engine,
-                                          policies.chat_encoder(tokenizer, run_args["enable_thinking"],
-                                                                run_args.get("chat_template", "model")),
-                                          mode_route(mode, run_args["policy"]), max_prompt, f"eval {mode} step {step}")
-        r = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset, "mode": mode,
-             "workflow": run_args["workflow"], "policy": run_args["policy"], "n": args.n, "tasks": len(eval_set),
-             "temperature": temp, "max_new_tokens": max_new, "seed": args.seed, "time_s": round(time.time() - start, 1),
-             "metrics": evaluation_metrics(add_tallies(distributed.gather(evaluation_tallies(episodes))))}
+        episodes = workflows.run_episodes(distributed.share(eval_set), args.samples,
+                                          run_args["workflow"], options, run_args["credit"],
+                                          engine, encode, mode_route(mode, run_args["policy"]),
+                                          max_prompt, f"eval {mode} step {step}")
+        tallies = add_tallies(distributed.gather(evaluation_tallies(episodes)))
+        r = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
+             "mode": mode, "workflow": run_args["workflow"], "policy": run_args["policy"],
+             "n": args.samples, "tasks": len(eval_set), "temperature": temp,
+             "max_new_tokens": max_new, "seed": args.seed,
+             "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(tallies)}
         if sa_run:
             r.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
-        if args.dump:  # each rank its own episodes
-            r["trajectories"] = trajectory_folder(run_dir, dataset, mode, step, sa_run)
-            with writing(f"the trajectories of step {step}", run_dir):
-                dump_trajectories(episodes, r["trajectories"])
-        if distributed.world()[0] == 0:  # --out may name a new folder; a line cut off by a crash is dropped first
-            with writing(args.out or "RUN/eval.jsonl", run_dir):
-                append_record(args.out or os.path.join(run_dir, "eval.jsonl"), r)
-        m = r["metrics"]
-        tqdm.write(f"{r['cell']} {mode} step {step}: accuracy {m['accuracy']:.3f} (std {m['accuracy_std']:.3f} over "
-                   f"{args.n} samples x {len(eval_set)} tasks), "
-                   + ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("pass@")))
+        save_record(r, episodes, run_dir, args)
         records.append(r)
     return records
 
 
+def save_record(r: dict, episodes: list[Episode], run_dir: str, args: argparse.Namespace) -> None:
+    """The evaluation's trajectories (--dump: each rank its own), its line in RUN/eval.jsonl (or
+    --out, which may name a new folder; a line cut off by a crash is dropped first), and its one
+    line on the terminal."""
+    if args.dump:
+        r["trajectories"] = trajectory_folder(run_dir, r["dataset"], r["mode"], r["step"],
+                                              r.get("sa_run"))
+        with writing(f"the trajectories of step {r['step']}", run_dir):
+            dump_trajectories(episodes, r["trajectories"])
+    if distributed.world()[0] == 0:
+        with writing(args.out or "RUN/eval.jsonl", run_dir):
+            append_record(args.out or os.path.join(run_dir, "eval.jsonl"), r)
+    m = r["metrics"]
+    pass_k = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("pass@"))
+    tqdm.write(f"{r['cell']} {r['mode']} step {r['step']}: accuracy {m['accuracy']:.3f} "
+               f"(std {m['accuracy_std']:.3f} over {r['n']} samples x {r['tasks']} tasks), "
+               f"{pass_k}")
+
+
 # ---------------------------------------------------------------- the results table
 
-TABLE_METRICS = ["accuracy", "pass@2", "any_correct", "generator/acc", "aggregator/acc", "aggregator/format_ok",
-                 "fallback_rate"]
+TABLE_METRICS = ["accuracy", "pass@2", "any_correct", "generator/acc", "aggregator/acc",
+                 "aggregator/format_ok", "fallback_rate"]
 
 
 def results_table(records: list[dict]) -> str:
-    """A markdown table of evaluation records (one row each, in order: what ran on which set, then the metrics of
-    TABLE_METRICS that some record has); accuracy with its std over samples (n > 1); `-`: the metric does not apply."""
+    """A markdown table of evaluation records (one row each, in order: what ran on which set, then
+    the metrics of TABLE_METRICS that some record has); accuracy with its std over samples (n > 1);
+    `-`: the metric does not apply."""
     columns = [k for k in TABLE_METRICS if any(r["metrics"].get(k) is not None for r in records)]
     head = ["cell", "dataset", "mode", "step", "samples", *columns]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in records:
         m = r["metrics"]
         mode = f"{r['mode']} ({r['sa_cell']})" if r["mode"] in SA_MODES else r["mode"]
-        accuracy = f"{m['accuracy']:.3f}" + (f" ± {m['accuracy_std']:.3f}" if r["n"] > 1 else "")  # std needs n > 1
+        accuracy = f"{m['accuracy']:.3f}"
+        if r["n"] > 1:  # a std needs two samples or more
+            accuracy += f" ± {m['accuracy_std']:.3f}"
         row = [r["cell"], r["dataset"], mode, str(r["step"]), f"{r['n']} x {r['tasks']}"]
-        row += [accuracy if k == "accuracy" else "-" if m.get(k) is None else f"{m[k]:.3f}" for k in columns]
+        for k in columns:
+            row.append(accuracy if k == "accuracy" else "-" if m.get(k) is None else f"{m[k]:.3f}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the toy world
 
-def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name: name) -> list[Episode]:
-    """`n` episodes of `workflow` on each of the 243 one-digit problems with the default prompts and options:
-    the toy model's warm-up transcripts (the oracle answers by call name) and its calibration."""
+def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name: name
+                       ) -> list[Episode]:
+    """`n` episodes of `workflow` on each of the 243 one-digit problems with the default prompts
+    and options: the toy model's warm-up transcripts (the oracle answers by call name) and its
+    calibration."""
     problems = tasks.synthetic_math(243, difficulty=0, seed=0)
-    return workflows.rollout(problems, n, workflow, engine, encode, route, workflows.WorkflowOptions())
+    return workflows.rollout(problems, n, workflow, engine, encode, route,
+                             workflows.WorkflowOptions())
 
 
-def calibrate_command(seed: int, episodes: int | None, out: str | None, temperature: float | None = None) -> dict:
-    """The toy model of `seed` before any RL, against calibration's targets: every workflow played by the model
-    alone, by the oracle alone, and with one habit at a time played by an always-careful and an always-hurried
-    oracle. Exits 1 when a target is missed."""
+def calibrate_command(seed: int, episodes: int | None, out: str | None,
+                      temperature: float | None = None) -> dict:
+    """The toy model of `seed` before any RL, against calibration's targets: every workflow played
+    by the model alone, by the oracle alone, and with one habit at a time played by an
+    always-careful and an always-hurried oracle. Exits 1 when a target is missed."""
     if out:
         check_writable(out, "--out", folder=False)
     toy_model.build(seed, play_every_problem)
     model, tokenizer = policies.load_model("toy", torch.float32, "cpu", seed)
     temperature = calibration.TEMPERATURE if temperature is None else temperature
     engine = policies.HFEngine(model, tokenizer, calibration.MAX_NEW_TOKENS, temperature)
-    encode, route = policies.chat_encoder(tokenizer), lambda name: name  # a plain model: names pick no adapter
+    encode = policies.chat_encoder(tokenizer)
+
+    def route(name: str) -> str:  # a plain model: names pick no adapter
+        return name
     checkpoints.seed_everything(seed)
-    runs = {w: play_every_problem(w, episodes or n, engine, encode, route) for w, n in calibration.EPISODES.items()}
+    runs = {w: play_every_problem(w, episodes or n, engine, encode, route)
+            for w, n in calibration.EPISODES.items()}
     oracle = toy.Oracle(seed, toy.KNOBS, tokenizer)
-    by_oracle = {w: play_every_problem(w, episodes or n, oracle, encode) for w, n in calibration.EPISODES.items()}
+    by_oracle = {w: play_every_problem(w, episodes or n, oracle, encode)
+                 for w, n in calibration.EPISODES.items()}
     swaps = {}
     for workflow, habit, name in calibration.SWAPS:
         accuracy = []
@@ -308,10 +363,12 @@ def calibrate_command(seed: int, episodes: int | None, out: str | None, temperat
             played = play_every_problem(workflow, episodes or 1, mixed, encode, route)
             accuracy.append(sum(e.correct for e in played) / len(played))
         swaps[f"{workflow} {name}"] = tuple(accuracy)
-    by_kind = calibration.call_records([e for eps in runs.values() for e in eps], tokenizer.decode, seed)
+    by_kind = calibration.call_records([e for eps in runs.values() for e in eps],
+                                       tokenizer.decode, seed)
     success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in runs.items()}
     oracle_success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in by_oracle.items()}
-    text, record = calibration.report(seed, temperature, success, oracle_success, calibration.habit_table(by_kind),
+    text, record = calibration.report(seed, temperature, success, oracle_success,
+                                      calibration.habit_table(by_kind),
                                       calibration.structure(success, by_kind), swaps)
     print(text)
     if out:
@@ -327,77 +384,106 @@ def calibrate_command(seed: int, episodes: int | None, out: str | None, temperat
 def build_parser() -> Parser:
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     commands = p.add_subparsers(dest="command", title="commands (default: evaluate --run-dir)")
-    plot = commands.add_parser("plot", help="PNG curves of runs: validation accuracy, per-role training metrics")
+    plot = commands.add_parser("plot", help="PNG curves of runs: validation accuracy, per-role "
+                               "training metrics")
     plot.add_argument("runs", nargs="+", help="run folders written by train.py")
-    plot.add_argument("--out", default=None, help="folder for the PNGs (default: plots/ beside the first run)")
-    calibrate = commands.add_parser("calibrate", help="the toy model of --seed at base against its targets "
-                                    "(infra/calibration.py; also python -m infra.toy --calibrate)")
+    plot.add_argument("--out", default=None,
+                      help="folder for the PNGs (default: plots/ beside the first run)")
+    calibrate = commands.add_parser("calibrate", help="the toy model of --seed at base against its "
+                                    "targets (infra/calibration.py; also python -m infra.toy "
+                                    "--calibrate)")
     calibrate.add_argument("--seed", type=int, default=0, help="the toy model's seed")
-    calibrate.add_argument("--episodes", type=number(int, 1), default=None, help="episodes per problem of every "
-                           "measurement (default: calibration.EPISODES, >= 500 calls of each habit)")
+    calibrate.add_argument("--episodes", type=number(int, 1), default=None,
+                           help="episodes per problem of every measurement (default: "
+                           "calibration.EPISODES, >= 500 calls of each habit)")
     calibrate.add_argument("--out", default=None, help="also write the record as JSON here")
     calibrate.add_argument("--temperature", type=number(float, 0), default=None,
-                           help="sampling temperature (default: the study's, calibration.TEMPERATURE)")
-    report = commands.add_parser("report", help="one HTML file: per-role curves, warnings, sampled episodes")
+                           help="sampling temperature (default: the study's, "
+                           "calibration.TEMPERATURE)")
+    report = commands.add_parser("report", help="one HTML file: per-role curves, warnings, "
+                                 "sampled episodes")
     report.add_argument("runs", nargs="+", help="run folders written by train.py")
     report.add_argument("--out", required=True, help="the HTML file to write")
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
-    table.add_argument("results", nargs="+", help="run folders (reads RUN/eval.jsonl) or results JSONL files")
-    g = p.add_argument_group("evaluate")
-    g.add_argument("--run-dir", "--run", dest="run", default=None, help="run folder written by train.py; under "
-                   "torchrun write --run-dir (torchrun takes --run for its own --run-path)")
-    g.add_argument("--mode", default="trained", choices=MODES, help="base: adapters off; trained: the run's adapters "
-                   "as in training; sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
-                   "generators and workers only")
-    g.add_argument("--sa-run", default=None, help="SA modes: a single-agent run folder (same model and task)")
-    g.add_argument("--step", type=int, default=None, help="checkpoint step (SA modes: of --sa-run); default: latest")
-    g.add_argument("--every-checkpoint", action="store_true", help="evaluate every saved checkpoint")
-    g.add_argument("--data", default=None, help="evaluate on this file instead of the run's validation split, in the "
-                   "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test split)")
-    g.add_argument("--split", default="val", choices=["val", "test"], help="synthetic math: the run's validation "
-                   "problems, or as many others drawn after its training ones (disjoint from both)")
-    count = number(int, 1)
-    g.add_argument("--samples", "--n", dest="n", type=count, default=1, help="samples per task: accuracy is their "
-                   "mean, pass@k for k = 1, 2, 4... <= n; under torchrun write --samples")
-    g.add_argument("--temperature", type=number(float, 0), default=None, help="default: the run's sampling temperature")
-    g.add_argument("--max-new-tokens", type=count, default=None, help="default: a paper cell's evaluation length "
-                   "(math 8192, code 5120), else the run's")
-    g.add_argument("--max-prompt-tokens", type=count, default=None, help="default: a paper cell's evaluation limit, "
-                   "else the run's")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every checkpoint")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--dump", action="store_true", help="one JSON file per episode under RUN/trajectories/")
-    g.add_argument("--out", default=None, help="JSONL to append results to (default: RUN/eval.jsonl)")
+    table.add_argument("results", nargs="+",
+                       help="run folders (reads RUN/eval.jsonl) or results JSONL files")
+    add_evaluate_flags(p)
     return p
+
+
+def add_evaluate_flags(p: Parser) -> None:
+    g = p.add_argument_group("evaluate")
+    g.add_argument("--run-dir", "--run", dest="run", default=None,
+                   help="run folder written by train.py; under torchrun write --run-dir "
+                   "(torchrun takes --run for its own --run-path)")
+    g.add_argument("--mode", default="trained", choices=MODES,
+                   help="base: adapters off; trained: the run's adapters as in training; "
+                   "sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
+                   "generators and workers only")
+    g.add_argument("--sa-run", default=None,
+                   help="SA modes: a single-agent run folder (same model and task)")
+    g.add_argument("--step", type=int, default=None,
+                   help="checkpoint step (SA modes: of --sa-run); default: latest")
+    g.add_argument("--every-checkpoint", action="store_true",
+                   help="evaluate every saved checkpoint")
+    g.add_argument("--data", default=None,
+                   help="evaluate on this file instead of the run's validation split, in the "
+                   "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test "
+                   "split)")
+    g.add_argument("--split", default="val", choices=["val", "test"],
+                   help="synthetic math: the run's validation problems, or as many others drawn "
+                   "after its training ones (disjoint from both)")
+    count = number(int, 1)
+    g.add_argument("--samples", "--n", dest="samples", type=count, default=1,
+                   help="samples per task: accuracy is their mean, pass@k for k = 1, 2, 4... <= "
+                   "n; under torchrun write --samples")
+    g.add_argument("--temperature", type=number(float, 0), default=None,
+                   help="default: the run's sampling temperature")
+    g.add_argument("--max-new-tokens", type=count, default=None,
+                   help="default: a paper cell's evaluation length (math 8192, code 5120), else "
+                   "the run's")
+    g.add_argument("--max-prompt-tokens", type=count, default=None,
+                   help="default: a paper cell's evaluation limit, else the run's")
+    g.add_argument("--seed", type=int, default=0,
+                   help="sampling seed, the same for every checkpoint")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--dump", action="store_true",
+                   help="one JSON file per episode under RUN/trajectories/")
+    g.add_argument("--out", default=None,
+                   help="JSONL to append results to (default: RUN/eval.jsonl)")
 
 
 def check_eval_args(args: argparse.Namespace) -> None:
     """One line for each bad value, before any model loads."""
     if not args.run:
         usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
-    read_run_args(args.run, keys=EVAL_RUN_KEYS)  # a folder that is not a run: one line
+    run_args = read_run_args(args.run, keys=EVAL_RUN_KEYS)  # not a run folder: one line
     if args.out:
         check_writable(args.out, "--out", folder=False)
     if args.mode in SA_MODES and args.sa_run:
         read_run_args(args.sa_run, f"--sa-run {args.sa_run}", EVAL_RUN_KEYS)
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) or (args.device.startswith("cuda")
-                                                                  and not torch.cuda.is_available()):
-        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA device")
-    if args.split == "test" and (args.data or read_run_args(args.run, keys=EVAL_RUN_KEYS)["task"] != "math"):
+    known = re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device)
+    if not known or (args.device.startswith("cuda") and not torch.cuda.is_available()):
+        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA "
+                    "device")
+    if args.split == "test" and (args.data or run_args["task"] != "math"):
         usage_error("--split test: synthetic math runs only, without --data")
     if args.every_checkpoint and args.mode == "base":
         usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
 
 
 def results_command(paths: list[str]) -> str:
-    """`eval.py table`: the records of the given runs' eval.jsonl (or JSONL files), printed as one table."""
+    """`eval.py table`: the records of the given runs' eval.jsonl (or JSONL files), printed as one
+    table."""
     files = [os.path.join(p, "eval.jsonl") if os.path.isdir(p) else p for p in paths]
     for path in files:
         if not os.path.exists(path):
-            usage_error(f"no evaluation results at {path} (run `python eval.py --run-dir RUN` first)")
+            usage_error(f"no evaluation results at {path} (run `python eval.py --run-dir RUN` "
+                        "first)")
     records = [r for path in files for r in read_results(path, EVAL_KEYS)]
     if not records:
-        usage_error(f"no evaluation records in {', '.join(paths)} (run `python eval.py --run-dir RUN` first)")
+        usage_error(f"no evaluation records in {', '.join(paths)} "
+                    "(run `python eval.py --run-dir RUN` first)")
     print(results_table(records))
     return results_table(records)
 
@@ -410,18 +496,11 @@ def main(argv: list[str] | None = None):
         return calibrate_command(args.seed, args.episodes, args.out, args.temperature)
     if args.command == "report":
         written = write_report(args.runs, args.out)
-        print(f"wrote {args.out} ({written['bytes'] / 1e6:.2f} MB; {sum(map(len, written['warnings']))} warnings)")
+        warnings = sum(map(len, written["warnings"]))
+        print(f"wrote {args.out} ({written['bytes'] / 1e6:.2f} MB; {warnings} warnings)")
         return written
     if args.command == "plot":
-        out = args.out or os.path.join(os.path.dirname(os.path.normpath(args.runs[0])), "plots")
-        check_writable(out, "--out", folder=True)
-        try:
-            with writing(f"the plots in {out}", out):
-                figures = plot_runs(args.runs, out, ROLES)
-        except WriteError as error:
-            usage_error(f"{error}")
-        print("\n".join(f"wrote {path}" for _, path in figures.values()))
-        return figures
+        return plot_command(args.runs, args.out)
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
     # under torchrun: each rank evaluates a share of the tasks, on the device --device asks for
@@ -435,5 +514,18 @@ def main(argv: list[str] | None = None):
         distributed.close_distributed()
 
 
+def plot_command(runs: list[str], out: str | None) -> dict:
+    """`eval.py plot`: the runs' curves as PNGs in `out` (default: plots/ beside the first run)."""
+    out = out or os.path.join(os.path.dirname(os.path.normpath(runs[0])), "plots")
+    check_writable(out, "--out", folder=True)
+    try:
+        with writing(f"the plots in {out}", out):
+            figures = plot_runs(runs, out, ROLES)
+    except WriteError as error:
+        usage_error(f"{error}")
+    print("\n".join(f"wrote {path}" for _, path in figures.values()))
+    return figures
+
+
 if __name__ == "__main__":
-    record(main)()  # under torchrun, a failing rank's traceback goes into torchrun's failure summary
+    record(main)()  # under torchrun, a failing rank's traceback goes into torchrun's summary

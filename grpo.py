@@ -127,25 +127,56 @@ class Sample:
 
 @dataclass
 class UpdateSettings:
-    """GRPO update hyperparameters; train.py fills them from its flags (paper values as defaults)."""
-    mini_batch_size: int = 512         # samples per optimizer step (paper: 64 tasks x 8)
-    micro_batch_size: int = 8          # rows per forward/backward at most (memory only: gradients are identical)
-    max_tokens_per_micro_batch: int = 1 << 62  # padded tokens per forward/backward at most (verl: dynamic bsz)
-    agg: str = "seq-mean-token-mean"   # loss aggregation (paper default)
-    norm_len: int = 512                # constant length for seq-mean-token-sum-norm (the response budget)
-    clip_low: float = 0.2
-    clip_high: float = 0.28            # clip-higher
-    dual_clip: float = 3.0
-    max_grad_norm: float = 1.0
-    temperature: float = 0.7           # log-probs are taken at the sampling temperature
-    role_weights: dict[str, float] = field(default_factory=dict)  # target loss share per role (empty: implicit)
-    merge_instance_steps: bool = False  # one optimizer step per adapter per training step (finding 4's fix)
-    kl_coef: dict[str, float] = field(default_factory=dict)     # I1: role -> beta of KL(role || base), k3
-    coherence: dict[str, float] = field(default_factory=dict)   # I6: role -> lambda
-    coherence_window: int = 128        # I6: EMA of the gradient with tau = 1 - 1/window (the reference's 128)
-    share_prompts: bool = True         # a prompt that rows share runs once (policies.shared_prompt_cache)
-    skip_zero_advantage: bool = False  # no forward/backward for rows whose gradient is exactly 0 (advantage 0)
-    lr_schedule: str = "constant"      # verl-constant: the schedules step after each adapter update (`lr_multiplier`)
+    """The GRPO update's knobs. Each field with a `help` is one flag of train.py, made from it by
+    infra/flags.py: the field's default (or its `flag_default`), its help, the paper's value
+    (`paper`) and the values it takes (`within`, `choices`). A field without `help` is computed by
+    train.py's `build_trainer`. A new knob is one field here, read as `cfg.<name>` where the update
+    uses it."""
+    mini_batch_size: int = field(default=512, metadata=dict(
+        help="samples per optimizer step; 0 = a step's episodes", within="[0, inf)", flag_default=0,
+        paper=512))
+    micro_batch_size: int = field(default=8, metadata=dict(
+        help="rows per forward/backward at most (memory only: the gradient is the same)",
+        within="[1, inf)"))
+    max_tokens_per_micro_batch: int = field(default=1 << 62, metadata=dict(  # verl: dynamic bsz
+        help="padded tokens per forward/backward at most; 0 = rows only", within="[0, inf)",
+        flag_default=0, paper=51200))
+    agg: str = field(default="seq-mean-token-mean", metadata=dict(
+        help="loss aggregation: how much each token counts (grpo.token_weights)",
+        choices=AGGREGATIONS, paper="seq-mean-token-mean"))
+    norm_len: int = 512  # seq-mean-token-sum-norm's constant length (train.py: --max-new-tokens)
+    clip_low: float = field(default=0.2, metadata=dict(
+        help="PPO clip below 1", within="(0, 1)", paper=0.2))
+    clip_high: float = field(default=0.28, metadata=dict(
+        help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
+    dual_clip: float = field(default=3.0, metadata=dict(
+        help="dual-clip constant: a negative advantage's loss is capped at -A x this",
+        within="(1, inf)", paper=3))
+    max_grad_norm: float = field(default=1.0, metadata=dict(
+        help="gradient clipping per adapter", within="(0, inf)", paper=1))
+    temperature: float = 0.7  # log-probs at the sampling temperature: train.py gives --temperature
+    role_weights: dict[str, float] = field(default_factory=dict, metadata=dict(
+        help="SP: loss share per role, 'equal' or generator=2,aggregator=1; none: the "
+             "aggregation's own shares (as the paper)", within="[0, inf)"))
+    merge_instance_steps: bool = field(default=False, metadata=dict(
+        help="finding 4: one optimizer step per adapter per training step, not one per mini-batch",
+        paper=False))
+    kl_coef: dict[str, float] = field(default_factory=dict, metadata=dict(
+        help="I1: role=beta,... adds beta * KL(role || base) (k3)", within="(0, inf)"))
+    coherence: dict[str, float] = field(default_factory=dict, metadata=dict(
+        help="I6 (IP): role=lambda,... lambda in (0, 1]", within="(0, 1]", paper="<= 0.3"))
+    coherence_window: int = field(default=128, metadata=dict(
+        help="I6: EMA window, tau = 1 - 1/window", within="[1, inf)", paper=128))
+    share_prompts: bool = field(default=True, metadata=dict(  # policies.shared_prompt_cache
+        help="rows that share a prompt run it once (--no-share-prompts: each row its whole "
+             "prompt)"))
+    skip_zero_advantage: bool = field(default=False, metadata=dict(
+        help="skip calls with advantage 0: the same step, less work (entropy and clip_frac then "
+             "cover the trained calls)"))
+    lr_schedule: str = field(default="constant", metadata=dict(  # verl-constant: see lr_multiplier
+        help="after warm-up; cosine: to 0 at the last step (the paper's config); verl-constant: "
+             "what its runs did, from lr 0, counting adapter updates (cells)",
+        choices=["constant", "cosine", "verl-constant"]))
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int,

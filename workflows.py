@@ -1,14 +1,17 @@
-"""Workflows: the roles, their prompts, the control flow between them, and credit (docs/method.md, "Workflows").
+"""Workflows: the roles, their prompts, the control flow between them, and credit.
 
-A workflow is a plain Python generator per episode: it `yield`s the calls it needs next (one stage: one call,
-or several parallel calls), reads their `.text` when it resumes, and fills in the episode's answer at the end.
-The driver `rollout` runs the generators of *all* episodes of a step in lockstep, so every stage goes to the
-engine as one batch (3 x tasks x n voting generators in one call), whatever control flow each episode follows.
-A `Call` is one model call (role instance name such as `generator0`, turn, prompt messages and ids,
-completion); an `Episode` is one run of the workflow on one task. GRPO then trains on the calls (grpo.py).
-Metrics are kept as numerators and denominators (`episode_tallies`), so batches and ranks add up exactly.
+docs/method.md, "Workflows", describes them. A workflow is a plain Python generator per episode:
+it `yield`s the calls it needs next (one stage: one call, or several parallel calls), reads their
+`.text` when it resumes, and fills in the episode's answer at the end. The driver `rollout` runs
+the generators of *all* episodes of a step in lockstep, so every stage goes to the engine as one
+batch (3 x tasks x n voting generators in one call), whatever control flow each episode follows.
 
-    python -m pytest tests/test_workflows.py   # every workflow's control flow, with a scripted engine
+A `Call` is one model call (role instance name such as `generator0`, turn, prompt messages and
+ids, completion); an `Episode` is one run of the workflow on one task. GRPO then trains on the
+calls (grpo.py). Metrics are kept as numerators and denominators (`episode_tallies`), so batches
+and ranks add up exactly.
+
+    python -m pytest tests/test_workflows.py   # every workflow's control flow, a scripted engine
 """
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ from tasks import Task, grade_many
 # ---------------------------------------------------------------- records
 
 
+def role_type(call_name: str) -> str:
+    """The role a call plays, its instance digits stripped: generator0 -> generator."""
+    return re.sub(r"\d+$", "", call_name)
+
+
 @dataclass
 class Call:
     name: str                  # role instance: generator0, aggregator, worker ...
@@ -35,15 +43,14 @@ class Call:
     adapter: str = ""          # filled by the driver from the policy (SP/IP)
     reward: float = 0.0        # credit this call trains on
     advantage: float = 0.0
-    metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format compliance ...
-    group: str = ""            # GRPO group name when it is not `name@turn` (Eval-Opt: all attempts share one)
-    is_answer: bool = False    # its text answers the task: the driver grades it (a whole stage at once)
-    sample_logprobs: list[float] | None = None  # the engine's log-prob of each sampled token (vLLM: drift check)
+    metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format ...
+    group: str = ""            # GRPO group name when not `name@turn` (Eval-Opt: attempts share one)
+    is_answer: bool = False    # its text answers the task: the driver grades it (a stage at once)
+    sample_logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM: drift)
 
     @property
     def role(self) -> str:
-        """Role type: instance digits stripped (generator0 -> generator)."""
-        return re.sub(r"\d+$", "", self.name)
+        return role_type(self.name)
 
     def group_key(self, task_id: str) -> tuple:
         """GRPO group: calls with the same key are compared with each other (task, name, turn)."""
@@ -62,35 +69,54 @@ class Episode:
 
 @dataclass
 class WorkflowOptions:
-    """What shapes the prompts and the control flow (train.py fills it from flags)."""
-    prompts: str = "small"              # "paper": the reference's instructions; "small": brief ones + an example
-    evalopt_context: str = "reference"  # Eval-Opt: one shared conversation ("reference") or "clean" prompts
-    n_votes: int = 3                    # Voting: parallel generators (paper: 3)
-    max_iterations: int = 3             # Eval-Opt: evaluator calls at most (paper: math 3, code 2)
-    max_subtasks: int = 3               # Orch-Workers: strategies, hence workers, at most (paper: 3)
+    """What shapes the prompts and the control flow. Each field is one flag of train.py, made
+    from it by infra/flags.py as grpo.UpdateSettings's are: the field's default (or its
+    `flag_default`), its help, the paper's value and the values it takes."""
+    prompts: str = field(default="small", metadata=dict(
+        help="paper: the reference's instructions in our words; small: brief ones and a solved "
+             "example", choices=["small", "paper"], paper="paper"))
+    evalopt_context: str = field(default="reference", metadata=dict(
+        help="Eval-Opt: one shared conversation (reference); clean: the problem and the latest "
+             "attempt only", choices=["reference", "clean"], paper="reference"))
+    n_votes: int = field(default=3, metadata=dict(
+        help="Voting: parallel generators", within="[1, inf)", paper=3))
+    max_iterations: int = field(default=3, metadata=dict(
+        help="Eval-Opt: evaluator calls at most; not given: the paper's for the task",
+        within="[1, inf)", flag_default=None, paper="math 3, code 2"))
+    max_subtasks: int = field(default=3, metadata=dict(
+        help="Orch-Workers: strategies, hence workers, at most", within="[1, inf)", paper=3))
 
 
 # ---------------------------------------------------------------- prompts
-# Our own words for what each reference prompt asks (method notes, "Prompts"), in two styles. `paper`: solve step
-# by step, analyse every solution before selecting. `small`, the CPU default: what SmolLM2-135M can follow within
-# 64 new tokens, brief reasoning and a bare selection, after one solved example (math).
+# Our own words for what each reference prompt asks (method notes, "Prompts"), in two styles.
+# `paper`: solve step by step, analyse every solution before selecting. `small`, the CPU default:
+# what SmolLM2-135M can follow within 64 new tokens, brief reasoning and a bare selection, after one
+# solved example (math).
 
-SOLVE = {("paper", "math"): "Solve the problem step by step, showing your work, then give the final answer in "
-                            "\\boxed{}.",
-         ("paper", "code"): "Solve the programming problem step by step: reason about the algorithm and the edge "
-                            "cases, then give the complete program in one ```python code block.",
-         ("small", "math"): "Solve the problem. Show brief reasoning, then give the final answer in \\boxed{}.",
-         ("small", "code"): "Solve the programming task in Python. Reason briefly, then give the complete program in "
-                            "one ```python code block."}
-ONE_SHOT = [  # `small`, math only: SmolLM2-135M boxes its answer only after seeing one boxed example
+SOLVE = {
+    ("paper", "math"): "Solve the problem step by step, showing your work, then give the final "
+                       "answer in \\boxed{}.",
+    ("paper", "code"): "Solve the programming problem step by step: reason about the algorithm "
+                       "and the edge cases, then give the complete program in one ```python code "
+                       "block.",
+    ("small", "math"): "Solve the problem. Show brief reasoning, then give the final answer in "
+                       "\\boxed{}.",
+    ("small", "code"): "Solve the programming task in Python. Reason briefly, then give the "
+                       "complete program in one ```python code block.",
+}
+ONE_SHOT = [  # `small`, math only: SmolLM2-135M boxes its answer only after one boxed example
     {"role": "user", "content": f"{SOLVE['small', 'math']}\n\nProblem: What is 23 + 45?"},
     {"role": "assistant", "content": "23 + 45 = 68.\n\n\\boxed{68}"},
 ]
-ANSWER_FORMAT = {"math": "give the final answer in \\boxed{}",  # the one phrase in which math and code prompts differ
-                 "code": "give the complete program in one ```python code block"}
-REVIEW = {"math": "Review the solution above for correctness: check its reasoning and its final answer.",
-          "code": "Review the program above for correctness: its logic, its edge cases and its bugs, without "
-                  "running it and without writing a corrected program."}
+ANSWER_FORMAT = {  # the one phrase in which math and code prompts differ
+    "math": "give the final answer in \\boxed{}",
+    "code": "give the complete program in one ```python code block",
+}
+REVIEW = {
+    "math": "Review the solution above for correctness: check its reasoning and its final answer.",
+    "code": "Review the program above for correctness: its logic, its edge cases and its bugs, "
+            "without running it and without writing a corrected program.",
+}
 
 
 def user(text: str) -> dict:
@@ -102,21 +128,25 @@ def assistant(text: str) -> dict:
 
 
 def problem_text(task: Task) -> str:
-    if task.kind == "code" and task.metadata.get("entry_point"):  # HumanEval: a signature and docstring
+    if task.kind == "code" and task.metadata.get("entry_point"):  # HumanEval: signature, docstring
         return f"Complete this Python function (keep its signature and imports):\n\n{task.question}"
     return f"Problem: {task.question}"
 
 
 def solver_messages(task: Task, opts: WorkflowOptions, strategy: str | None = None) -> list[dict]:
-    """The prompt of a role that solves the task from scratch (single agent, generators, workers)."""
+    """The prompt of a role that solves the task from scratch (single agent, generators,
+    workers)."""
     shot = ONE_SHOT if opts.prompts == "small" and task.kind == "math" else []
-    hint = f"\n\nUse this strategy as your main approach, and solve the whole problem: {strategy}" if strategy else ""
+    hint = ""
+    if strategy:
+        hint = ("\n\nUse this strategy as your main approach, and solve the whole problem: "
+                f"{strategy}")
     return shot + [user(f"{SOLVE[opts.prompts, task.kind]}\n\n{problem_text(task)}{hint}")]
 
 
 def solutions_block(texts: list[str], strategies: list[str] | None = None) -> str:
-    """The candidates, numbered; with `strategies`, each labelled with its worker's strategy, as the reference's
-    synthesizer sees them."""
+    """The candidates, numbered; with `strategies`, each labelled with its worker's strategy, as the
+    reference's synthesizer sees them."""
     labels = [f" (Strategy: {s})" for s in strategies] if strategies else [""] * len(texts)
     return "\n\n".join(f"--- Solution {i}{label} ---\n{t.strip()}"
                        for i, (t, label) in enumerate(zip(texts, labels), 1))
@@ -124,59 +154,73 @@ def solutions_block(texts: list[str], strategies: list[str] | None = None) -> st
 
 def aggregator_messages(task: Task, candidates: list[str], opts: WorkflowOptions) -> list[dict]:
     n = len(candidates)
-    ask = (f"Review them: analyse each for correctness and completeness, check its reasoning and its final answer, "
-           f"then select the one most likely to be correct. End with its number (1 to {n}) in \\boxed{{}}."
-           if opts.prompts == "paper" else
-           f"Which solution is correct? Compare their answers and reasoning, then give only the number "
-           f"of the best solution (1 to {n}) in \\boxed{{}}, for example \\boxed{{1}}.")
+    if opts.prompts == "paper":
+        ask = (f"Review them: analyse each for correctness and completeness, check its reasoning "
+               f"and its final answer, then select the one most likely to be correct. End with its "
+               f"number (1 to {n}) in \\boxed{{}}.")
+    else:
+        ask = (f"Which solution is correct? Compare their answers and reasoning, then give only "
+               f"the number of the best solution (1 to {n}) in \\boxed{{}}, for example "
+               f"\\boxed{{1}}.")
     block = solutions_block(candidates)
     return [user(f"{problem_text(task)}\n\nHere are {n} candidate solutions.\n\n{block}\n\n{ask}")]
 
 
-def evaluator_messages(task: Task, attempt: str, history: list[dict], opts: WorkflowOptions) -> list[dict]:
-    """reference: the conversation so far, then an instruction about "the solution above". clean: the problem
-    and the latest attempt only."""
-    verdict = "Do not reveal the correct answer. Give brief feedback, then end with \\boxed{Correct} or " \
-              "\\boxed{Incorrect}."
+def evaluator_messages(task: Task, attempt: str, history: list[dict], opts: WorkflowOptions
+                       ) -> list[dict]:
+    """reference: the conversation so far, then an instruction about "the solution above". clean:
+    the problem and the latest attempt only."""
+    verdict = ("Do not reveal the correct answer. Give brief feedback, then end with "
+               "\\boxed{Correct} or \\boxed{Incorrect}.")
     if opts.evalopt_context == "reference":
-        return history + [user(f"{REVIEW[task.kind]} If it is incorrect, say briefly what the main problem is. "
-                               f"{verdict}")]
-    what = "Check the logic of this program without running it; do not write a corrected program." \
-        if task.kind == "code" else "Check whether this solution and its final answer are correct."
-    return [user(f"{problem_text(task)}\n\nProposed solution:\n{attempt.strip()}\n\n{what} {verdict}")]
+        ask = f"If it is incorrect, say briefly what the main problem is. {verdict}"
+        return history + [user(f"{REVIEW[task.kind]} {ask}")]
+    if task.kind == "code":
+        what = ("Check the logic of this program without running it; do not write a corrected "
+                "program.")
+    else:
+        what = "Check whether this solution and its final answer are correct."
+    solution = f"Proposed solution:\n{attempt.strip()}"
+    return [user(f"{problem_text(task)}\n\n{solution}\n\n{what} {verdict}")]
 
 
 def refine_messages(task: Task, opts: WorkflowOptions, attempt: str, feedback: str,
                     history: list[dict]) -> list[dict]:
-    """The generator's retry. reference: the conversation so far (attempts and critiques), then an instruction
-    to write a new solution from the feedback above. clean: its own last attempt, then the feedback."""
+    """The generator's retry. reference: the conversation so far (attempts and critiques), then an
+    instruction to write a new solution from the feedback above. clean: its own last attempt, then
+    the feedback."""
+    answer = ANSWER_FORMAT[task.kind]
     if opts.evalopt_context == "reference":
-        if task.kind == "code":  # the reference's code retry asks for another approach only if the logic was wrong
-            return history + [user(f"Write an improved solution based on the review above. Address the issues it "
-                                   f"raises, use a different approach if the previous logic was fundamentally "
-                                   f"flawed, handle all edge cases, and {ANSWER_FORMAT[task.kind]}.")]
-        return history + [user(f"Write a new solution based on the feedback above, with a completely different "
-                               f"method. Address the issues it raises, and {ANSWER_FORMAT[task.kind]}.")]
+        if task.kind == "code":  # the reference's: another approach only if the logic was wrong
+            return history + [user(
+                f"Write an improved solution based on the review above. Address the issues it "
+                f"raises, use a different approach if the previous logic was fundamentally "
+                f"flawed, handle all edge cases, and {answer}.")]
+        return history + [user(
+            f"Write a new solution based on the feedback above, with a completely different "
+            f"method. Address the issues it raises, and {answer}.")]
     return solver_messages(task, opts) + [
         assistant(attempt),
         user(f"A reviewer judged your solution incorrect. Feedback:\n{feedback.strip()}\n\n"
-             f"Solve the problem again with a different approach, and {ANSWER_FORMAT[task.kind]}."),
+             f"Solve the problem again with a different approach, and {answer}."),
     ]
 
 
 def orchestrator_messages(task: Task, max_subtasks: int) -> list[dict]:
-    return [user(f"{problem_text(task)}\n\nDo not solve the problem. Propose at most {max_subtasks} distinct "
-                 f"strategies for it, each a different technique, described briefly, one per line, written as\n"
-                 f"STRATEGY 1: ...\nSTRATEGY 2: ...")]
+    return [user(f"{problem_text(task)}\n\nDo not solve the problem. Propose at most "
+                 f"{max_subtasks} distinct strategies for it, each a different technique, "
+                 f"described briefly, one per line, written as\nSTRATEGY 1: ...\nSTRATEGY 2: ...")]
 
 
-def synthesizer_messages(task: Task, solutions: list[str], strategies: list[str], opts: WorkflowOptions
-                         ) -> list[dict]:
-    """paper prompts: each solution labelled with its strategy, as the reference; small: the bare solutions."""
+def synthesizer_messages(task: Task, solutions: list[str], strategies: list[str],
+                         opts: WorkflowOptions) -> list[dict]:
+    """paper prompts: each solution labelled with its strategy, as the reference; small: the bare
+    solutions."""
     labels = strategies if opts.prompts == "paper" else None
     return [user(f"{problem_text(task)}\n\nWorkers solved it with different strategies.\n\n"
-                 f"{solutions_block(solutions, labels)}\n\nRead each solution and check its reasoning. Answers "
-                 f"that agree deserve more confidence. Decide on the final answer and {ANSWER_FORMAT[task.kind]}.")]
+                 f"{solutions_block(solutions, labels)}\n\nRead each solution and check its "
+                 f"reasoning. Answers that agree deserve more confidence. Decide on the final "
+                 f"answer and {ANSWER_FORMAT[task.kind]}.")]
 
 
 # ---------------------------------------------------------------- parsing (the reference's parsers)
@@ -187,9 +231,9 @@ _VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}", re.IGNORECASE)
 
 
 def parse_selection(text: str, n: int) -> tuple[int, str]:
-    """Aggregator's pick, 0-based, and the parser path that found it, as the reference parses: the first
-    \\boxed{<int>} if in range (`boxed`); else the first standalone digit 1-9 if in range (`digit`); else
-    candidate 1 (`default`). Only the first match of each is looked at."""
+    """Aggregator's pick, 0-based, and the parser path that found it, as the reference parses: the
+    first \\boxed{<int>} if in range (`boxed`); else the first standalone digit 1-9 if in range
+    (`digit`); else candidate 1 (`default`). Only the first match of each is looked at."""
     for pattern, how in ((_BOXED_INT, "boxed"), (_DIGIT, "digit")):
         m = pattern.search(text)
         if m and 1 <= int(m.group(1)) <= n:
@@ -198,8 +242,8 @@ def parse_selection(text: str, n: int) -> tuple[int, str]:
 
 
 def parse_verdict(text: str) -> bool | None:
-    """Evaluator's verdict, the first \\boxed{Correct} or \\boxed{Incorrect} (any case): True, False, or None
-    (unparseable: the loop goes on, and the evaluator call counts as wrong)."""
+    """Evaluator's verdict, the first \\boxed{Correct} or \\boxed{Incorrect} (any case): True,
+    False, or None (unparseable: the loop goes on, and the evaluator call counts as wrong)."""
     m = _VERDICT.search(text)
     return None if m is None else m.group(1).lower() == "correct"
 
@@ -209,10 +253,12 @@ _NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+(.+)$", re.M)
 
 
 def parse_strategies(text: str, k: int) -> tuple[list[str], str]:
-    """Up to k distinct strategies and the parser that found them: `strategy` lines, a `numbered` list,
-    non-empty `lines`, or the `whole` text as one strategy."""
-    for kind, found in (("strategy", _STRATEGY.findall(text)), ("numbered", _NUMBERED.findall(text)),
-                        ("lines", [ln for ln in text.splitlines() if ln.strip()])):
+    """Up to k distinct strategies and the parser that found them: `strategy` lines, a `numbered`
+    list, non-empty `lines`, or the `whole` text as one strategy."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for kind, found in (("strategy", _STRATEGY.findall(text)),
+                        ("numbered", _NUMBERED.findall(text)),
+                        ("lines", lines)):
         unique = list(dict.fromkeys(s.strip() for s in found if s.strip()))
         if unique:
             return unique[:k], kind
@@ -221,73 +267,81 @@ def parse_strategies(text: str, k: int) -> tuple[list[str], str]:
 
 # ---------------------------------------------------------------- workflows
 
-Stage = Iterator[list[Call]]
+WorkflowRun = Iterator[list[Call]]  # one episode's workflow, running: each next() is its next stage
 
 
-def single_agent(ep: Episode, opts: WorkflowOptions) -> Stage:
+def single_agent(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     """One `generator` call; its answer is the episode's answer."""
     call = Call("generator", 0, solver_messages(ep.task, opts), is_answer=True)
     yield [call]
     ep.final_answer, ep.correct = call.metrics["parsed"], call.metrics["correct"]
 
 
-def voting(ep: Episode, opts: WorkflowOptions) -> Stage:
+def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     """`n_votes` generators in parallel (each instance its own name, so its own GRPO group), then an
     aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
-    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True) for i in range(opts.n_votes)]
+    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True)
+            for i in range(opts.n_votes)]
     yield gens
     agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens], opts))
     yield [agg]
     pick, how = parse_selection(agg.text, len(gens))
     ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
     agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
-    ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens), fallback=how if how != "boxed" else None)
+    ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens),
+                      fallback=how if how != "boxed" else None)
 
 
-def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> Stage:
-    """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or `max_iterations` evaluator
-    calls. The final answer is the last attempt. Every generator call of a task shares one GRPO group (as in
-    the reference), and so does every evaluator call. `history` is the reference's shared conversation:
-    attempts and critiques as assistant turns, no instructions after the first."""
-    attempt = Call("generator", 0, solver_messages(ep.task, opts), group="generator", is_answer=True)
+def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
+    """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or
+    `max_iterations` evaluator calls. The final answer is the last attempt. Every generator call of
+    a task shares one GRPO group (as in the reference), and so does every evaluator call. `history`
+    is the reference's shared conversation: attempts and critiques as assistant turns, no
+    instructions after the first."""
+    first = solver_messages(ep.task, opts)
+    attempt = Call("generator", 0, first, group="generator", is_answer=True)
     history = list(attempt.messages)
     for it in range(opts.max_iterations):
         yield [attempt]
         history.append(assistant(attempt.text))
-        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text, history, opts), group="evaluator")
+        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text, history, opts),
+                     group="evaluator")
         yield [judge]
         history.append(assistant(judge.text))
-        verdict = parse_verdict(judge.text)  # unparseable: not satisfied, and not a correct evaluator call
+        verdict = parse_verdict(judge.text)  # unparseable: not satisfied, and not a correct call
         judge.metrics.update(verdict=verdict, formatted=verdict is not None,
                              correct=verdict is not None and verdict == attempt.metrics["correct"])
         if verdict is True or it == opts.max_iterations - 1:
             break
         feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
-        attempt = Call("generator", it + 1, refine_messages(ep.task, opts, attempt.text, feedback, history),
-                       group="generator", is_answer=True)
+        retry = refine_messages(ep.task, opts, attempt.text, feedback, history)
+        attempt = Call("generator", it + 1, retry, group="generator", is_answer=True)
     attempts = [c for c in ep.calls if c.role == "generator"]
+    judges = [c for c in ep.calls if c.role == "evaluator"]
     ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
     ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],
-                      unparseable_verdicts=sum(c.metrics["verdict"] is None for c in ep.calls if c.role == "evaluator"))
+                      unparseable_verdicts=sum(c.metrics["verdict"] is None for c in judges))
 
 
-def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> Stage:
-    """orchestrator proposes strategies (without solving) -> one `worker` per strategy, in parallel, all in one
-    GRPO group -> synthesizer compares them and writes the final answer, which is graded."""
+def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
+    """orchestrator proposes strategies (without solving) -> one `worker` per strategy, in parallel,
+    all in one GRPO group -> synthesizer compares them and writes the final answer, which is
+    graded."""
     orch = Call("orchestrator", 0, orchestrator_messages(ep.task, opts.max_subtasks))
     yield [orch]
     strategies, how = parse_strategies(orch.text, opts.max_subtasks)
     orch.metrics.update(parse=how, formatted=how == "strategy", strategies=len(strategies))
-    workers = [Call("worker", 0, solver_messages(ep.task, opts, s), is_answer=True) for s in strategies]
+    workers = [Call("worker", 0, solver_messages(ep.task, opts, s), is_answer=True)
+               for s in strategies]
     yield workers
-    synth = Call("synthesizer", 0, synthesizer_messages(ep.task, [w.text for w in workers], strategies, opts),
-                 is_answer=True)
+    synthesis = synthesizer_messages(ep.task, [w.text for w in workers], strategies, opts)
+    synth = Call("synthesizer", 0, synthesis, is_answer=True)
     yield [synth]
     ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
     ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
 
 
-WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], Stage]] = {
+WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], WorkflowRun]] = {
     "single": single_agent,
     "voting": voting,
     "evalopt": evaluator_optimizer,
@@ -303,15 +357,18 @@ ROLES = {  # role types of each workflow: the adapters IP creates
 
 # ---------------------------------------------------------------- driver
 
-def rollout(tasks: list[Task], n: int, workflow: str, engine, encode: Callable[[list[dict]], list[int]],
-            route: Callable[[str], str], opts: WorkflowOptions, max_prompt_tokens: int | None = None,
+def rollout(tasks: list[Task], n: int, workflow: str, engine,
+            encode: Callable[[list[dict]], list[int]], route: Callable[[str], str],
+            opts: WorkflowOptions, max_prompt_tokens: int | None = None,
             desc: str = "rollout") -> list[Episode]:
-    """Run `n` episodes of `workflow` per task, stage by stage, all pending calls in one engine call.
+    """Run `n` episodes of `workflow` per task, stage by stage, all pending calls in one engine
+    call.
 
-    The caller passes the model side in: `encode(messages)` gives a prompt's token ids (the chat template),
-    `route(call name)` the adapter a call samples with (SP / IP, or one adapter for every role in evaluation).
-    Each stage: the next calls of every running episode, their prompts, episodes ended by an over-long prompt,
-    one batched generation, then every answer of the stage graded at once.
+    The caller passes the model side in: `encode(messages)` gives a prompt's token ids (the chat
+    template), `route(call name)` the adapter a call samples with (SP / IP, or one adapter for
+    every role in evaluation). Each stage: the next calls of every running episode, their prompts,
+    episodes ended by an over-long prompt, one batched generation, then every answer of the stage
+    graded at once.
     """
     if workflow not in WORKFLOWS:
         raise ValueError(f"unknown workflow {workflow!r}; expected one of {sorted(WORKFLOWS)}")
@@ -319,36 +376,44 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine, encode: Callable[[
     running = [(ep, WORKFLOWS[workflow](ep, opts)) for ep in episodes]
     stage_no = 0
     while running:
-        pending = [(ep, stage, calls) for ep, stage in running if (calls := next(stage, None)) is not None]
+        pending = []  # (episode, its workflow run, the calls of its next stage)
+        for ep, workflow_run in running:
+            calls = next(workflow_run, None)  # None: the episode's workflow has returned
+            if calls is not None:
+                pending.append((ep, workflow_run, calls))
         encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
-        pending = [(ep, st, cs) for ep, st, cs in pending if not end_if_overlong(ep, st, cs, max_prompt_tokens)]
+        pending = [(ep, workflow_run, cs) for ep, workflow_run, cs in pending
+                   if not end_if_overlong(ep, workflow_run, cs, max_prompt_tokens)]
         calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break
         stage_no += 1
-        for c, g in zip(calls, engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls],
-                                               desc=f"{desc} stage {stage_no}")):
-            c.completion_ids, c.text, c.truncated, c.sample_logprobs = g.completion_ids, g.text, g.truncated, g.logprobs
+        generations = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls],
+                                      desc=f"{desc} stage {stage_no}")
+        for c, g in zip(calls, generations):
+            c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
+            c.sample_logprobs = g.logprobs
         grade_answers([(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer])
         for ep, _, cs in pending:
             ep.calls += cs
-        running = [(ep, stage) for ep, stage, _ in pending]
+        running = [(ep, workflow_run) for ep, workflow_run, _ in pending]
     return episodes
 
 
-def run_episodes(tasks: list[Task], n: int, flags: dict, engine, encode: Callable[[list[dict]], list[int]],
-                 route: Callable[[str], str], max_prompt_tokens: int | None, desc: str = "rollout") -> list[Episode]:
-    """The rollout that training, validation and evaluation all run: `n` episodes per task of the workflow the
-    run's flags name (`flags`: train.py's flags, or a run's args.json), then each call's reward (`credit`)."""
-    opts = WorkflowOptions(flags["prompts"], flags["evalopt_context"], flags["n_votes"], flags["max_iterations"],
-                           flags["max_subtasks"])
-    episodes = rollout(tasks, n, flags["workflow"], engine, encode, route, opts, max_prompt_tokens, desc)
-    assign_rewards(episodes, flags["credit"])
+def run_episodes(tasks: list[Task], n: int, workflow: str, opts: WorkflowOptions, credit: str,
+                 engine, encode: Callable[[list[dict]], list[int]], route: Callable[[str], str],
+                 max_prompt_tokens: int | None, desc: str = "rollout") -> list[Episode]:
+    """The rollout that training, validation and evaluation all run: `n` episodes per task of
+    `workflow` with its options, then each call's reward under `credit` (`assign_rewards`)."""
+    episodes = rollout(tasks, n, workflow, engine, encode, route, opts, max_prompt_tokens, desc)
+    assign_rewards(episodes, credit)
     return episodes
 
 
-def encode_prompts(calls: list[Call], encode: Callable[[list[dict]], list[int]], route: Callable[[str], str]) -> None:
-    """Each call's adapter and prompt ids; a task's n episodes often send the same messages: templated once."""
+def encode_prompts(calls: list[Call], encode: Callable[[list[dict]], list[int]],
+                   route: Callable[[str], str]) -> None:
+    """Each call's adapter and prompt ids; a task's n episodes often send the same messages:
+    templated once."""
     templated: dict[tuple, list[int]] = {}
     for c in calls:
         c.adapter = route(c.name)
@@ -358,31 +423,36 @@ def encode_prompts(calls: list[Call], encode: Callable[[list[dict]], list[int]],
         c.prompt_ids = list(templated[key])
 
 
-def end_if_overlong(ep: Episode, stage: Stage, calls: list[Call], max_prompt_tokens: int | None) -> bool:
-    """As the reference: a prompt over the limit is never truncated; it ends its episode before the call. The
-    calls made so far are kept and trained on, each with its own reward (`assign_rewards`); the episode counts
-    as correct if one of them was (the reference: any kept reward > 0). Counted as `prompt_overflow`."""
+def end_if_overlong(ep: Episode, workflow_run: WorkflowRun, calls: list[Call],
+                    max_prompt_tokens: int | None) -> bool:
+    """As the reference: a prompt over the limit is never truncated; it ends its episode before the
+    call. The calls made so far are kept and trained on, each with its own reward
+    (`assign_rewards`); the episode counts as correct if one of them was (the reference: any kept
+    reward > 0). Counted as `prompt_overflow`."""
     if not max_prompt_tokens or all(len(c.prompt_ids) <= max_prompt_tokens for c in calls):
         return False
-    stage.close()
+    workflow_run.close()
     ep.metrics["prompt_overflow"] = True
     ep.final_answer, ep.correct = None, any(c.metrics.get("correct", False) for c in ep.calls)
     return True
 
 
 def grade_answers(answers: list[tuple[Task, Call]]) -> None:
-    """Grade every answer of a stage at once (code runs in parallel sandboxes); a role's own correctness and
-    format compliance are kept before any credit is broadcast."""
-    for (_, c), g in zip(answers, grade_many([t for t, _ in answers], [c.text for _, c in answers])):
-        c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted, reason=g.reason)
+    """Grade every answer of a stage at once (code runs in parallel sandboxes); a role's own
+    correctness and format compliance are kept before any credit is broadcast."""
+    grades = grade_many([t for t, _ in answers], [c.text for _, c in answers])
+    for (_, c), g in zip(answers, grades):
+        c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted,
+                         reason=g.reason)
 
 
 # ---------------------------------------------------------------- credit
 
 def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
-    """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call (paper default).
-    `role`: each call its own correctness where it has one (`metrics['correct']`), else the outcome. An episode
-    ended by an over-long prompt has no final outcome: its calls keep their own correctness (0 where none)."""
+    """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call
+    (paper default). `role`: each call its own correctness where it has one (`metrics['correct']`),
+    else the outcome. An episode ended by an over-long prompt has no final outcome: its calls keep
+    their own correctness (0 where none)."""
     for ep in episodes:
         outcome = float(ep.correct)
         for c in ep.calls:
@@ -396,12 +466,14 @@ def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
                 raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
 
 
-PARSE_PATHS = (("boxed", "digit", "default"), ("strategy", "numbered", "lines", "whole"))  # first: no fallback
+# each parser's paths, the first the format asked for: the others are fallbacks
+PARSE_PATHS = (("boxed", "digit", "default"), ("strategy", "numbered", "lines", "whole"))
 
 
 def episode_tallies(episodes: list[Episode]) -> Tallies:
-    """Every episode metric as a numerator and a denominator, so that metrics of several batches (the ranks of a
-    torchrun launch) combine by adding, never by averaging averages. `rates` turns them into metrics."""
+    """Every episode metric as a numerator and a denominator, so that metrics of several batches
+    (the ranks of a torchrun launch) combine by adding, never by averaging averages. `rates` turns
+    them into metrics."""
     t: Tallies = defaultdict(lambda: [0.0, 0.0])
 
     def add(key: str, value: float) -> None:
@@ -432,19 +504,19 @@ def episode_tallies(episodes: list[Episode]) -> Tallies:
 
 def _workflow_tallies(e: Episode, add: Callable[[str, float], None], t: Tallies) -> None:
     """The statistics each workflow's findings are read from (method notes, findings 1-2)."""
-    if "any_correct" in e.metrics:  # Voting: could a perfect aggregator have been right? (pass@N of the generators)
+    if "any_correct" in e.metrics:  # Voting: could a perfect aggregator have been right? (pass@N)
         add("any_correct", e.metrics["any_correct"])
-    if "iterations" in e.metrics:  # Eval-Opt: when does the evaluator ask for a retry, and does the retry help?
+    if "iterations" in e.metrics:  # Eval-Opt: when is a retry asked for, and does it help?
         retried, first = e.metrics["iterations"] > 1, e.metrics["first_correct"]
         for key in ("p_retry_first_wrong", "p_retry_first_right", "fix_rate", "break_rate"):
             t.setdefault(key, [0.0, 0.0])  # defined even when it has nothing to count (then null)
         add("retry_rate", retried)
-        add("first_attempt_acc", first)  # the generator's first attempt (generator/acc counts every attempt)
+        add("first_attempt_acc", first)  # the first attempt (generator/acc counts every attempt)
         add("p_retry_first_right" if first else "p_retry_first_wrong", retried)
-        add("break_rate" if first else "fix_rate", e.correct != first)  # right -> wrong, or wrong -> right
+        add("break_rate" if first else "fix_rate", e.correct != first)  # right -> wrong, or back
         add("mean_iterations", e.metrics["iterations"])
         add("unparseable_verdicts", e.metrics["unparseable_verdicts"])
-    if "strategies" in e.metrics:  # Orch-Workers: how many strategies were parsed, how often a worker was right
+    if "strategies" in e.metrics:  # Orch-Workers: strategies parsed, how often a worker was right
         add("strategies", e.metrics["strategies"])
         for c in e.calls:
             if c.role == "worker":
@@ -454,6 +526,6 @@ def _workflow_tallies(e: Episode, add: Callable[[str, float], None], t: Tallies)
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float | None]:
-    """Accuracy, per-role accuracy / length / format / truncation / parser fallbacks, the workflows' statistics,
-    and solve_none / all / partial over each task's samples."""
+    """Accuracy, per-role accuracy / length / format / truncation / parser fallbacks, the workflows'
+    statistics, and solve_none / all / partial over each task's samples."""
     return rates(episode_tallies(episodes))

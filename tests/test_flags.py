@@ -1,0 +1,187 @@
+"""One place per knob: flags made from settings' fields (infra/flags.py), a new update knob in one
+edit, the two lines a run opens with, and an older run folder's `n` read as --group-size."""
+import dataclasses
+import json
+
+import pytest
+
+import eval as E
+import grpo
+import train
+from infra import flags
+
+TINY = ["--model", "tiny", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "6", "--n-val", "2",
+        "--val-every", "0"]
+
+
+# ---------------------------------------------------------------- flags made from fields
+
+@dataclasses.dataclass
+class Knobs:
+    """One field of every kind the flag builder knows, and one without help (not a flag)."""
+    rows: int = dataclasses.field(default=8, metadata=dict(help="rows at most", within="[1, inf)", paper=512))
+    budget: int = dataclasses.field(default=1 << 62, metadata=dict(help="tokens; 0 = none", within="[0, inf)",
+                                                                    flag_default=0))
+    clip: float = dataclasses.field(default=0.2, metadata=dict(help="clip", within="(0, 1)"))
+    mode: str = dataclasses.field(default="a", metadata=dict(help="which", choices=["a", "b"]))
+    merge: bool = dataclasses.field(default=False, metadata=dict(help="merge steps"))
+    share: bool = dataclasses.field(default=True, metadata=dict(help="share prompts"))
+    weights: dict[str, float] = dataclasses.field(default_factory=dict, metadata=dict(
+        help="role=value", within="(0, 1]"))
+    length: int = 512  # computed by the caller: no flag
+
+
+def knob_parser() -> flags.Parser:
+    p = flags.Parser(allow_abbrev=False, formatter_class=flags.HelpFormatter)
+    p.add_settings(p.add_argument_group("knobs"), Knobs)
+    return p
+
+
+def test_each_field_with_help_is_one_flag_of_its_kind():
+    p = knob_parser()
+    assert flags.flag_names(p) == {"help": "-h", "rows": "--rows", "budget": "--budget", "clip": "--clip",
+                                   "mode": "--mode", "merge": "--merge", "share": "--share", "weights": "--weights"}
+    defaults = vars(p.parse_args([]))
+    assert defaults == {"rows": 8, "budget": 0, "clip": 0.2, "mode": "a", "merge": False, "share": True,
+                        "weights": None}  # the flag's default where the field names one (budget: 0)
+    given = vars(p.parse_args(["--rows", "3", "--budget=7", "--clip", "0.5", "--mode", "b", "--merge",
+                               "--no-share", "--weights", "x=0.5"]))
+    assert given == {"rows": 3, "budget": 7, "clip": 0.5, "mode": "b", "merge": True, "share": False,
+                     "weights": "x=0.5"}  # role=value lists are read against the roles in check_args
+    text = " ".join(p.format_help().split())
+    assert "--rows ROWS rows at most (paper: 512) (default: 8)" in text
+    assert "--share, --no-share share prompts (default: True)" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rows", "0"], "error: argument --rows: must be >= 1, got 0"),
+    (["--rows", "two"], "error: argument --rows: expected an integer, got 'two'"),
+    (["--budget", "-1"], "error: argument --budget: must be >= 0, got -1"),
+    (["--clip", "1"], "error: argument --clip: must be in (0, 1), got 1"),
+    (["--clip", "0"], "error: argument --clip: must be in (0, 1), got 0"),
+    (["--mode", "c"], "error: argument --mode: invalid choice: 'c' (choose from "),  # quoting: Python's
+])
+def test_a_fields_interval_is_its_flags_check(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        knob_parser().parse_args(argv)
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(message)
+
+
+def test_role_values_take_the_fields_interval(capsys):
+    p = knob_parser()
+    args = p.parse_args(["--weights", "generator=0.5, aggregator=1"])
+    args.workflow = "voting"
+    flags.read_role_flags(args, p, ["generator", "aggregator"])
+    assert args.weights == {"generator": 0.5, "aggregator": 1.0}
+    args = p.parse_args(["--weights", "generator=1.5"])
+    args.workflow = "voting"
+    with pytest.raises(SystemExit):
+        flags.read_role_flags(args, p, ["generator", "aggregator"])
+    assert capsys.readouterr().err.strip() == "error: --weights generator: must be in (0, 1], got 1.5"
+
+
+def test_settings_are_filled_by_name_and_the_computed_fields_are_named():
+    args = vars(knob_parser().parse_args(["--rows", "3", "--weights", "x=1"]))
+    s = flags.settings_from(Knobs, args, budget=args["budget"] or 1 << 62, length=16)
+    assert s == Knobs(rows=3, budget=1 << 62, clip=0.2, mode="a", merge=False, share=True, weights="x=1", length=16)
+    with pytest.raises(KeyError, match="length"):  # a field with no flag must be computed by the caller
+        flags.settings_from(Knobs, args)
+
+
+# ---------------------------------------------------------------- a new update knob: one edit
+
+def test_a_new_update_knob_is_one_field(monkeypatch, capsys, tmp_path):
+    """The one edit: a field of grpo.UpdateSettings with its help (here a subclass with one more field
+    stands in for the edited class). With nothing else changed, train.py lists the flag, checks its value,
+    saves it, and the settings the update receives carry it."""
+    @dataclasses.dataclass
+    class WithKnob(grpo.UpdateSettings):
+        entropy_bonus: float = dataclasses.field(default=0.0, metadata=dict(
+            help="weight of an entropy bonus in the loss", within="[0, inf)", paper=0))
+    monkeypatch.setattr(grpo, "UpdateSettings", WithKnob)
+
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--entropy-bonus ENTROPY_BONUS weight of an entropy bonus in the loss (paper: 0) (default: 0.0)" in text
+
+    with pytest.raises(SystemExit) as e:
+        train.parse_args([*TINY, "--entropy-bonus", "-1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: argument --entropy-bonus: must be >= 0, got -1"
+
+    received = []
+    update = grpo.update_policy
+
+    def spy(*args, **kwargs):
+        received.extend(a for a in (*args, *kwargs.values()) if isinstance(a, WithKnob))
+        return update(*args, **kwargs)
+    monkeypatch.setattr(grpo, "update_policy", spy)
+    run_dir = tmp_path / "run"
+    train.main([*TINY, "--steps", "1", "--entropy-bonus", "0.25", "--run-dir", str(run_dir)])
+    (settings,) = received
+    assert settings.entropy_bonus == 0.25
+    assert (settings.mini_batch_size, settings.norm_len, settings.clip_high) == (2 * 2, 6, 0.28)  # as before
+    assert json.loads((run_dir / "args.json").read_text())["entropy_bonus"] == 0.25
+    assert "--entropy-bonus 0.25" in capsys.readouterr().out  # the run's second line names it
+
+
+def test_the_update_receives_what_build_trainer_computes():
+    """The fields not taken by name: 0 flags resolved, the response budget, the rollout's temperature."""
+    args = train.parse_args(["--model", "tiny", "--tasks-per-step", "3", "--n", "5", "--max-new-tokens", "9",
+                             "--temperature", "0.9", "--kl-coef", "generator=0.1", "--clip-high", "0.3"])
+    s = train.update_settings(args)
+    assert (s.mini_batch_size, s.max_tokens_per_micro_batch, s.norm_len, s.temperature) == (15, 1 << 62, 9, 0.9)
+    assert (s.kl_coef, s.clip_high, s.share_prompts, s.agg) == ({"generator": 0.1}, 0.3, True, "seq-mean-token-mean")
+    args = train.parse_args(["--model", "tiny", "--mini-batch-size", "6", "--max-tokens-per-micro-batch", "500"])
+    s = train.update_settings(args)
+    assert (s.mini_batch_size, s.max_tokens_per_micro_batch) == (6, 500)
+
+
+# ---------------------------------------------------------------- the run's first lines
+
+def test_a_run_opens_with_what_it_is_and_the_flags_it_changed(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.main([*TINY, "--workflow", "voting", "--steps", "1", "--run-dir", str(run_dir)])
+    out = capsys.readouterr().out.splitlines()
+    first = out.index(f"run Voting-SP-Tiny-Math: workflow voting, policy sp, model tiny, device cpu, engine hf, "
+                      f"folder {run_dir}")
+    assert out[first + 1] == ("flags not at their defaults: --model tiny --n-val 2 --workflow voting "
+                              "--tasks-per-step 2 --group-size 2 --steps 1 --max-new-tokens 6 --val-every 0 "
+                              f"(every setting: {run_dir / 'args.json'})")
+    assert not any(line.startswith("config:") for line in out)
+    assert max(map(len, out)) < 300  # no line of every setting
+
+
+def test_a_cells_values_count_as_its_defaults():
+    """A cell run names the cell and what the command line changed; what train.py resolves itself
+    (--engine auto, --max-iterations by task) is not a change."""
+    parser = train.build_parser()
+    args = train.parse_args(["--cell", "EvalOpt-IP-0.6B-Code", "--device", "cpu", "--engine", "hf", "--lr", "1e-4"])
+    assert flags.changed_flags(args, parser) == ["--device cpu", "--cell EvalOpt-IP-0.6B-Code", "--lr 0.0001"]
+    args = train.parse_args(["--model", "tiny", "--task", "code", "--workflow", "evalopt", "--role-weights", "equal",
+                             "--no-share-prompts", "--run-dir", "my run"])
+    assert args.max_iterations == 2
+    assert flags.changed_flags(args, parser) == ["--model tiny", "--task code", "--workflow evalopt",
+                                                 "--role-weights generator=1.0,evaluator=1.0", "--no-share-prompts"]
+
+
+# ---------------------------------------------------------------- an older run folder
+
+def test_an_old_run_folders_n_is_read_as_group_size(tmp_path, capsys):
+    """train.py once saved --group-size as `n`: such a folder evaluates, resumes with its own group size (not
+    today's default, 4), and its args.json is rewritten with today's name."""
+    run_dir = tmp_path / "run"
+    train.main([*TINY, "--steps", "1", "--run-dir", str(run_dir)])
+    saved = json.loads((run_dir / "args.json").read_text())
+    saved["n"] = saved.pop("group_size")  # as the older train.py wrote it
+    (run_dir / "args.json").write_text(json.dumps(saved))
+    (record,) = E.main(["--run-dir", str(run_dir)])
+    assert (record["cell"], record["step"]) == ("Single-SP-Tiny-Math", 1)
+    assert train.parse_args(["--resume", str(run_dir)]).group_size == 2
+    train.main(["--resume", str(run_dir), "--steps", "2"])
+    rewritten = json.loads((run_dir / "args.json").read_text())
+    assert rewritten["group_size"] == 2 and "n" not in rewritten
+    assert "resumed" in capsys.readouterr().out
