@@ -1,6 +1,6 @@
 """docs/ablations.md's recipes, kept true: each diff block of the page is applied to a copy of the
-file it changes (`git apply`, as a reader would), the patched module is imported under another
-name, and what the recipe adds is run on cases worked out by hand.
+file it changes (`git apply`, as a reader would), the patched code is imported under another name
+(or run in a copy of the repository), and what the recipe adds is run on cases worked out by hand.
 
     python -m pytest -q tests/test_ablations.py
 """
@@ -45,6 +45,67 @@ def patched(path: str, tmp_path, name: str):
     return module
 
 
+# ---------------------------------------------------------------- 1. a new update knob
+
+KNOB_CHECK = """
+import torch
+import grpo
+import policies
+
+
+def lora_after(adv_clip, advantages):
+    torch.manual_seed(0)
+    model, _ = policies.load_model("tiny")
+    model = policies.add_adapters(model, ["generator"], rank=4, alpha=8)
+    optimizers = grpo.make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=1)
+    samples = [grpo.Sample([1, 2, 3], [4 + i, 5, 6], a, "generator", "generator")
+               for i, a in enumerate(advantages)]
+    grpo.update_policy(model, samples, optimizers,
+                       grpo.UpdateSettings(mini_batch_size=4, adv_clip=adv_clip))
+    return torch.cat([p.detach().flatten()
+                      for p in policies.adapter_parameters(model, "generator")])
+
+
+one_success = [2.4749, -0.3536, -0.3536, -0.3536]  # a group's one success is far above 1
+in_the_update = lora_after(1.0, one_success)
+beforehand = lora_after(0.0, [1.0, -0.3536, -0.3536, -0.3536])
+assert torch.equal(in_the_update, beforehand), "--adv-clip 1 is not the clipped advantages"
+assert not torch.equal(in_the_update, lora_after(0.0, one_success)), "the clip changed nothing"
+print("the knob reaches the update")
+"""
+
+
+def test_the_new_knob_is_a_flag_and_reaches_the_update(tmp_path):
+    """The knob recipe applied to a copy of the code: `train.py --help` lists `--adv-clip` with its
+    help and paper value, a negative value is one line and exit 2, and the value reaches the
+    update: clipping in the update equals clipping the advantages beforehand (and differs from
+    no clip). Runs where grpo.UpdateSettings' fields carry their flags (issue 35's one place per
+    knob)."""
+    import dataclasses
+
+    import grpo
+
+    if not any("help" in f.metadata for f in dataclasses.fields(grpo.UpdateSettings)):
+        pytest.skip("grpo.UpdateSettings' fields do not make the flags in this checkout")
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "tests", "docs", "bench",
+                                                              "runs", "__pycache__"))
+    (copy / "recipe.diff").write_text(recipe("grpo.py"))
+    applied = subprocess.run(["git", "apply", "recipe.diff"], cwd=copy, capture_output=True,
+                             text=True)
+    assert applied.returncode == 0, f"the knob recipe does not apply: {applied.stderr}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    shown = subprocess.run([sys.executable, "train.py", "--help"], cwd=copy, env=env,
+                           capture_output=True, text=True)
+    assert "--adv-clip" in shown.stdout and "(paper: 0)" in shown.stdout, shown.stdout[-2000:]
+    refused = subprocess.run([sys.executable, "train.py", "--model", "tiny", "--adv-clip", "-1"],
+                             cwd=copy, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "--adv-clip" in refused.stderr
+    checked = subprocess.run([sys.executable, "-c", KNOB_CHECK], cwd=copy, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- 2. a new workflow
 
 @dataclass
@@ -70,17 +131,18 @@ class FakeEngine:
         return [Output([7, 8], self.texts.pop(0)) for _ in prompts]
 
 
-FLAGS = {"workflow": "majority", "credit": "outcome", "prompts": "small",
-         "evalopt_context": "reference", "n_votes": 3, "max_iterations": 3, "max_subtasks": 3}
 TASK = tasks.Task("t1", "What is 2 + 2?", "4", "math")
 
 
 def play(workflows, texts: list[str], n: int, policy: str = "ip"):
+    """`n` majority-vote episodes of TASK through the rollout every run uses, outcome credit."""
     engine = FakeEngine(texts)
-    def route(name):
+
+    def route(name: str) -> str:  # policies.route_adapter: SP one adapter, IP the role type
         return "shared" if policy == "sp" else re.sub(r"\d+$", "", name)
-    episodes = workflows.run_episodes([TASK], n, FLAGS, engine, lambda messages: [1, 2, 3],
-                                      route, max_prompt_tokens=None)
+    episodes = workflows.rollout([TASK], n, "majority", engine, lambda messages: [1, 2, 3], route,
+                                 workflows.WorkflowOptions())
+    workflows.assign_rewards(episodes, "outcome")
     return episodes, engine
 
 
