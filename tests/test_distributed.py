@@ -1,5 +1,5 @@
 """Data-parallel training under torchrun (gloo on CPU): 2 ranks give the step one process gives, a killed 2-rank run
-resumes exactly, a failing rank ends the run with its message, and the README's torchrun commands run as written.
+resumes exactly, a failing rank ends the run with its message, and docs/torchrun.md's commands run as written.
 
 Each test launches `torchrun` (or `python`) on a small wrapper around train.py in a subprocess. To hold two launches
 to the same samples, the wrapper can swap the sampler for a deterministic one (each completion a function of its
@@ -160,7 +160,7 @@ def test_a_failing_rank_ends_the_run_with_its_message(tmp_path):
 
 def test_the_readme_torchrun_commands_run_as_written(tmp_path):
     """One node (--standalone) and the multi-node form (c10d rendezvous, here with one node), with train.py and
-    every flag after it, as the README gives them; then a sharded evaluation of the run."""
+    every flag after it, as docs/torchrun.md gives them; then a sharded evaluation of the run."""
     run_dir = str(tmp_path / "run")
     flags = ["--model", "tiny", "--group-size", "2", "--tasks-per-step", "4", "--max-new-tokens", "8", "--n-val", "4",
              "--steps", "1", "--val-every", "0", "--run-dir", run_dir]

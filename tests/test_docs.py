@@ -1,0 +1,148 @@
+"""The pages a reader follows: every relative link in README.md, docs/*.md and bench/README.md
+reaches a file that exists, and a `#anchor` into a markdown page reaches one of its headings
+(GitHub's slugs); the README stays a first page (at most README_MAX_LINES lines), its file map's
+arrows are the imports the code has, and its test command is the one .ci/run runs.
+
+    python -m pytest -q tests/test_docs.py
+"""
+import glob
+import os
+import re
+
+import pytest
+from test_layering import CONCEPT, project_imports
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README_MAX_LINES = 210
+PAGES = sorted(["README.md", "bench/README.md",
+                *(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))])
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target "title")
+FENCE = re.compile(r"^ {0,3}(```|~~~)")
+INLINE_CODE = re.compile(r"`[^`]*`")
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks, with inline code removed (links there are code)."""
+    lines, in_code = [], False
+    for line in text.split("\n"):
+        if FENCE.match(line):
+            in_code = not in_code
+            continue
+        if not in_code:
+            lines.append(INLINE_CODE.sub("", line))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, inline-code ticks and punctuation dropped (not
+    '-' or '_'), each space a '-'. Example: "Stopping and resuming" -> "stopping-and-resuming"."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: str) -> set[str]:
+    """Every heading's slug in a markdown file; a repeated heading gets -1, -2... as on GitHub."""
+    with open(path) as f:
+        text = f.read()
+    seen: dict[str, int] = {}
+    found = set()
+    for line in prose_lines(text):
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        base = slug(match.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(page: str, root: str = ROOT) -> list[str]:
+    """The relative links of ``page`` (a path under ``root``) that reach no file or no heading."""
+    path = os.path.join(root, page)
+    with open(path) as f:
+        text = f.read()
+    broken = []
+    for line in prose_lines(text):
+        for target in LINK.findall(line):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            file_part, _, anchor = target.partition("#")
+            linked = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) \
+                if file_part else path
+            if not os.path.exists(linked):
+                broken.append(f"{page}: {target} (no file {os.path.relpath(linked, root)})")
+            elif anchor and linked.endswith(".md") and anchor not in anchors(linked):
+                broken.append(f"{page}: {target} (no heading #{anchor})")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_resolves(page):
+    assert broken_links(page) == []
+
+
+def test_the_readme_is_a_first_page():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
+
+
+def test_the_check_catches_a_broken_file_and_a_broken_anchor(tmp_path):
+    """Not vacuous: a missing file, a missing heading and a missing image are each reported, a
+    link in a code block or inline code is not, and a link to a real heading passes."""
+    (tmp_path / "docs").mkdir()
+    page = "# A page\n\n## Stopping and resuming\n\n## Run\n\n## Run\n"
+    (tmp_path / "docs" / "page.md").write_text(page)
+    (tmp_path / "README.md").write_text(
+        "See [the page](docs/page.md), [a section](docs/page.md#stopping-and-resuming),\n"
+        "[the second Run](docs/page.md#run-1), [the web](https://example.com/x.md).\n"
+        "Broken: [gone](docs/gone.md), [no heading](docs/page.md#stopping), ![img](docs/x.png),\n"
+        "[here](#nowhere). Not links: `[code](docs/nope.md)`\n"
+        "```\n[in a block](docs/nope.md)\n```\n")
+    assert broken_links("README.md", str(tmp_path)) == [
+        "README.md: docs/gone.md (no file docs/gone.md)",
+        "README.md: docs/page.md#stopping (no heading #stopping)",
+        "README.md: docs/x.png (no file docs/x.png)",
+        "README.md: #nowhere (no heading #nowhere)",
+    ]
+
+
+def test_slugs_follow_github():
+    assert slug("The files, and where the code shows them") == \
+        "the-files-and-where-the-code-shows-them"
+    assert slug("`--resume`: continue a run") == "--resume-continue-a-run"
+    assert slug("I1 and I6") == "i1-and-i6"
+    assert slug("Over-long prompts (and responses)") == "over-long-prompts-and-responses"
+
+
+def readme_arrows() -> dict[str, set[str]]:
+    """The README's file map: `train.py  ──► eval.py grpo.py ...  what it holds`, as
+    {"train": {"eval", "grpo", ...}}; "(infra/ only)" is the empty set."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    arrows = {}
+    for line in text.split("\n"):
+        match = re.match(r"^(\w+)\.py\s+──►\s+(.*?)(?:\s{3,}|$)", line)
+        if match:
+            arrows[match.group(1)] = set(re.findall(r"(\w+)\.py", match.group(2)))
+    return arrows
+
+
+def test_the_readme_file_map_draws_the_imports_the_code_has():
+    arrows = readme_arrows()
+    assert set(arrows) == set(CONCEPT)
+    for module in CONCEPT:
+        imported = project_imports(module) & set(CONCEPT)
+        assert arrows[module] == imported, f"README draws {module}.py -> {sorted(arrows[module])}"
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    """.ci/run runs `python3 -m pytest -q` last: the README gives the same command."""
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = [line.strip() for line in f if "pytest" in line and "$" not in line]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = [line.strip() for line in f if line.startswith("python -m pytest")]
+    assert ci == ["python3 -m pytest -q"]
+    assert readme == [ci[0].replace("python3", "python", 1)]
