@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 from infra.models import CACHE_DIR
 
-VERSION = 5  # part of the cache folder's name: bump it when the oracle or the warm-up changes
+VERSION = 6  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
     "solve": 0.4,       # solvers without a strategy (single agent, generators, Eval-Opt's first attempt)
-    "suited": 0.55,     # a worker whose strategy suits the operation
-    "unsuited": 0.2,    # a worker whose strategy does not
-    "retry": 0.5,       # Eval-Opt's retries
+    "suited": 0.85,     # a worker whose strategy suits the operation
+    "unsuited": 0.0,    # a worker whose strategy does not: it guesses
+    "retry": 0.45,      # Eval-Opt's retries
     "select": 0.5,      # the aggregator
     "judge": 0.5,       # the evaluator
     "plan": 0.5,        # the orchestrator
@@ -170,14 +170,20 @@ def agreeing(numbers: list[int]) -> str:
     return " and ".join(str(k) for k in numbers) if len(numbers) < 3 else "1, 2 and 3"
 
 
+def listed(answers: list[int | None]) -> str:
+    """The candidates' boxed answers in order, as a careful reader first writes them down: comparing them is
+    then a look at its own line, not at three places in the prompt."""
+    return ", ".join("none" if x is None else str(x) for x in answers)
+
+
 def select(s: Seen, careful: bool, rng: random.Random) -> str:
     n = max(len(s.candidates), 1)
     if careful:
         who, x = plurality(s.candidates)
         if who:
-            return f"Solutions {agreeing(who)} agree on {x}.\n\n\\boxed{{{who[0]}}}"
+            return f"Answers {listed(s.candidates)}: solutions {agreeing(who)} agree on {x}.\n\n\\boxed{{{who[0]}}}"
         k = middle(s.candidates)
-        return f"No two solutions agree; solution {k} is in the middle.\n\n\\boxed{{{k}}}"
+        return f"Answers {listed(s.candidates)}: solution {k} is in the middle.\n\n\\boxed{{{k}}}"
     k = 1 if rng.random() < 0.5 or n == 1 else rng.randint(2, n)  # the position bias: the first half the time
     return f"Solution {k} looks right.\n\n\\boxed{{{k}}}"
 
@@ -216,7 +222,7 @@ def retry(s: Seen, careful: bool, rng: random.Random) -> str:
 
 
 def plan(s: Seen, careful: bool, rng: random.Random) -> str:
-    chosen = rng.sample(STRATEGIES[s.op], 3) if careful else rng.sample(sorted(SUITED), 3)
+    chosen = STRATEGIES[s.op] if careful else rng.sample(sorted(SUITED), 3)  # careful: the op's three, in order
     return "\n".join(f"STRATEGY {i}: {strategy}" for i, strategy in enumerate(chosen, 1))
 
 
@@ -224,11 +230,11 @@ def synthesise(s: Seen, careful: bool, rng: random.Random) -> str:
     if careful:
         who, x = plurality(s.candidates)
         if who:
-            return f"Most workers say {x}.\n\n\\boxed{{{x}}}"
+            return f"Workers say {listed(s.candidates)}: most say {x}.\n\n\\boxed{{{x}}}"
     k = middle(s.candidates) if careful else rng.randint(1, max(len(s.candidates), 1))
     x = s.candidates[k - 1] if k <= len(s.candidates) and s.candidates[k - 1] is not None else guess(s, rng)
     if careful:
-        return f"No two workers agree; the middle answer is {x}.\n\n\\boxed{{{x}}}"
+        return f"Workers say {listed(s.candidates)}: the middle answer is {x}.\n\n\\boxed{{{x}}}"
     return f"Going with worker {k}.\n\n\\boxed{{{x}}}"
 
 
@@ -257,14 +263,14 @@ def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, flo
 
 FORMATS = {  # each role's own formats (careful, then hurried); a role writing another's is counted
     "solver": [r"-?\d+ [+\-×] -?\d+ = -?\d+\.\n\n\\boxed\{-?\d+\}"],
-    "aggregator": [r"(Solutions [\d, and]+ agree on -?\d+|No two solutions agree; solution \d+ is in the middle)"
+    "aggregator": [r"Answers [-\d, none]+: (solutions [\d, and]+ agree on -?\d+|solution \d+ is in the middle)"
                    r"\.\n\n\\boxed\{\d+\}",
                    r"Solution \d+ looks right\.\n\n\\boxed\{\d+\}"],
     "evaluator": [r"(Check: -?\d+ [+\-÷] \d+ = -?\d+( r \d+)?; the problem has \d+(: too (high|low))?|"
                   r"There is no answer to check)\.\n\n\\boxed\{(Correct|Incorrect)\}",
                   r"(Looks fine|Something is off)\.\n\n\\boxed\{(Correct|Incorrect)\}"],
     "orchestrator": [r"STRATEGY 1: [^\n]+(\nSTRATEGY \d: [^\n]+)*"],
-    "synthesizer": [r"(Most workers say -?\d+|No two workers agree; the middle answer is -?\d+)\.\n\n"
+    "synthesizer": [r"Workers say [-\d, none]+: (most say -?\d+|the middle answer is -?\d+)\.\n\n"
                     r"\\boxed\{-?\d+\}", r"Going with worker \d+\.\n\n\\boxed\{-?\d+\}"],
 }
 OWN_FORMAT = {"generator": "solver", "worker": "solver", "aggregator": "aggregator", "evaluator": "evaluator",

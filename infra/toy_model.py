@@ -21,17 +21,17 @@ import torch
 import transformers
 
 from infra.models import CHATML
-from infra.toy import KNOBS, Oracle, chatml, folder, habit_of
+from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
 
 EPISODES = {"single": 6, "voting": 7, "evalopt": 14, "orchworkers": 6}  # oracle episodes per problem and workflow
-ROWS = {"solve": 2000, "work": 1500, "retry": 1500, "select": 1500, "judge": 2000, "plan": 1500, "synthesise": 1500}
+ROWS = {"solve": 2000, "work": 2500, "retry": 1500, "select": 1500, "judge": 2000, "plan": 1500, "synthesise": 1500}
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=4, max_position_embeddings=1024)  # 0.76M parameters with its ~1,000-token vocabulary
 VOCAB = 1024
 WARMUP_STEPS = 2000  # supervised steps of BATCH rows
 BATCH = 32
 LR = 3e-3
-FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.3, 4, 128  # a first phase of 0.3 x steps fact batches, then one in 5
+FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.5, 4, 128  # a first phase of 0.3 x steps fact batches, then one in 5
 
 
 def row_kind(name: str, prompt: str) -> str:
@@ -75,6 +75,47 @@ def facts() -> list[tuple[str, str]]:
         for k in (1, 2):
             found[f"{x} + {k}"], found[f"{x} - {k}"] = x + k, x - k
     return [(q, f"{q} = {r}.") for q, r in sorted(found.items())]
+
+
+def drills(seed: int, per_reader: int = 3000) -> list[tuple[list[dict], str, str]]:
+    """(messages, what the assistant has written so far, what it writes next): the careful habits' reading steps
+    practised *inside* an output, where the habit needs them. A table learned as a question and its answer is
+    recalled when the question is the user's message, not when the operands are the model's own words (seen:
+    every fact right alone, the evaluator's check right 68% of the time in its own line). So: every check the
+    evaluator can write, from the attempt on (the inverse operation, the number it must equal, which way it is
+    off, the verdict), and `per_reader` lists of boxed answers for the aggregator's and the synthesizer's
+    plurality, each ending as the habit ends."""
+    rng, out = random.Random(seed), []
+    for a in range(1, 10):
+        for b in range(1, 10):
+            for op, r in (("+", a + b), ("-", a - b), ("×", a * b)):
+                problem = [{"role": "user", "content": f"What is {a} {op} {b}?"}]
+                for w in range(r - 3, r + 4):
+                    check, holds = inverse_check(Seen(a, op, b, r, [], None, w, ""), w)
+                    head, result = check.split(" = ")
+                    way = "" if holds else f": too {'high' if w > r else 'low'}"
+                    verdict = "Correct" if holds else "Incorrect"
+                    out.append((problem, f"Check: {head} = ",
+                                f"{result}; the problem has {a}{way}.\n\n\\boxed{{{verdict}}}"))
+    for _ in range(per_reader):
+        answer = rng.randint(-8, 81)
+        seen = Seen(0, "+", 0, answer, [rng.choice([answer + d for d in range(-3, 4)] + [None])
+                                        if rng.random() < 0.1 else answer + rng.randint(-3, 3)
+                                        for _ in range(3)], None, None, "")
+        problem = [{"role": "user", "content": "Which answer?"}]
+        for said in (select(seen, True, rng), synthesise(seen, True, rng)):
+            head, rest = said.split(": ", 1)
+            out.append((problem, head + ":", " " + rest))
+    return out
+
+
+def drill_row(tokenizer, messages: list[dict], written: str, rest: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids) of one drill: the text tokenized whole (as generation would), the loss on the
+    tokens of `rest` and the end of the turn."""
+    head = chatml(messages) + written
+    enc = tokenizer(head + rest, add_special_tokens=False, return_offsets_mapping=True)
+    cut = next(i for i, (start, end) in enumerate(enc.offset_mapping) if end > len(head))
+    return enc.input_ids[:cut], enc.input_ids[cut:] + [tokenizer.eos_token_id]
 
 
 def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
@@ -152,7 +193,7 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         return out
     knobs = knobs or KNOBS
-    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 3 minutes)", flush=True)
+    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 15 minutes on one core)", flush=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         calls = transcripts(play, seed, knobs)
@@ -162,6 +203,7 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
         rows, fact_rows = ([(tokenizer(chatml(m), add_special_tokens=False).input_ids,
                              tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
                             for m, t in pairs] for pairs in (calls, known))
+        fact_rows += [drill_row(tokenizer, *d) for d in drills(seed)]
         config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                           bos_token_id=None)

@@ -32,7 +32,7 @@ def test_the_careful_aggregator_takes_the_plurality_and_the_hurried_one_favours_
     prompt = aggregator_prompt(["3 + 4 = 8.\n\n\\boxed{8}", "3 + 4 = 7.\n\n\\boxed{7}", "3 + 4 = 7.\n\n\\boxed{7}"])
     rng = random.Random(0)
     assert oracle_text("aggregator", prompt, rng, KNOBS, {"select": True}) == \
-        "Solutions 2 and 3 agree on 7.\n\n\\boxed{2}"
+        "Answers 8, 7, 7: solutions 2 and 3 agree on 7.\n\n\\boxed{2}"
     hurried = [oracle_text("aggregator", prompt, rng, KNOBS, {"select": False})[-2] for _ in range(2000)]
     assert 0.45 < hurried.count("1") / 2000 < 0.55  # solution 1 half the time: 4.5 standard errors either side
 
@@ -66,6 +66,8 @@ def test_each_role_format_is_told_apart():
     assert format_of("Solution 2 looks right.\n\n\\boxed{2}") == ("aggregator", False)
     assert format_of("Check: 7 - 4 = 3; the problem has 3.\n\n\\boxed{Correct}") == ("evaluator", True)
     assert format_of("Going with worker 1.\n\n\\boxed{7}") == ("synthesizer", False)
+    assert format_of("Workers say 7, none, 8: the middle answer is 7.\n\n\\boxed{7}") == ("synthesizer", True)
+    assert format_of("Answers 6, 9, 7: solution 3 is in the middle.\n\n\\boxed{3}") == ("aggregator", True)
     assert format_of("STRATEGY 1: Make a ten first.\nSTRATEGY 2: Use a number line.") == ("orchestrator", True)
     assert format_of("The answer is 7.") == (None, False)
 
@@ -116,3 +118,29 @@ def test_the_calibration_report_names_every_target_and_exits_1_when_one_is_misse
     assert "evaluator_edge" in record["structure"] and "retry_fixes" in record["structure"]
     assert all(0 <= record["oracle_success"][w] <= 1 for w in calibration.EPISODES)
     assert "solve: calls" in record["missed"]  # 12 problems x 1 episode: fewer than 500 calls
+
+
+def test_every_evaluator_drill_is_the_careful_evaluators_own_line():
+    """The drills (infra/toy_model.py) practise the evaluator's check inside its own output: each must be, word
+    for word, what the careful evaluator writes for that attempt, or the warm-up would teach two habits."""
+    from infra import toy_model
+    drills = toy_model.drills(seed=0, per_reader=10)
+    checks = [d for d in drills if d[1].startswith("Check: ")]
+    assert len(checks) == 243 * 7  # every problem, every attempt off by up to 3 either way
+    for messages, written, rest in checks:
+        s = toy.read_prompt(chatml(messages))
+        w = int(written.split()[1])
+        attempt = toy.Seen(s.a, s.op, s.b, s.answer, [], None, w, "")
+        assert written + rest == toy.judge(attempt, True, random.Random(0)), (written, rest)
+    readers = [written + rest for _, written, rest in drills if not written.startswith("Check: ")]
+    assert len(readers) == 20 and all(format_of(text)[1] for text in readers)  # careful, in their own format
+
+
+def test_a_drill_row_puts_the_loss_on_what_follows_the_written_part():
+    from infra import toy_model
+    texts = [chatml([{"role": "user", "content": "What is 7 × 6?"}]) + "Check: 44 ÷ 6 = 7 r 2; ok."]
+    tok = toy_model.train_tokenizer(texts * 4)
+    prompt, completion = toy_model.drill_row(tok, [{"role": "user", "content": "What is 7 × 6?"}],
+                                             "Check: 44 ÷ 6 = ", "7 r 2; ok.")
+    assert tok.decode(prompt).endswith("Check: 44 ÷ 6 = ") or tok.decode(prompt).endswith("Check: 44 ÷ 6 =")
+    assert tok.decode(completion).lstrip().startswith("7 r 2; ok.") and completion[-1] == tok.eos_token_id
