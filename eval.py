@@ -45,7 +45,7 @@ from tqdm import tqdm
 import policies
 import tasks
 import workflows
-from infra import calibration, checkpoints, distributed, memory, toy, toy_model
+from infra import calibration, checkpoints, distributed, memory, toy_model
 from infra.cells import PAPER_LENGTHS, cell_name
 from infra.flags import HelpFormatter, Parser, number, settings_from
 from infra.plots import EVAL_KEYS, plot_runs
@@ -346,30 +346,9 @@ def calibrate_command(seed: int, episodes: int | None, out: str | None,
     temperature = calibration.TEMPERATURE if temperature is None else temperature
     engine = policies.HFEngine(model, tokenizer, calibration.MAX_NEW_TOKENS, temperature)
     encode = policies.chat_encoder(tokenizer)
-
-    def route(name: str) -> str:  # a plain model: names pick no adapter
-        return name
     checkpoints.seed_everything(seed)
-    runs = {w: play_every_problem(w, episodes or n, engine, encode, route)
-            for w, n in calibration.EPISODES.items()}
-    oracle = toy.Oracle(seed, toy.KNOBS, tokenizer)
-    by_oracle = {w: play_every_problem(w, episodes or n, oracle, encode)
-                 for w, n in calibration.EPISODES.items()}
-    swaps = {}
-    for workflow, habit, name in calibration.SWAPS:
-        accuracy = []
-        for careful in (True, False):
-            mixed = calibration.MixedEngine(engine, tokenizer, {habit: careful}, seed)
-            played = play_every_problem(workflow, episodes or 1, mixed, encode, route)
-            accuracy.append(sum(e.correct for e in played) / len(played))
-        swaps[f"{workflow} {name}"] = tuple(accuracy)
-    by_kind = calibration.call_records([e for eps in runs.values() for e in eps],
-                                       tokenizer.decode, seed)
-    success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in runs.items()}
-    oracle_success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in by_oracle.items()}
-    text, record = calibration.report(seed, temperature, success, oracle_success,
-                                      calibration.habit_table(by_kind),
-                                      calibration.structure(success, by_kind), swaps)
+    text, record = calibration.measure(play_every_problem, engine, tokenizer, encode, seed,
+                                       episodes, temperature)
     print(text)
     if out:
         with writing(f"the calibration record {out}", os.path.dirname(out) or "."):

@@ -85,32 +85,13 @@ def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = Fal
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-RLLM_QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-
-
-def rllm_qwen_text(messages: list[dict], enable_thinking: bool = False) -> str:
-    """A conversation as the reference's rLLM Qwen parser renders it, which is not Qwen3's own
-    template: its engine marks every call as a first message, so a default system message leads;
-    with thinking off, every assistant turn and the generation prompt carry an empty think block;
-    an assistant turn's text is stripped."""
-    header = "<|im_start|>assistant\n" + ("" if enable_thinking else "<think>\n\n</think>\n\n")
-    text = "" if messages and messages[0]["role"] == "system" else \
-        f"<|im_start|>system\n{RLLM_QWEN_SYSTEM}<|im_end|>\n"
-    for m in messages:
-        if m["role"] == "assistant":
-            text += header + (m["content"] or "").strip() + "<|im_end|>\n"
-        else:
-            text += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
-    return text + header
-
-
 def chat_encoder(tokenizer, enable_thinking: bool = False,
                  template: str = "model") -> Callable[[list[dict]], list[int]]:
     """The `encode` a workflow's rollout is given: `chat_prompt_ids` (template `model`, the
-    tokenizer's own), or `rllm_qwen_text` tokenized (template `rllm`, what the reference's runs fed
-    Qwen3)."""
+    tokenizer's own), or `models.rllm_qwen_text` tokenized (template `rllm`, what the reference's
+    runs fed Qwen3)."""
     if template == "rllm":
-        return lambda messages: tokenizer(rllm_qwen_text(messages, enable_thinking),
+        return lambda messages: tokenizer(models.rllm_qwen_text(messages, enable_thinking),
                                           add_special_tokens=False).input_ids
     return lambda messages: chat_prompt_ids(tokenizer, messages, enable_thinking)
 

@@ -172,3 +172,28 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def measure(play, engine, tokenizer, encode, seed: int, episodes: int | None,
+            temperature: float) -> tuple[str, dict]:
+    """Every workflow played by the model (`engine`) alone, by the oracle alone, and with one habit
+    at a time played by an always-careful and an always-hurried oracle (`SWAPS`); `play` is
+    eval.play_every_problem. Returns `report`'s table and record."""
+    def route(name: str) -> str:  # a plain model: names pick no adapter
+        return name
+    runs = {w: play(w, episodes or n, engine, encode, route) for w, n in EPISODES.items()}
+    oracle = Oracle(seed, KNOBS, tokenizer)
+    by_oracle = {w: play(w, episodes or n, oracle, encode) for w, n in EPISODES.items()}
+    swaps = {}
+    for workflow, habit, name in SWAPS:
+        accuracy = []
+        for careful in (True, False):
+            mixed = MixedEngine(engine, tokenizer, {habit: careful}, seed)
+            played = play(workflow, episodes or 1, mixed, encode, route)
+            accuracy.append(sum(e.correct for e in played) / len(played))
+        swaps[f"{workflow} {name}"] = tuple(accuracy)
+    by_kind = call_records([e for eps in runs.values() for e in eps], tokenizer.decode, seed)
+    success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in runs.items()}
+    oracle_success = {w: sum(e.correct for e in eps) / len(eps) for w, eps in by_oracle.items()}
+    return report(seed, temperature, success, oracle_success, habit_table(by_kind),
+                  structure(success, by_kind), swaps)

@@ -32,6 +32,25 @@ CHATML = (
 
 
 
+RLLM_QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def rllm_qwen_text(messages: list[dict], enable_thinking: bool = False) -> str:
+    """A conversation as the reference's rLLM Qwen parser renders it, which is not Qwen3's own
+    template: its engine marks every call as a first message, so a default system message leads;
+    with thinking off, every assistant turn and the generation prompt carry an empty think block;
+    an assistant turn's text is stripped."""
+    header = "<|im_start|>assistant\n" + ("" if enable_thinking else "<think>\n\n</think>\n\n")
+    text = "" if messages and messages[0]["role"] == "system" else \
+        f"<|im_start|>system\n{RLLM_QWEN_SYSTEM}<|im_end|>\n"
+    for m in messages:
+        if m["role"] == "assistant":
+            text += header + (m["content"] or "").strip() + "<|im_end|>\n"
+        else:
+            text += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+    return text + header
+
+
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer built in code: 256 byte tokens + ChatML specials. Like SmolLM2's, its pad token is
     its EOS token, so tests meet the same trap: loss masks must come from lengths, never from pad ids."""

@@ -1,7 +1,7 @@
 """Metrics as counts: every metric is a numerator and a denominator, added up, and divided once at the end.
 
 What it is for: one convention for the episode metrics (workflows.episode_tallies) and the update's metrics
-(grpo.UpdateReport), so that batches, mini-batches and the ranks of a torchrun launch combine by adding,
+(infra/update_report.py), so that batches, mini-batches and the ranks of a torchrun launch combine by adding,
 never by averaging averages. What it is not: which metrics exist (the concept files say that).
 
     tallies = {"success": [3.0, 4.0]}; rates(add_tallies([tallies, tallies])) == {"success": 0.75}

@@ -541,7 +541,8 @@ def test_the_rllm_template_renders_a_two_turn_conversation_as_the_references_par
     one; `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n` as the header of every assistant turn and of the
     generation prompt; an assistant turn's text stripped. Qwen3's own template has neither the system message nor
     the earlier turn's think block."""
-    from policies import chat_encoder, rllm_qwen_text
+    from infra.models import rllm_qwen_text
+    from policies import chat_encoder
     messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": " \\boxed{4}\n"},
                 {"role": "user", "content": "Check again."}]
     want = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
