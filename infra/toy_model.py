@@ -3,7 +3,7 @@
 What it does: plays the oracle (infra/toy.py) through the real workflows on all 243 one-digit problems (the caller
 passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
 share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
-supervised learning. Built once per seed into the cache (about 3 minutes on 2 cores), deterministic: the same
+supervised learning. Built once per seed into the cache (about 15 minutes on one core), deterministic: the same
 seed gives the same files. What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks
 that the warmed-up model reproduces each habit (infra/calibration.py).
 

@@ -1,0 +1,87 @@
+"""Where a toy model's careful habits go wrong, step by step (docs/findings.md, the v6 calibration).
+
+Plays Eval-Opt (2 episodes a problem), Voting and Orch-Workers (1 each) on all 243 problems with the seed's base
+toy model at the calibration's sampling settings, and counts, for the careful outputs: the evaluator's check line
+part by part (the attempt, operand and problem's number copied, the arithmetic, the direction, the verdict), the
+aggregator's and synthesizer's written-down lists and their picks, the orchestrator's plans, and the workers' right
+answers under a suited and an unsuited strategy. About 20 s on one core once the model is built.
+
+    python bench/toy_reading.py --seed 0
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import eval as ev  # noqa: E402 (the repository root, above)
+import policies  # noqa: E402
+from infra import calibration, checkpoints, toy, toy_model  # noqa: E402
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--seed", type=int, default=0, help="the toy model's seed (built first if need be)")
+seed = parser.parse_args().seed
+toy_model.build(seed, ev.play_every_problem)
+model, tok = policies.load_model("toy", torch.float32, "cpu", seed)
+engine = policies.HFEngine(model, tok, calibration.MAX_NEW_TOKENS, calibration.TEMPERATURE)
+encode = policies.chat_encoder(tok)
+checkpoints.seed_everything(seed)
+c = collections.Counter()
+for wf, n in (("evalopt", 2), ("voting", 1), ("orchworkers", 1)):
+    for e in ev.play_every_problem(wf, n, engine, encode, lambda name: name):
+        for call in e.calls:
+            prompt = tok.decode(call.prompt_ids)
+            role = re.sub(r"\d+$", "", call.name)
+            s = toy.read_prompt(prompt)
+            t = call.text.strip()
+            if role == "evaluator":
+                m = re.match(r"Check: (-?\d+) ([+\-÷]) (\d+) = (-?\d+)( r (\d+))?; "
+                             r"the problem has (\d+)(: too (high|low))?\.", t)
+                if not m:
+                    c["judge/other"] += 1
+                    continue
+                c["judge/careful"] += 1
+                w, op, b, r, _, rem, a, _, way = m.groups()
+                c["judge/w_copied"] += int(w) == s.attempt
+                c["judge/b_copied"] += int(b) == s.b
+                c["judge/a_copied"] += int(a) == s.a
+                want, holds = toy.inverse_check(s, int(w))
+                c["judge/arith_right"] += t.startswith(f"Check: {want};")
+                wrong = s.attempt != s.answer
+                c["judge/dir_given_wrong"] += wrong
+                if wrong and way:
+                    c["judge/dir_right"] += (way == "high") == (s.attempt > s.answer)
+                verdict = "Incorrect" in t
+                c["judge/verdict_matches_own_line"] += verdict == bool(way)
+                c["judge/verdict_right"] += verdict == wrong
+            elif role == "aggregator":
+                m = re.match(r"Answers ([-\d, none]+):", t)
+                c["select/all"] += 1
+                if m:
+                    c["select/careful"] += 1
+                    c["select/list_right"] += m.group(1) == toy.listed(s.candidates)
+                    c["select/right"] += toy.judged(call.name, prompt, call.text)["right"]
+                    careful = toy.select(s, True, None)  # the oracle's careful pick on the same prompt
+                    c["select/oracle_right"] += toy.judged(call.name, prompt, careful)["right"]
+            elif role == "synthesizer":
+                m = re.match(r"Workers say ([-\d, none]+):", t)
+                c["synth/all"] += 1
+                if m:
+                    c["synth/careful"] += 1
+                    c["synth/list_right"] += m.group(1) == toy.listed(s.candidates)
+                    c["synth/right"] += toy.judged(call.name, prompt, call.text)["right"]
+            elif role == "orchestrator":
+                c["plan/all"] += 1
+                lines = re.findall(r"STRATEGY \d: (.+)", t)
+                c["plan/all_suited"] += bool(lines) and all(toy.SUITED.get(x.strip()) == s.op for x in lines)
+                c["plan/fixed_order"] += [x.strip() for x in lines] == toy.STRATEGIES[s.op]
+            elif role == "worker" and s.strategy:
+                suited = toy.SUITED.get(s.strategy) == s.op
+                right = toy.judged(call.name, prompt, call.text)["right"]
+                c[f"work/{'suited' if suited else 'unsuited'}"] += 1
+                c[f"work/{'suited' if suited else 'unsuited'}_right"] += right
+for k in sorted(c):
+    print(f"{k:32s} {c[k]}")
