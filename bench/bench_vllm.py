@@ -8,11 +8,11 @@ Prompts are random token ids of one length; both engines decode greedily and are
 work is the same. Each engine: one warm-up call, then the median of --repeats timed `generate` calls
 (vLLM's start-up, compilation and CUDA graphs are not timed). HF runs first, then its model moves to
 host memory and vLLM takes --gpu-memory of the GPU. Prints tokens/s of each and the ratio vLLM / HF;
-the GPU result goes in the README section "vLLM engine". Also printed: how many rows both engines
+the GPU result goes in docs/vllm.md. Also printed: how many rows both engines
 completed identically (all of them in fp32 on CPU; fewer in bf16, where the kernels round differently).
 
     python bench/bench_vllm.py          # GPU, in a venv with vllm + requirements.txt (a few minutes)
-    VLLM_CPU_KVCACHE_SPACE=1 $VENV/bin/python bench/bench_vllm.py --small   # CPU smoke test (README: vLLM venv)
+    VLLM_CPU_KVCACHE_SPACE=1 $VENV/bin/python bench/bench_vllm.py --small   # CPU smoke test (docs/vllm.md)
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The vLLM smoke test: step one of the GPU install (README, "vLLM engine"), about three minutes on a GPU box.
+"""The vLLM smoke test: step one of the GPU install (docs/vllm.md), about three minutes on a GPU box.
 
 What it does: builds the rollout engine exactly as a cell builds it (`infra.vllm_engine.VLLMEngine`, whose
 `vllm.LLM` arguments come from `llm_arguments`: the Voting-IP cell's two adapters at its LoRA rank 64, its dtype,

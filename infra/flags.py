@@ -347,7 +347,7 @@ def resolve_engine(args: argparse.Namespace, cuda: bool, cell: str | None) -> No
     if cell and args.engine == "hf":
         usage_error(f"--cell {cell} would sample with the HF engine ({why}): at the cell's lengths "
                     f"({args.max_prompt_tokens}-token prompts, {args.max_new_tokens} new tokens) "
-                    "that is hours per step; install vLLM (README, 'vLLM engine'), or pass "
+                    "that is hours per step; install vLLM (docs/vllm.md), or pass "
                     "--engine hf to run on it anyway")
 
 

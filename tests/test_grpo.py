@@ -379,7 +379,8 @@ def _reference_grads(model, samples, old, cfg):
 def test_the_update_reads_from_the_device_per_mini_batch_not_per_micro_batch(lora_model, monkeypatch):
     """On a GPU each float() / .item() of a tensor waits for the device; per row and statistic that was thousands
     of waits per step. The per-role token sums stay on the device until the mini-batch ends (infra/tallies.py
-    reads them back in one copy), so grpo.py's own reads are per mini-batch: one SP mini-batch of two roles
+    reads them back in one copy), so the update's own reads (grpo.py and its report,
+    infra/update_report.py) are per mini-batch: one SP mini-batch of two roles
     reads its grad norm, the two roles' own gradient norms and their cosine (4), in 1 micro-batch or in 8."""
     cfg = UpdateSettings(temperature=0.7, kl_coef={"generator": 0.1})
     samples = _synthetic_samples(["generator", "aggregator"] * 4)
@@ -389,7 +390,8 @@ def test_the_update_reads_from_the_device_per_mini_batch_not_per_micro_batch(lor
         original = getattr(torch.Tensor, name)
 
         def spy(self, *a, _original=original, _name=name, **kw):
-            if os.path.basename(sys._getframe(1).f_code.co_filename) == "grpo.py":  # not this test file
+            caller = os.path.basename(sys._getframe(1).f_code.co_filename)
+            if caller in ("grpo.py", "update_report.py"):  # the update and its report, not this test
                 reads.append(_name)
             return _original(self, *a, **kw)
         monkeypatch.setattr(torch.Tensor, name, spy)
