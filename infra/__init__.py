@@ -6,7 +6,8 @@ concept files at the top level (they import from here).
     checkpoints.py  seeding and random state, adapters as PEFT folders, atomic checkpoints and resume
     distributed.py  torchrun: the process group, each rank's share, gathering values, summing gradients
     tallies.py      metrics as numerator and denominator, added over batches and ranks, divided once
-    models.py       the built-in models (tiny, tiny-qwen3, random-qwen3-0.6b) and the packaged SmolLM2
+    update_report.py  what the GRPO update reports: per-role statistics, each role's own gradient (SP)
+    models.py       the built-in models (tiny, tiny-qwen3, random-qwen3-0.6b), the packaged SmolLM2, rLLM's Qwen chat
     vllm_engine.py  the vLLM sampling engine and its log-prob drift check, per adapter
     memory.py       the one-GPU memory plan's terms, and the HF engine's token bound on CUDA
     data.py         DAPO, DeepCoder and HumanEval rows, and the reference's train / held-out splits
