@@ -11,6 +11,7 @@ answers under a suited and an unsuited strategy. About 20 s on one core once the
 import argparse
 import collections
 import os
+import random
 import re
 import sys
 
@@ -24,6 +25,8 @@ from infra import calibration, checkpoints, toy, toy_model  # noqa: E402
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--seed", type=int, default=0, help="the toy model's seed (built first if need be)")
 seed = parser.parse_args().seed
+READERS = {"aggregator": ("select", "Answers", toy.select),
+           "synthesizer": ("synth", "Workers say", toy.synthesise)}
 toy_model.build(seed, ev.play_every_problem)
 model, tok = policies.load_model("toy", torch.float32, "cpu", seed)
 engine = policies.HFEngine(model, tok, calibration.MAX_NEW_TOKENS, calibration.TEMPERATURE)
@@ -57,22 +60,16 @@ for wf, n in (("evalopt", 2), ("voting", 1), ("orchworkers", 1)):
                 verdict = "Incorrect" in t
                 c["judge/verdict_matches_own_line"] += verdict == bool(way)
                 c["judge/verdict_right"] += verdict == wrong
-            elif role == "aggregator":
-                m = re.match(r"Answers ([-\d, none]+):", t)
-                c["select/all"] += 1
+            elif role in READERS:  # the aggregator and the synthesizer: a list written down, then a pick
+                key, head, careful_habit = READERS[role]
+                m = re.match(head + r" ([-\d, none]+):", t)
+                c[f"{key}/all"] += 1
                 if m:
-                    c["select/careful"] += 1
-                    c["select/list_right"] += m.group(1) == toy.listed(s.candidates)
-                    c["select/right"] += toy.judged(call.name, prompt, call.text)["right"]
-                    careful = toy.select(s, True, None)  # the oracle's careful pick on the same prompt
-                    c["select/oracle_right"] += toy.judged(call.name, prompt, careful)["right"]
-            elif role == "synthesizer":
-                m = re.match(r"Workers say ([-\d, none]+):", t)
-                c["synth/all"] += 1
-                if m:
-                    c["synth/careful"] += 1
-                    c["synth/list_right"] += m.group(1) == toy.listed(s.candidates)
-                    c["synth/right"] += toy.judged(call.name, prompt, call.text)["right"]
+                    c[f"{key}/careful"] += 1
+                    c[f"{key}/list_right"] += m.group(1) == toy.listed(s.candidates)
+                    c[f"{key}/right"] += toy.judged(call.name, prompt, call.text)["right"]
+                    careful = careful_habit(s, True, random.Random(0))  # the oracle, same prompt
+                    c[f"{key}/oracle_right"] += toy.judged(call.name, prompt, careful)["right"]
             elif role == "orchestrator":
                 c["plan/all"] += 1
                 lines = re.findall(r"STRATEGY \d: (.+)", t)
