@@ -152,16 +152,43 @@ def finished(out: str, name: str, seed: int, steps: int) -> bool:
     return any(m["step"] == steps for m in metrics)
 
 
-def run(command: list[str], log: str, dry_run: bool) -> None:
-    print(" ".join(command[1:]), flush=True)
-    if dry_run:
-        return
-    start = time.time()
-    with open(log, "a") as f:
-        done = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"error: {' '.join(command[1:3])}... failed (exit {done.returncode}); see {log}")
-    print(f"  {time.time() - start:.0f} s", flush=True)
+def folder_of(command: list[str]) -> str:
+    """The run folder a train.py or eval.py command writes to."""
+    flag = "--resume" if "--resume" in command else "--run-dir"
+    return command[command.index(flag) + 1]
+
+
+def run_all(chains: list[list[list[str]]], dry_run: bool, jobs: int = 1) -> None:
+    """Run each chain's commands in order (one run's, which share its folder), `jobs` chains at a time, from the
+    repository, each command's output appended to the log next to its run folder (RUN.log), with its time. With
+    more than one job each command gets one thread: two torch processes of two threads each on 2 cores slow
+    each other down by 10x or more (the threads spin)."""
+    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if jobs > 1 else {})}
+    waiting, running, failed = [list(chain) for chain in chains if chain], [], []
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            chain = waiting.pop(0)
+            if dry_run:
+                print("\n".join(" ".join(command[1:]) for command in chain), flush=True)
+                continue
+            command = chain.pop(0)
+            print(" ".join(command[1:]), flush=True)
+            with open(folder_of(command) + ".log", "a") as log:
+                process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+            running.append((process, command, chain, time.time()))
+        for entry in [e for e in running if e[0].poll() is not None]:
+            process, command, chain, start = entry
+            running.remove(entry)
+            print(f"  {time.time() - start:.0f} s: {' '.join(command[1:4])}", flush=True)
+            if process.returncode != 0:
+                failed.append(f"{' '.join(command[1:3])}... failed (exit {process.returncode}); "
+                              f"see {folder_of(command)}.log")
+                waiting.clear()  # the running ones finish; no more start
+            elif chain:
+                waiting.insert(0, chain)
+        time.sleep(0.5 if running else 0)
+    if failed:
+        raise SystemExit("error: " + "; ".join(failed))
 
 
 def calibrate(out: str, seed: int, log: str, dry_run: bool) -> None:
@@ -230,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default=None, help="comma-separated grid names (default: all; single always runs)")
     p.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
     p.add_argument("--doc", default=None, help="a findings page whose marked tables are rewritten from study.json")
+    p.add_argument("--jobs", type=int, default=1, help="commands run at once, one thread each when more than one "
+                   "(2 on a 2-core machine: the toy model's small matrices keep one core busy, not two)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     names = list(SWEEP) if args.sweep else list(GRID) if not args.only else \
@@ -245,12 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     log, start = os.path.join(args.out, "study.log"), time.time()
     for seed in seeds:  # seed by seed, so that a stopped study has whole seeds to show
         calibrate(args.out, seed, log, args.dry_run)
-        for name in names:
-            if not finished(args.out, name, seed, args.steps):
-                run(train_command(args.out, name, seed, args.steps, LR or "LR"), log, args.dry_run)
-        for name in [n for n in names[1:] if n in GRID]:
-            for command in eval_commands(args.out, name, seed, args.samples, [n for n in names if n in GRID]):
-                run(command, log, args.dry_run)
+        run_all([[train_command(args.out, name, seed, args.steps, LR or "LR")] for name in names
+                 if not finished(args.out, name, seed, args.steps)], args.dry_run, args.jobs)
+        grid = [n for n in names if n in GRID]
+        run_all([eval_commands(args.out, name, seed, args.samples, grid) for name in grid[1:]],
+                args.dry_run, args.jobs)
     if args.dry_run:
         return
     figures = []

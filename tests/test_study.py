@@ -48,6 +48,26 @@ def test_the_grid_waits_for_the_sweeps_choice(tmp_path, monkeypatch, capsys):
     assert "run --sweep first" in capsys.readouterr().err and not os.path.exists(tmp_path / "s")
 
 
+def test_run_all_keeps_each_chains_order_runs_two_at_once_and_names_a_failure(tmp_path):
+    """`--jobs 2`: chains (one run's commands) run two at a time, each in order, one thread each; a failing
+    command stops new ones and is named with its log."""
+    import sys
+    stamp = ("import os, sys, time; t = time.time(); time.sleep(1.0); "
+             "open(sys.argv[1], 'a').write(f'{sys.argv[2]} {os.environ[\"OMP_NUM_THREADS\"]} {t} {time.time()}\\n')")
+
+    def step(run, label):
+        return [sys.executable, "-c", stamp, str(tmp_path / "order.txt"), label, "--run-dir", str(tmp_path / run)]
+    study.run_all([[step("a", "a1"), step("a", "a2")], [step("b", "b1"), step("b", "b2")]], False, jobs=2)
+    lines = [line.split() for line in (tmp_path / "order.txt").read_text().splitlines()]
+    assert [x[0] for x in lines if x[0][0] == "a"] == ["a1", "a2"] and all(x[1] == "1" for x in lines)
+    times = {x[0]: (float(x[2]), float(x[3])) for x in lines}
+    assert times["a1"][1] <= times["a2"][0]  # in order within a chain
+    assert times["b1"][0] < times["a1"][1] and times["a1"][0] < times["b1"][1]  # two chains at once
+    assert os.path.exists(tmp_path / "a.log")
+    with pytest.raises(SystemExit, match="exit 3.*c.log"):
+        study.run_all([[[sys.executable, "-c", "raise SystemExit(3)", "--run-dir", str(tmp_path / "c")]]], False, 2)
+
+
 def test_windows_read_the_best_and_the_last_three_points():
     values = [0.2, 0.9, 0.3, 0.6, 0.6, 0.3, 0.0, 0.3]  # the single best point (0.9) is not the peak
     assert findings.window_peak(values) == pytest.approx(0.6)   # (0.9 + 0.3 + 0.6) / 3 and (0.3 + 0.6 + 0.6) / 3
