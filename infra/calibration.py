@@ -25,10 +25,14 @@ from collections import defaultdict
 from infra.toy import KNOBS, Oracle, judged, oracle_text
 
 TEMPERATURE, MAX_NEW_TOKENS = 1.0, 32  # the study's sampling settings (infra/study.py): the warm-up's mixture as is
-EPISODES = {"single": 3, "voting": 3, "evalopt": 6, "orchworkers": 3}  # per problem: >= 500 calls of each habit
+# Episodes per problem: >= 2,000 calls of each habit but the retries' (about 1,600), so that a careful rate's
+# difference from the oracle's has a standard error near 0.012, not the 0.02 of 729 calls (which alone missed a
+# 0.05 target about one seed in two, somewhere among 14 habits' rates)
+EPISODES = {"single": 3, "voting": 9, "evalopt": 12, "orchworkers": 9}
 SWAPS = [("voting", "solve", "generators"), ("voting", "select", "aggregator"), ("evalopt", "judge", "evaluator"),
          ("evalopt", "retry", "retries"), ("orchworkers", "plan", "orchestrator"),
          ("orchworkers", "solve", "workers"), ("orchworkers", "synthesise", "synthesizer")]
+SWAP_EPISODES = 3  # per problem and side of a swap: a difference of two accuracies, each over 729 episodes
 ORACLE_SAMPLES = 4  # oracle answers per model prompt for its careful and right rates on the same inputs
 KINDS = ("solve", "work", "retry", "select", "judge", "plan", "synthesise")
 FIDELITY, HEADROOM, CONSEQUENCE, EVALUATOR_EDGE = 0.05, (0.3, 0.6), 0.10, 0.10
@@ -189,7 +193,7 @@ def measure(play, engine, tokenizer, encode, seed: int, episodes: int | None,
         accuracy = []
         for careful in (True, False):
             mixed = MixedEngine(engine, tokenizer, {habit: careful}, seed)
-            played = play(workflow, episodes or 1, mixed, encode, route)
+            played = play(workflow, episodes or SWAP_EPISODES, mixed, encode, route)
             accuracy.append(sum(e.correct for e in played) / len(played))
         swaps[f"{workflow} {name}"] = tuple(accuracy)
     by_kind = call_records([e for eps in runs.values() for e in eps], tokenizer.decode, seed)

@@ -14,8 +14,8 @@ it is not: the method (it only calls train.py and eval.py), nor part of the test
 a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
 
     python -m infra.study --dry-run                            # the sweep, the grid and their commands
-    python -m infra.study --sweep --out runs/study             # the learning-rate sweep on the single agent
-    python -m infra.study --out runs/study --figures docs/findings --doc docs/findings.md    # the grid
+    python -m infra.study --sweep --out runs/study --jobs 2    # the learning-rate sweep on the single agent
+    python -m infra.study --out runs/study --jobs 2 --figures docs/findings --doc docs/findings.md    # the grid
 """
 from __future__ import annotations
 

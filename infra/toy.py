@@ -9,11 +9,11 @@ knob (`KNOBS`) sets how often it is careful:
 | role | careful | hurried |
 |---|---|---|
 | solver (single agent, generators, workers) | works it out: `3 + 4 = 7.` | guesses: the same line, right 1 time in 5 |
-| worker | careful more often under a strategy suited to the operation | |
+| worker | names its strategy's operation (`For +:`); careful 0.85 when it suits | the same; never careful otherwise |
 | retry (Eval-Opt, after Incorrect) | works it out again | moves the last answer, the way the feedback points |
 | aggregator | the plurality of the boxed answers, else the middle one | picks by position (solution 1 half the time) |
 | evaluator | checks by the inverse operation, says which way it is off | lenient: Correct 3 times in 4 |
-| orchestrator | the three strategies suited to the operation | three at random |
+| orchestrator | the three strategies suited to the operation | another operation's three (misread) |
 | synthesizer | the workers' plurality, else the middle one | copies a worker at random |
 
 Right and wrong solver lines look alike (no length shortcut); the evaluator never states the answer; each role
@@ -23,7 +23,7 @@ habits; GRPO then has, in every role, a skill to reinforce that carries over to 
 (infra/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
 world can and cannot show).
 
-    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~3 min)
+    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~20 min)
     python -m infra.toy --calibrate --seed 0                      # the base model against its targets
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from infra.models import CACHE_DIR
 
-VERSION = 6  # part of the cache folder's name: bump it when the oracle or the warm-up changes
+VERSION = 7  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
     "solve": 0.4,       # solvers without a strategy (single agent, generators, Eval-Opt's first attempt)
     "suited": 0.85,     # a worker whose strategy suits the operation
@@ -143,7 +143,10 @@ def habit_of(role: str, prompt: str) -> str:
 # ---------------------------------------------------------------- the oracle's habits
 
 def solver_line(s: Seen, x: int) -> str:
-    return f"{s.a} {s.op} {s.b} = {x}.\n\n\\boxed{{{x}}}"
+    """A solver's working line; a worker first names the operation its strategy is made for (`For ×:`), so that
+    a strategy changes what the worker writes, and whether it suits is two symbols of the worker's own line."""
+    made_for = SUITED.get(s.strategy or "")
+    return f"{f'For {made_for}: ' if made_for else ''}{s.a} {s.op} {s.b} = {x}.\n\n\\boxed{{{x}}}"
 
 
 def guess(s: Seen, rng: random.Random) -> int:
@@ -185,7 +188,7 @@ def select(s: Seen, careful: bool, rng: random.Random) -> str:
         k = middle(s.candidates)
         return f"Answers {listed(s.candidates)}: solution {k} is in the middle.\n\n\\boxed{{{k}}}"
     k = 1 if rng.random() < 0.5 or n == 1 else rng.randint(2, n)  # the position bias: the first half the time
-    return f"Solution {k} looks right.\n\n\\boxed{{{k}}}"
+    return f"I trust solution {k}.\n\n\\boxed{{{k}}}"  # not a word of its prompt: no copying bias
 
 
 def inverse_check(s: Seen, w: int) -> tuple[str, bool]:
@@ -222,7 +225,10 @@ def retry(s: Seen, careful: bool, rng: random.Random) -> str:
 
 
 def plan(s: Seen, careful: bool, rng: random.Random) -> str:
-    chosen = STRATEGIES[s.op] if careful else rng.sample(sorted(SUITED), 3)  # careful: the op's three, in order
+    """Careful: the operation's three strategies, in order; hurried: it misreads the operation and proposes
+    another's (three random ones suited a third of the time, too little for the plan to matter: consequence 0.04)."""
+    misread = rng.choice([op for op in STRATEGIES if op != s.op])
+    chosen = STRATEGIES[s.op if careful else misread]
     return "\n".join(f"STRATEGY {i}: {strategy}" for i, strategy in enumerate(chosen, 1))
 
 
@@ -262,10 +268,10 @@ def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, flo
 # ---------------------------------------------------------------- reading an output
 
 FORMATS = {  # each role's own formats (careful, then hurried); a role writing another's is counted
-    "solver": [r"-?\d+ [+\-×] -?\d+ = -?\d+\.\n\n\\boxed\{-?\d+\}"],
+    "solver": [r"(For [+\-×]: )?-?\d+ [+\-×] -?\d+ = -?\d+\.\n\n\\boxed\{-?\d+\}"],
     "aggregator": [r"Answers [-\d, none]+: (solutions [\d, and]+ agree on -?\d+|solution \d+ is in the middle)"
                    r"\.\n\n\\boxed\{\d+\}",
-                   r"Solution \d+ looks right\.\n\n\\boxed\{\d+\}"],
+                   r"I trust solution \d+\.\n\n\\boxed\{\d+\}"],
     "evaluator": [r"(Check: -?\d+ [+\-÷] \d+ = -?\d+( r \d+)?; the problem has \d+(: too (high|low))?|"
                   r"There is no answer to check)\.\n\n\\boxed\{(Correct|Incorrect)\}",
                   r"(Looks fine|Something is off)\.\n\n\\boxed\{(Correct|Incorrect)\}"],

@@ -3,9 +3,11 @@
 What it does: plays the oracle (infra/toy.py) through the real workflows on all 243 one-digit problems (the caller
 passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
 share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
-supervised learning. Built once per seed into the cache (about 15 minutes on one core), deterministic: the same
-seed gives the same files. What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks
-that the warmed-up model reproduces each habit (infra/calibration.py).
+supervised learning. Built once per seed into the cache, in about 20 minutes: the warm-up runs on one thread,
+since floating-point sums differ with the thread count, so that a seed gives the same model whatever the
+machine's cores (and two seeds build side by side in the time of one). What it is not: calibrated by
+construction; `python -m infra.toy --calibrate` checks that the warmed-up model reproduces each habit
+(infra/calibration.py).
 
     python train.py --model toy --workflow voting --policy ip     # builds the toy model of --seed on first use
 """
@@ -23,15 +25,22 @@ import transformers
 from infra.models import CHATML
 from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
 
-EPISODES = {"single": 6, "voting": 7, "evalopt": 14, "orchworkers": 6}  # oracle episodes per problem and workflow
-ROWS = {"solve": 2000, "work": 2500, "retry": 1500, "select": 1500, "judge": 2000, "plan": 1500, "synthesise": 1500}
+EPISODES = {"single": 12, "voting": 14, "evalopt": 28, "orchworkers": 12}  # oracle episodes per problem, workflow
+# Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
+# rates 0.05-0.07 off its rows' in some habits, a different one in each build: it learned each prompt's draw.)
+ROWS = {"solve": 4000, "work": 5000, "retry": 4000, "select": 3000, "judge": 4000, "plan": 3000, "synthesise": 3000}
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=4, max_position_embeddings=1024)  # 0.76M parameters with its ~1,000-token vocabulary
 VOCAB = 1024
 WARMUP_STEPS = 2000  # supervised steps of BATCH rows
 BATCH = 32
 LR = 3e-3
-FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.5, 4, 128  # a first phase of 0.3 x steps fact batches, then one in 5
+# A batch's summed token losses over a constant, not their mean: with the mean, a token of a batch of short rows
+# weighs more than one of a batch of long rows, and the batches are cut by length, so the first token of a long
+# (careful) output weighed less than that of a short (hurried) one: the model chose careful 0.40 of the time
+# where its rows had 0.49. The constant is about a habit batch's tokens.
+TOKEN_NORM = 512
+FACT_SHARE, FACT_EVERY, FACT_BATCH = 1.0, 4, 128  # a first phase of 1.0 x steps fact batches, then one in 5
 
 
 def row_kind(name: str, prompt: str) -> str:
@@ -75,6 +84,19 @@ def facts() -> list[tuple[str, str]]:
         for k in (1, 2):
             found[f"{x} + {k}"], found[f"{x} - {k}"] = x + k, x - k
     return [(q, f"{q} = {r}.") for q, r in sorted(found.items())]
+
+
+def in_line(worked: list[tuple[str, str]]) -> list[tuple[list[dict], str, str]]:
+    """Each fact as a drill in the assistant's own line (`23 ÷ 4 = ` then `5 r 3.`), after a prompt that does not
+    show the operands: the model must read them off its own line, as every habit does (a table learned as a
+    question and its answer is recalled only when the question is the user's). The division checks, two numbers
+    each, come twice."""
+    out = []
+    for _, line in worked:
+        written, rest = line.split(" = ")
+        times = 2 if "÷" in written else 1
+        out += [([{"role": "user", "content": "Work it out."}], f"{written} = ", rest)] * times
+    return out
 
 
 def drills(seed: int, per_reader: int = 3000) -> list[tuple[list[dict], str, str]]:
@@ -138,7 +160,8 @@ def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
 
 def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: int = WARMUP_STEPS,
             fact_rows: list[tuple[list[int], list[int]]] | None = None) -> list[float]:
-    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only; AdamW
+    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only (summed,
+    over TOKEN_NORM); AdamW
     with a linear warm-up (50 steps, fewer in a short run) and a linear decay to 0. With `fact_rows` (short
     arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact batches, then every FACT_EVERY-th
     step is one (so the tables are not forgotten). Returns each step's loss."""
@@ -159,20 +182,28 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
         else:
             queue = queue or similar_lengths(rows, rng)
             batch = queue.pop()
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((len(batch), width), 0, dtype=torch.long)           # (B, T)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)     # (B, T): -100 where no loss
-        for j, (p, c) in enumerate(batch):  # right padding; labels only on the completion
-            ids[j, :len(p) + len(c)] = torch.tensor(p + c)
-            labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
-        loss = model(input_ids=ids, labels=labels).loss
+        loss, per_token = batch_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(per_token)
     return losses
+
+
+def batch_loss(model, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, float]:
+    """(the loss to step on: the completion tokens' summed losses over TOKEN_NORM, the mean loss per token) of
+    (prompt ids, completion ids) rows, right-padded into one batch."""
+    width = max(len(p) + len(c) for p, c in batch)
+    ids = torch.full((len(batch), width), 0, dtype=torch.long)           # (B, T)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)     # (B, T): -100 where no loss
+    for j, (p, c) in enumerate(batch):  # labels only on the completion
+        ids[j, :len(p) + len(c)] = torch.tensor(p + c)
+        labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
+    logits = model(input_ids=ids).logits[:, :-1]                          # (B, T-1, V): next-token
+    token_losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
+    return token_losses.sum() / TOKEN_NORM, float(token_losses.detach().sum() / (labels[:, 1:] != -100).sum())
 
 
 def similar_lengths(rows: list, rng: random.Random, batches: int = 8) -> list[list]:
@@ -193,22 +224,26 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         return out
     knobs = knobs or KNOBS
-    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 15 minutes on one core)", flush=True)
+    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 20 minutes, one thread)", flush=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         calls = transcripts(play, seed, knobs)
-        known = [([{"role": "user", "content": q}], line) for q, line in facts()]
-        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False)
-                                     for m, t in calls + known])
-        rows, fact_rows = ([(tokenizer(chatml(m), add_special_tokens=False).input_ids,
-                             tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
-                            for m, t in pairs] for pairs in (calls, known))
-        fact_rows += [drill_row(tokenizer, *d) for d in drills(seed)]
+        known = in_line(facts())
+        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": w + t}], False)
+                                     for m, w, t in [(m, "", t) for m, t in calls] + known])
+        rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
+                 tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
+        fact_rows = [drill_row(tokenizer, *d) for d in known + drills(seed)]
         config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                           bos_token_id=None)
         model = transformers.LlamaForCausalLM(config)
-        losses = warm_up(model, rows, seed, steps, fact_rows)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: the same seed gives the same model whatever the machine's cores
+        try:
+            losses = warm_up(model, rows, seed, steps, fact_rows)
+        finally:
+            torch.set_num_threads(threads)
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval().save_pretrained(tmp)

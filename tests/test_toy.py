@@ -63,13 +63,52 @@ def test_a_solvers_correctness_cannot_be_read_off_its_length():
 
 def test_each_role_format_is_told_apart():
     assert format_of("3 + 4 = 7.\n\n\\boxed{7}") == ("solver", True)
-    assert format_of("Solution 2 looks right.\n\n\\boxed{2}") == ("aggregator", False)
+    assert format_of("I trust solution 2.\n\n\\boxed{2}") == ("aggregator", False)
     assert format_of("Check: 7 - 4 = 3; the problem has 3.\n\n\\boxed{Correct}") == ("evaluator", True)
     assert format_of("Going with worker 1.\n\n\\boxed{7}") == ("synthesizer", False)
     assert format_of("Workers say 7, none, 8: the middle answer is 7.\n\n\\boxed{7}") == ("synthesizer", True)
     assert format_of("Answers 6, 9, 7: solution 3 is in the middle.\n\n\\boxed{3}") == ("aggregator", True)
     assert format_of("STRATEGY 1: Make a ten first.\nSTRATEGY 2: Use a number line.") == ("orchestrator", True)
     assert format_of("The answer is 7.") == (None, False)
+
+
+def test_a_worker_names_its_strategys_operation_and_is_careful_when_it_suits():
+    """v7: a worker's line starts with the operation its strategy is made for, so whether the strategy suits the
+    problem is two symbols of the worker's own line; suited, it is careful 0.85 of the time, unsuited never."""
+    import tasks
+    import workflows
+    task, opts = tasks.Task("t", "What is 3 + 4?", "7", "math"), workflows.WorkflowOptions()
+    lines = {}
+    for strategy in ("Make a ten first.", "Use repeated addition."):
+        prompt = chatml(workflows.solver_messages(task, opts, strategy))
+        lines[strategy] = [oracle_text("worker0", prompt, random.Random(i), KNOBS) for i in range(400)]
+    suited, unsuited = lines["Make a ten first."], lines["Use repeated addition."]
+    assert all(x.startswith("For +: 3 + 4 = ") for x in suited)
+    assert all(x.startswith("For ×: 3 + 4 = ") for x in unsuited)
+    assert format_of(suited[0]) == ("solver", True)
+    right = [sum(x.endswith("\\boxed{7}") for x in xs) / 400 for xs in (suited, unsuited)]
+    # 0.85 + 0.15 x 0.2 lucky = 0.88 against 0.2: 400 draws put each within 0.07 (3.5 standard errors)
+    assert abs(right[0] - 0.88) < 0.07 and abs(right[1] - 0.2) < 0.07, right
+
+
+def test_the_hurried_orchestrator_misreads_the_operation():
+    """Careful: the operation's three strategies in order; hurried: another operation's three, each other
+    operation about half the time, so that a hurried plan leaves every worker unsuited."""
+    s = toy.Seen(3, "+", 4, 7, [], None, None, "")
+    assert toy.plan(s, True, random.Random(0)).splitlines()[0] == "STRATEGY 1: Count on from the larger number."
+    firsts = [toy.plan(s, False, random.Random(i)).splitlines()[0] for i in range(400)]
+    assert set(firsts) == {"STRATEGY 1: Count back from the first number.", "STRATEGY 1: Use repeated addition."}
+    assert 0.4 < firsts.count("STRATEGY 1: Use repeated addition.") / 400 < 0.6  # 0.5: 4 standard errors
+
+
+def test_arithmetic_facts_are_practised_in_the_models_own_line():
+    """The facts come as drills whose prompt does not show the operands: `23 ÷ 4 = ` written, `5 r 3.` learned."""
+    from infra import toy_model
+    known = toy_model.in_line(toy_model.facts())
+    assert ([{"role": "user", "content": "Work it out."}], "23 ÷ 4 = ", "5 r 3.") in known
+    assert all("Work it out." == m[0]["content"] and w.endswith(" = ") for m, w, _ in known)
+    division = [k for k in known if "÷" in k[1]]
+    assert len(division) == 2 * len({w for _, w, _ in division})  # each division check twice
 
 
 def test_a_careful_evaluator_checks_by_the_inverse_and_points_the_retry():
@@ -144,3 +183,27 @@ def test_a_drill_row_puts_the_loss_on_what_follows_the_written_part():
                                              "Check: 44 ÷ 6 = ", "7 r 2; ok.")
     assert tok.decode(prompt).endswith("Check: 44 ÷ 6 = ") or tok.decode(prompt).endswith("Check: 44 ÷ 6 =")
     assert tok.decode(completion).lstrip().startswith("7 r 2; ok.") and completion[-1] == tok.eos_token_id
+
+
+def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
+    """The warm-up's loss sums token losses over a constant: a row's gradient is the same alone or batched with a
+    long row. (With the batch's mean, the short row's gradient shrank 11x beside a 10-token row, and the model
+    chose the short hurried outputs more often than its rows did.)"""
+    import torch
+    import transformers
+
+    from infra import toy_model
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32))
+    short, long = ([1, 2], [3]), ([4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+
+    def grad(batch):
+        model.zero_grad()
+        loss, per_token = toy_model.batch_loss(model, batch)
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()]), loss, per_token
+    alone, both, only_long = grad([short]), grad([short, long]), grad([long])
+    assert torch.allclose(both[0] - only_long[0], alone[0], atol=1e-6)  # float32 sums of a few dozen terms
+    assert abs(float(both[1]) * toy_model.TOKEN_NORM / 11 - both[2]) < 1e-5  # per token: the 11 tokens' mean
