@@ -206,4 +206,4 @@ def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
         return torch.cat([p.grad.flatten() for p in model.parameters()]), loss, per_token
     alone, both, only_long = grad([short]), grad([short, long]), grad([long])
     assert torch.allclose(both[0] - only_long[0], alone[0], atol=1e-6)  # float32 sums of a few dozen terms
-    assert abs(float(both[1]) * toy_model.TOKEN_NORM / 11 - both[2]) < 1e-5  # per token: the 11 tokens' mean
+    assert abs(float(both[1].detach()) * toy_model.TOKEN_NORM / 11 - both[2]) < 1e-5  # per token: the 11 tokens' mean
