@@ -25,9 +25,9 @@ from collections import defaultdict
 from infra.toy import KNOBS, Oracle, judged, oracle_text
 
 TEMPERATURE, MAX_NEW_TOKENS = 1.0, 32  # the study's sampling settings (infra/study.py): the warm-up's mixture as is
-# Episodes per problem: >= 2,000 calls of each habit but the retries' (about 1,600), so that a careful rate's
-# difference from the oracle's has a standard error near 0.012, not the 0.02 of 729 calls (which alone missed a
-# 0.05 target about one seed in two, somewhere among 14 habits' rates)
+# Episodes per problem: >= 2,000 calls of each habit but the retries' (about 1,500), so that a careful rate's
+# difference from the oracle's has a standard error near 0.012, not the 0.02 of 729 calls (at which a true
+# difference of 0.03 crosses the 0.05 line one time in six)
 EPISODES = {"single": 3, "voting": 9, "evalopt": 12, "orchworkers": 9}
 SWAPS = [("voting", "solve", "generators"), ("voting", "select", "aggregator"), ("evalopt", "judge", "evaluator"),
          ("evalopt", "retry", "retries"), ("orchworkers", "plan", "orchestrator"),

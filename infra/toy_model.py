@@ -66,10 +66,10 @@ def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tupl
 
 
 def facts() -> list[tuple[str, str]]:
-    """(question, worked line) of every piece of arithmetic the habits use: the 243 problems, the evaluator's
-    inverse checks of answers off by up to 3, and the retries' nudges by 1 or 2. A real base model knows its
-    tables from pretraining; the toy model learns them here first, so that the warm-up's rows teach habits (how
-    often a role is careful) on top of arithmetic it can already do."""
+    """(arithmetic, its result), e.g. (`23 ÷ 4`, `5 r 3`), of every piece of arithmetic the habits use: the 243
+    problems, the evaluator's inverse checks of answers off by up to 3, and the retries' nudges by 1 or 2. A real
+    base model knows its tables from pretraining; the toy model learns them here first, so that the warm-up's rows
+    teach habits (how often a role is careful) on top of arithmetic it can already do."""
     found = {}
     for a in range(1, 10):
         for b in range(1, 10):
@@ -83,7 +83,7 @@ def facts() -> list[tuple[str, str]]:
     for x in range(-14, 88):  # a hurried retry's nudge of the last answer
         for k in (1, 2):
             found[f"{x} + {k}"], found[f"{x} - {k}"] = x + k, x - k
-    return [(q, f"{q} = {r}.") for q, r in sorted(found.items())]
+    return [(q, str(r)) for q, r in sorted(found.items())]
 
 
 def in_line(worked: list[tuple[str, str]]) -> list[tuple[list[dict], str, str]]:
@@ -92,10 +92,9 @@ def in_line(worked: list[tuple[str, str]]) -> list[tuple[list[dict], str, str]]:
     question and its answer is recalled only when the question is the user's). The division checks, two numbers
     each, come twice."""
     out = []
-    for _, line in worked:
-        written, rest = line.split(" = ")
-        times = 2 if "÷" in written else 1
-        out += [([{"role": "user", "content": "Work it out."}], f"{written} = ", rest)] * times
+    for arithmetic, result in worked:
+        times = 2 if "÷" in arithmetic else 1
+        out += [([{"role": "user", "content": "Work it out."}], f"{arithmetic} = ", f"{result}.")] * times
     return out
 
 
@@ -160,11 +159,10 @@ def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
 
 def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: int = WARMUP_STEPS,
             fact_rows: list[tuple[list[int], list[int]]] | None = None) -> list[float]:
-    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only (summed,
-    over TOKEN_NORM); AdamW
-    with a linear warm-up (50 steps, fewer in a short run) and a linear decay to 0. With `fact_rows` (short
-    arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact batches, then every FACT_EVERY-th
-    step is one (so the tables are not forgotten). Returns each step's loss."""
+    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only (summed
+    over TOKEN_NORM, `batch_loss`); AdamW with a linear warm-up (50 steps, fewer in a short run) and a linear decay
+    to 0. With `fact_rows` (short arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact
+    batches, then every FACT_EVERY-th step is one (so the tables are not forgotten). Returns each step's loss."""
     rng = random.Random(seed)
     fact_steps = int(steps * FACT_SHARE) if fact_rows else 0
     total = steps + fact_steps + (steps // FACT_EVERY if fact_rows else 0)
@@ -229,8 +227,8 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
         torch.manual_seed(seed)
         calls = transcripts(play, seed, knobs)
         known = in_line(facts())
-        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": w + t}], False)
-                                     for m, w, t in [(m, "", t) for m, t in calls] + known])
+        said = calls + [(m, written + rest) for m, written, rest in known]
+        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
         rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
                  tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
         fact_rows = [drill_row(tokenizer, *d) for d in known + drills(seed)]
