@@ -82,17 +82,17 @@ def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) ->
 WORKFLOW_PANELS = [("Voting", "voting"), ("Eval-Opt", "evalopt"), ("Orch-Workers", "orchworkers")]
 
 
-def seed_curves(out: str, name: str, seeds: int, key: str) -> tuple[list[int], list[list[float]]]:
+def seed_curves(out: str, name: str, seeds: list[int], key: str) -> tuple[list[int], list[list[float]]]:
     """(steps, one list of `key` per seed) of a grid configuration, on the steps every seed has."""
     per_seed = []
-    for seed in range(seeds):
+    for seed in seeds:
         metrics = read_results(os.path.join(out, f"{name}-s{seed}", "metrics.jsonl"), ("step",), warn=False)
         per_seed.append({m["step"]: m[key] for m in metrics if m.get(key) is not None})
     steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
     return steps, [[s[t] for t in steps] for s in per_seed]
 
 
-def band(ax, out: str, name: str, seeds: int, key: str, label: str, style: str = "-", color=None,
+def band(ax, out: str, name: str, seeds: list[int], key: str, label: str, style: str = "-", color=None,
          smooth: int = 1) -> None:
     """The mean over seeds of `key` against step, with a band from the lowest to the highest seed; `smooth`: a
     running mean over that many steps first (per-step training metrics are noisy)."""
@@ -121,16 +121,16 @@ def _finish(fig, axes, folder: str, name: str, title: str) -> str:
     return path
 
 
-def eval_accuracy(out: str, name: str, seeds: int, mode: str) -> list[float]:
+def eval_accuracy(out: str, name: str, seeds: list[int], mode: str) -> list[float]:
     """eval.py's accuracy of `mode` on each seed's final checkpoint of a configuration (seeds without it left out)."""
     values = []
-    for seed in range(seeds):
+    for seed in seeds:
         records = read_results(os.path.join(out, f"{name}-s{seed}", "eval.jsonl"), EVAL_KEYS, warn=False)
         values += [r["metrics"]["accuracy"] for r in records if r["mode"] == mode][-1:]
     return values
 
 
-def plot_transfer(out: str, seeds: int, folder: str, plt) -> str:
+def plot_transfer(out: str, seeds: list[int], folder: str, plt) -> str:
     """Finding 1: per workflow, eval.py's accuracy of the base model, the trained SP and IP runs, and the
     single-agent adapter in the structure (every role, or the solving roles only); bars: the mean, whiskers: the
     lowest and highest seed."""
@@ -147,10 +147,10 @@ def plot_transfer(out: str, seeds: int, folder: str, plt) -> str:
     ax.set_xticks(range(len(WORKFLOW_PANELS)), [t for t, _ in WORKFLOW_PANELS])
     ax.set(ylabel="accuracy (eval.py, 64 problems x 2)", ylim=(0, 1.02), xlabel=" ")
     return _finish(fig, [ax], folder, "finding1_transfer", f"Finding 1: trained workflows against the single agent's "
-                   f"adapter in the structure (mean of {seeds} seeds; whiskers: lowest and highest)")
+                   f"adapter in the structure (mean of {len(seeds)} seeds; whiskers: lowest and highest)")
 
 
-def plot_panels(out: str, seeds: int, folder: str, name: str, title: str, panels: list, plt) -> str:
+def plot_panels(out: str, seeds: list[int], folder: str, name: str, title: str, panels: list, plt) -> str:
     """One row of panels; each panel: (title, [(configuration, key, label, style, smooth)]). Lines whose labels
     start with the same word share a colour (one configuration or one role), told apart by their style."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
@@ -159,7 +159,7 @@ def plot_panels(out: str, seeds: int, folder: str, name: str, title: str, panels
         for config, key, label, style, smooth in lines:
             band(ax, out, config, seeds, key, label, style, f"C{groups.index(label.split()[0])}", smooth)
         ax.set_title(panel_title, fontsize=10)
-    return _finish(fig, list(axes[0]), folder, name, f"{title} (mean of {seeds} seeds; band: lowest to highest)")
+    return _finish(fig, list(axes[0]), folder, name, f"{title} (mean of {len(seeds)} seeds; band: lowest to highest)")
 
 
 ACC = "val/success"
@@ -221,7 +221,7 @@ STUDY_FIGURES = [
 ]
 
 
-def plot_study(out: str, seeds: int, folder: str) -> list[str]:
+def plot_study(out: str, seeds: list[int], folder: str) -> list[str]:
     """The findings' figures (docs/findings.md) from the grid's run folders in `out`, into `folder`: finding 1's
     bars, then STUDY_FIGURES. Returns the PNG paths."""
     import matplotlib

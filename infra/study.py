@@ -2,14 +2,14 @@
 evaluation on held-out problems, paired statistics, predeclared verdicts, figures and docs/findings.md's tables.
 
 What it is for: one command that does what docs/findings.md reports, in this order, each part fixed before the
-next one runs: (0) each seed's toy model calibrated (eval.py calibrate; a seed that misses a target stops the
-study); (1) `--sweep`: the single agent at three learning rates, and the rule (SWEEP_RULE) that picks the
-grid's rate; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64 problems, then
-eval.py's four modes on 64 *other* problems (`--split test`); (3) FINDINGS, the comparisons, thresholds and
-rules written here before the grid ran, applied by infra/findings.py to per-seed paired differences; (4) the
-figures, the tables between the markers of docs/findings.md, and one `eval.py report` page per run, next to it
-(RUN.html). Each run is an ordinary `python train.py` /
-`python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one resumed. What
+next one runs: (0) each seed's toy model calibrated (eval.py calibrate; the study takes the first five seeds
+whose model passes, CANDIDATES); (1) `--sweep`: the single agent at three learning rates, and the rule
+(SWEEP_RULE) that picks the grid's rate; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps
+on 64 problems, then eval.py's four modes on 64 *other* problems (`--split test`); (3) FINDINGS, the
+comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py to per-seed
+paired differences; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`
+page per run, next to it (RUN.html). Each run is an ordinary `python train.py` / `python eval.py` command in its
+own folder under --out: a finished run is skipped, a stopped one resumed. What
 it is not: the method (it only calls train.py and eval.py), nor part of the test suite, nor a place to change
 a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
 
@@ -32,6 +32,11 @@ from infra.runfolder import read_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = 5
+# The study's seeds: the first SEEDS of 0, 1, ..., CANDIDATES-1 whose toy model passes calibration (eval.py
+# calibrate), a rule fixed before any RL run of the v7 world. A build that misses a target is not the instrument
+# docs/toy_world.md describes (seeds 1 and 3 of v7: their solver right 0.06-0.08 less often than the oracle's), so
+# it is set aside, named in study.json and docs/findings.md, never tuned until it passes.
+CANDIDATES = 10
 STEPS = 150
 # The regime, fixed before any run of the grid: 2 tasks x a group of 8 (16 episodes a step), sampled at
 # temperature 1 (the warm-up's mixture as it is; infra/calibration.py measures at the same setting), 32 new
@@ -191,24 +196,42 @@ def run_all(chains: list[list[list[str]]], dry_run: bool, jobs: int = 1) -> None
         raise SystemExit("error: " + "; ".join(failed))
 
 
-def calibrate(out: str, seed: int, log: str, dry_run: bool) -> None:
-    """The seed's toy model against its targets (eval.py calibrate), once: the study runs only on a calibrated
-    instrument, so a seed whose record names missed targets stops it, with their names."""
+def calibration_misses(out: str, seed: int, log: str, dry_run: bool) -> list[str]:
+    """The calibration targets the seed's toy model misses (eval.py calibrate, run once; its record kept in
+    calibration.jsonl). A dry run calibrates nothing and counts a seed without a record as calibrated."""
     path = os.path.join(out, "calibration.jsonl")
     records = [r for r in read_results(path, ("seed", "missed"), warn=False) if r["seed"] == seed]
     if not records:
         command = [sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", path]
         print(" ".join(command[1:]), flush=True)
         if dry_run:
-            return
+            return []
         with open(log, "a") as f:
             subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
         records = [r for r in read_results(path, ("seed", "missed"), warn=False) if r["seed"] == seed]
     if not records:
         raise SystemExit(f"error: the calibration of seed {seed} wrote no record; see {log}")
-    if records[-1]["missed"]:
-        raise SystemExit(f"error: seed {seed}'s toy model misses {len(records[-1]['missed'])} calibration "
-                         f"target(s) ({', '.join(records[-1]['missed'])}); the study runs on calibrated models only")
+    return records[-1]["missed"]
+
+
+def calibrated_seeds(out: str, wanted: int, log: str, dry_run: bool) -> tuple[list[int], list[dict]]:
+    """(the study's seeds: the first `wanted` of 0 .. CANDIDATES-1 whose toy model passes calibration, the ones
+    set aside with the targets they missed), before any run: the study runs on calibrated instruments only."""
+    seeds, set_aside = [], []
+    for seed in range(CANDIDATES):
+        if len(seeds) == wanted:
+            break
+        missed = calibration_misses(out, seed, log, dry_run)
+        if missed:
+            print(f"seed {seed}: its toy model misses {len(missed)} calibration target(s) ({', '.join(missed)}); "
+                  "set aside", flush=True)
+            set_aside.append({"seed": seed, "missed": missed})
+        else:
+            seeds.append(seed)
+    if len(seeds) < wanted:
+        raise SystemExit(f"error: only {len(seeds)} of seeds 0-{CANDIDATES - 1} have a calibrated toy model "
+                         f"({wanted} wanted); set aside: {', '.join(str(r['seed']) for r in set_aside)}")
+    return seeds, set_aside
 
 
 def sweep_choice(out: str, seeds: list[int]) -> dict:
@@ -250,7 +273,8 @@ def write_tables(doc: str, study: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/study", help="folder of the study's runs, logs and study.json")
-    p.add_argument("--seeds", type=int, default=SEEDS, help="seeds 0 .. N-1 of every configuration")
+    p.add_argument("--seeds", type=int, default=SEEDS, help="how many seeds: the first N of 0, 1, 2, ... whose toy "
+                   "model passes calibration (the others set aside, named in study.json)")
     p.add_argument("--steps", type=int, default=STEPS, help="training steps of every run")
     p.add_argument("--samples", type=int, default=2, help="eval.py samples per test problem")
     p.add_argument("--sweep", action="store_true", help="run the learning-rate sweep (single agent) only")
@@ -268,12 +292,12 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--only: unknown names {unknown}; the grid: {', '.join(GRID)}")
     if not args.sweep and LR is None and not args.dry_run:
         p.error("the grid's learning rate is not chosen yet: run --sweep first and write its choice into LR")
-    args.out, seeds = os.path.abspath(args.out), list(range(args.seeds))  # the commands run from the repository
+    args.out = os.path.abspath(args.out)  # the commands run from the repository
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
     log, start = os.path.join(args.out, "study.log"), time.time()
+    seeds, set_aside = calibrated_seeds(args.out, args.seeds, log, args.dry_run)
     for seed in seeds:  # seed by seed, so that a stopped study has whole seeds to show
-        calibrate(args.out, seed, log, args.dry_run)
         run_all([[train_command(args.out, name, seed, args.steps, LR or "LR")] for name in names
                  if not finished(args.out, name, seed, args.steps)], args.dry_run, args.jobs)
         grid = [n for n in names if n in GRID]
@@ -285,12 +309,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.sweep:
         from infra.plots import plot_study
         os.makedirs(args.figures or args.out, exist_ok=True)
-        figures = plot_study(args.out, args.seeds, args.figures or args.out)
+        figures = plot_study(args.out, seeds, args.figures or args.out)
     from infra.report import write_report  # a page per run, next to it (eval.py report): what each role wrote
     reports = [write_report([run_dir(args.out, n, s)], run_dir(args.out, n, s) + ".html")["path"]
                for s in seeds for n in names if finished(args.out, n, s, args.steps)]
     study = report(args.out, names, seeds, args.steps, (time.time() - start) / 60, figures)
-    study["reports"] = reports
+    study["reports"], study["set_aside"] = reports, set_aside
     with open(os.path.join(args.out, "study.json"), "w") as f:
         json.dump(study, f, indent=1)
     if args.doc:

@@ -130,12 +130,42 @@ def test_eval_values_come_from_the_test_problems(tmp_path):
     assert math.isnan(findings.value(str(tmp_path), 0, study.ev("voting-sp", "sa-transfer")))
 
 
-def test_an_uncalibrated_seed_stops_the_study(tmp_path, monkeypatch, capsys):
-    """A calibration record that names missed targets stops the study before any run of that seed."""
+def test_a_seed_whose_model_misses_calibration_is_set_aside_and_the_next_one_taken(tmp_path, capsys):
+    """The study's seeds are the first N whose toy model passes calibration: seed 1's record names a missed
+    target, so a 3-seed study runs seeds 0, 2 and 3 (a dry run counts a seed without a record as calibrated),
+    and says which seed it set aside and why."""
     out = tmp_path / "s"
     out.mkdir()
-    (out / "calibration.jsonl").write_text(json.dumps({"seed": 0, "missed": ["judge: right - oracle"]}) + "\n")
+    records = [{"seed": 0, "missed": []}, {"seed": 1, "missed": ["solve: right - oracle"]}]
+    (out / "calibration.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    study.main(["--dry-run", "--sweep", "--out", str(out), "--seeds", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[3] for ln in lines if ln.startswith("eval.py calibrate")] == ["2", "3"]  # 0, 1 recorded
+    assert sorted({ln.split("--seed ")[1].split()[0] for ln in lines if ln.startswith("train.py")}) == \
+        ["0", "2", "3"]
+    assert any(ln.startswith("seed 1: ") and "solve: right - oracle" in ln and "set aside" in ln for ln in lines)
+
+
+def test_too_few_calibrated_seeds_stop_the_study_before_a_run(tmp_path, monkeypatch):
+    """When fewer than N of the CANDIDATES seeds pass, the study stops before any run, naming the ones set
+    aside."""
+    out = tmp_path / "s"
+    out.mkdir()
+    records = [{"seed": s, "missed": [] if s == 0 else ["judge: right - oracle"]} for s in range(3)]
+    (out / "calibration.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(study, "CANDIDATES", 3)
     monkeypatch.setattr(study, "LR", "1e-4")
     with pytest.raises(SystemExit) as stopped:
-        study.main(["--out", str(out), "--seeds", "1"])
-    assert "judge: right - oracle" in str(stopped.value) and not list(out.glob("single*"))
+        study.main(["--out", str(out), "--seeds", "2"])
+    assert "only 1 of seeds 0-2" in str(stopped.value) and "set aside: 1, 2" in str(stopped.value)
+    assert not list(out.glob("single*"))
+
+
+def test_the_figures_read_the_studys_own_seeds(tmp_path):
+    """With seed 1 set aside, the bands read seeds 0 and 2 by name (seed 1 has no run folder, and a seed with no
+    steps would leave its configuration out of the figure)."""
+    from infra import plots
+    write_run(tmp_path, "voting-sp", 0, [0.2, 0.4])
+    write_run(tmp_path, "voting-sp", 2, [0.6, 0.8])
+    steps, curves = plots.seed_curves(str(tmp_path), "voting-sp", [0, 2], "val/success")
+    assert steps == [0, 10] and curves == [[0.2, 0.4], [0.6, 0.8]]
