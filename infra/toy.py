@@ -23,7 +23,7 @@ habits; GRPO then has, in every role, a skill to reinforce that carries over to 
 (infra/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
 world can and cannot show).
 
-    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~20 min)
+    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~30 min)
     python -m infra.toy --calibrate --seed 0                      # the base model against its targets
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from infra.models import CACHE_DIR
 
-VERSION = 7  # part of the cache folder's name: bump it when the oracle or the warm-up changes
+VERSION = 8  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
     "solve": 0.4,       # solvers without a strategy (single agent, generators, Eval-Opt's first attempt)
     "suited": 0.85,     # a worker whose strategy suits the operation
@@ -227,8 +227,7 @@ def retry(s: Seen, careful: bool, rng: random.Random) -> str:
 def plan(s: Seen, careful: bool, rng: random.Random) -> str:
     """Careful: the operation's three strategies, in order; hurried: it misreads the operation and proposes
     another's (three random ones suited a third of the time, too little for the plan to matter: consequence 0.04)."""
-    misread = rng.choice([op for op in STRATEGIES if op != s.op])
-    chosen = STRATEGIES[s.op if careful else misread]
+    chosen = STRATEGIES[s.op if careful else rng.choice([op for op in STRATEGIES if op != s.op])]
     return "\n".join(f"STRATEGY {i}: {strategy}" for i, strategy in enumerate(chosen, 1))
 
 

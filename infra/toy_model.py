@@ -3,7 +3,7 @@
 What it does: plays the oracle (infra/toy.py) through the real workflows on all 243 one-digit problems (the caller
 passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
 share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
-supervised learning. Built once per seed into the cache, in about 20 minutes: the warm-up runs on one thread,
+supervised learning. Built once per seed into the cache, in about 30 minutes: the warm-up runs on one thread,
 since floating-point sums differ with the thread count, so that a seed gives the same model whatever the
 machine's cores (and two seeds build side by side in the time of one). What it is not: calibrated by
 construction; `python -m infra.toy --calibrate` checks that the warmed-up model reproduces each habit
@@ -25,14 +25,17 @@ import transformers
 from infra.models import CHATML
 from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
 
-EPISODES = {"single": 12, "voting": 14, "evalopt": 28, "orchworkers": 12}  # oracle episodes per problem, workflow
+EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # oracle episodes per problem, workflow
 # Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
 # rates 0.05-0.07 off its rows' in some habits, a different one in each build: it learned each prompt's draw.)
-ROWS = {"solve": 4000, "work": 5000, "retry": 4000, "select": 3000, "judge": 4000, "plan": 3000, "synthesise": 3000}
+ROWS = {"solve": 8000, "work": 10000, "retry": 8000, "select": 6000, "judge": 8000, "plan": 6000,
+        "synthesise": 6000}
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=4, max_position_embeddings=1024)  # 0.76M parameters with its ~1,000-token vocabulary
 VOCAB = 1024
-WARMUP_STEPS = 2000  # supervised steps of BATCH rows
+# Supervised steps of BATCH rows. (v7's 2,000 on half the rows left a solver right 0.01-0.135 less often than its
+# rows, a different amount in each seed: the right answer's mass spread onto its neighbours, the guesses' numbers.)
+WARMUP_STEPS = 4000
 BATCH = 32
 LR = 3e-3
 # A batch's summed token losses over a constant, not their mean: with the mean, a token of a batch of short rows
@@ -40,7 +43,10 @@ LR = 3e-3
 # (careful) output weighed less than that of a short (hurried) one: the model chose careful 0.40 of the time
 # where its rows had 0.49. The constant is about a habit batch's tokens.
 TOKEN_NORM = 512
-FACT_SHARE, FACT_EVERY, FACT_BATCH = 1.0, 4, 128  # a first phase of 1.0 x steps fact batches, then one in 5
+FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.4, 4, 128  # a first phase of 0.4 x steps fact batches, then one in 5
+# The problems' own facts (`7 × 6 = 42`, 243 of the 9,000 fact rows) come this many times: once each, a seed's
+# times table could end up right only 0.69 of the time in its own line (v7 seeds 3 and 5), and its solver with it.
+PROBLEM_FACT_COPIES = 4
 
 
 def row_kind(name: str, prompt: str) -> str:
@@ -90,10 +96,12 @@ def in_line(worked: list[tuple[str, str]]) -> list[tuple[list[dict], str, str]]:
     """Each fact as a drill in the assistant's own line (`23 ÷ 4 = ` then `5 r 3.`), after a prompt that does not
     show the operands: the model must read them off its own line, as every habit does (a table learned as a
     question and its answer is recalled only when the question is the user's). The division checks, two numbers
-    each, come twice."""
+    each, come twice; the problems' own facts PROBLEM_FACT_COPIES times."""
     out = []
     for arithmetic, result in worked:
-        times = 2 if "÷" in arithmetic else 1
+        a, op, b = arithmetic.split()
+        problem = op != "÷" and {a, b} <= set("123456789")  # one of the 243 problems: a and b digits 1-9
+        times = 2 if op == "÷" else PROBLEM_FACT_COPIES if problem else 1
         out += [([{"role": "user", "content": "Work it out."}], f"{arithmetic} = ", f"{result}.")] * times
     return out
 
@@ -222,7 +230,7 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         return out
     knobs = knobs or KNOBS
-    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 20 minutes, one thread)", flush=True)
+    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 30 minutes, one thread)", flush=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         calls = transcripts(play, seed, knobs)

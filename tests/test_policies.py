@@ -481,7 +481,7 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
 
 # ---------------------------------------------------------------- the toy model (infra/toy_model.py)
 
-TOY_TEST_STEPS = 250  # habit steps of the format test's toy model (about a minute; the full warm-up has 2,000)
+TOY_TEST_STEPS = 250  # habit steps of the format test's toy model (about a minute; the full warm-up has 4,000)
 
 
 @pytest.fixture(scope="module")

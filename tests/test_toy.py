@@ -3,6 +3,7 @@ does what docs/toy_world.md says, the prompt parser reads every candidate, and t
 target with its measured value."""
 import functools
 import random
+from collections import Counter
 
 import pytest
 
@@ -96,19 +97,28 @@ def test_the_hurried_orchestrator_misreads_the_operation():
     operation about half the time, so that a hurried plan leaves every worker unsuited."""
     s = toy.Seen(3, "+", 4, 7, [], None, None, "")
     assert toy.plan(s, True, random.Random(0)).splitlines()[0] == "STRATEGY 1: Count on from the larger number."
+    drawn = random.Random(0)
+    toy.plan(s, True, drawn)
+    assert drawn.random() == random.Random(0).random()  # a careful plan draws no misreading (v8)
     firsts = [toy.plan(s, False, random.Random(i)).splitlines()[0] for i in range(400)]
     assert set(firsts) == {"STRATEGY 1: Count back from the first number.", "STRATEGY 1: Use repeated addition."}
     assert 0.4 < firsts.count("STRATEGY 1: Use repeated addition.") / 400 < 0.6  # 0.5: 4 standard errors
 
 
 def test_arithmetic_facts_are_practised_in_the_models_own_line():
-    """The facts come as drills whose prompt does not show the operands: `23 ÷ 4 = ` written, `5 r 3.` learned."""
+    """The facts come as drills whose prompt does not show the operands: `23 ÷ 4 = ` written, `5 r 3.` learned;
+    each division check twice, each of the 243 problems' own facts PROBLEM_FACT_COPIES times, the rest once."""
     from infra import toy_model
     known = toy_model.in_line(toy_model.facts())
-    assert ([{"role": "user", "content": "Work it out."}], "23 ÷ 4 = ", "5 r 3.") in known
+    drill = [{"role": "user", "content": "Work it out."}]
+    assert (drill, "23 ÷ 4 = ", "5 r 3.") in known
     assert all("Work it out." == m[0]["content"] and w.endswith(" = ") for m, w, _ in known)
     division = [k for k in known if "÷" in k[1]]
     assert len(division) == 2 * len({w for _, w, _ in division})  # each division check twice
+    assert known.count((drill, "7 × 6 = ", "42.")) == toy_model.PROBLEM_FACT_COPIES == 4
+    assert known.count((drill, "9 - 9 = ", "0.")) == 4  # a problem whose answer is 0
+    assert known.count((drill, "12 - 3 = ", "9.")) == 1  # an evaluator's check, not a problem
+    assert sum(n == 4 for n in Counter(w for _, w, _ in known).values()) == 243  # 9 x 9 x 3 problems
 
 
 def test_a_careful_evaluator_checks_by_the_inverse_and_points_the_retry():
