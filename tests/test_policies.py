@@ -489,17 +489,21 @@ def small_toy(tmp_path_factory):
     """A toy model warmed up with a small budget."""
     import eval
     from infra import toy_model
-    return toy_model.build(0, eval.play_every_problem, steps=TOY_TEST_STEPS,
-                           out=str(tmp_path_factory.mktemp("toy") / "m"))
+    with pytest.MonkeyPatch.context() as patch:  # a quarter of the oracle's episodes: rows enough for 250 steps
+        patch.setattr(toy_model, "EPISODES", {w: n // 4 for w, n in toy_model.EPISODES.items()})
+        return toy_model.build(0, eval.play_every_problem, steps=TOY_TEST_STEPS,
+                               out=str(tmp_path_factory.mktemp("toy") / "m"))
 
 
-def test_two_toy_builds_with_one_seed_are_identical(tmp_path):
-    """Transcripts, tokenizer, initial weights and the warm-up's batches all follow the seed (8 steps suffice to
-    show it: every step depends on all the ones before); another seed gives another model."""
+def test_two_toy_builds_with_one_seed_are_identical(tmp_path, monkeypatch):
+    """Transcripts, tokenizer, initial weights and the warm-up's batches all follow the seed (8 steps and one
+    oracle episode a problem suffice to show it: every step depends on all the ones before); another seed gives
+    another model."""
     from safetensors.torch import load_file
 
     import eval
     from infra import toy_model
+    monkeypatch.setattr(toy_model, "EPISODES", {w: 1 for w in toy_model.EPISODES})
     folders = [toy_model.build(3, eval.play_every_problem, steps=8, out=str(tmp_path / f"build{i}")) for i in range(2)]
     a, b = (load_file(os.path.join(f, "model.safetensors")) for f in folders)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
