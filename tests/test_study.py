@@ -9,11 +9,12 @@ import pytest
 from infra import findings, study
 
 
-def test_the_study_dry_run_lists_the_grid(tmp_path, capsys):
+def test_the_study_dry_run_lists_the_grid(tmp_path, capsys, monkeypatch):
     """`python -m infra.study --dry-run`: seed by seed, every configuration as a train.py command, then eval.py on
     the test problems: `trained` on each of the 11 multi-agent runs, and base and the two SA modes (which load no
     adapter of the run) once per workflow, on its first configuration, with the single-agent run of the same
-    seed; nothing is written."""
+    seed; nothing is written. (Before the sweep has chosen, the rate shows by name.)"""
+    monkeypatch.setattr(study, "LR", None)
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
     calibrations = [ln for ln in lines if ln.startswith("eval.py calibrate")]
