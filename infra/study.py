@@ -9,9 +9,9 @@ on 64 problems, then eval.py's four modes on 64 *other* problems (`--split test`
 comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py to per-seed
 paired differences; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`
 page per run, next to it (RUN.html). Each run is an ordinary `python train.py` / `python eval.py` command in its
-own folder under --out: a finished run is skipped, a stopped one resumed. What
-it is not: the method (it only calls train.py and eval.py), nor part of the test suite, nor a place to change
-a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
+own folder under --out: a finished run is skipped, a stopped one resumed. What it is not: the method (it only
+calls train.py and eval.py), nor part of the test suite, nor a place to change a rate, a knob, a step count, a
+seed or a threshold after a comparison has been seen.
 
     python -m infra.study --dry-run                            # the sweep, the grid and their commands
     python -m infra.study --sweep --out runs/study --jobs 2    # the learning-rate sweep on the single agent

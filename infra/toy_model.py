@@ -44,7 +44,7 @@ LR = 3e-3
 # where its rows had 0.49. The constant is about a habit batch's tokens.
 TOKEN_NORM = 512
 FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.4, 4, 128  # a first phase of 0.4 x steps fact batches, then one in 5
-# The problems' own facts (`7 × 6 = 42`, 243 of the 9,000 fact rows) come this many times: once each, a seed's
+# The problems' own facts (`7 × 6 = 42`, 243 of some 9,000 fact rows) come this many times: once each, a seed's
 # times table could end up right only 0.69 of the time in its own line (v7 seeds 3 and 5), and its solver with it.
 PROBLEM_FACT_COPIES = 4
 
