@@ -133,16 +133,24 @@ def fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{digits}f}"
 
 
+def mean_of(values: list[float]) -> float:
+    """The mean over the seeds that have a value (nan when none has)."""
+    found = [x for x in values if not math.isnan(x)]
+    return sum(found) / len(found) if found else float("nan")
+
+
 def finding_table(result: dict) -> str:
-    """The markdown table of one finding: each comparison with its rule, per-seed differences, mean, SE, the
-    bootstrap interval, the seeds agreeing in sign, and the verdict."""
-    rows = ["| comparison | rule | per seed | mean | SE | 95% interval | seeds + / - | verdict |",
-            "|---|---|---|---|---|---|---|---|"]
+    """The markdown table of one finding: each comparison with its rule, the means of A and B over seeds, the
+    per-seed differences, their mean, SE, bootstrap interval, the seeds agreeing in sign, and the verdict."""
+    rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% interval | seeds + / - | verdict |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for kind, comparisons in (("precondition: ", result["preconditions"]), ("", result["comparisons"])):
         for c in comparisons:
             rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near" else "")
+            means = [mean_of(c["a"]), *([mean_of(c["b"])] if "b" in c else [])]
+            a_b = " / ".join(fmt(x, 2).lstrip("+") for x in means)
             per_seed = " ".join(fmt(x, 2) for x in c["per_seed"])
-            rows.append(f"| {kind}{c['label']} | {rule} | {per_seed} | {fmt(c['mean'])} | {fmt(c['se'])} | "
+            rows.append(f"| {kind}{c['label']} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {fmt(c['se'])} | "
                         f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} | "
                         f"{c['verdict']} |")
     rows.append(f"\n**Verdict: {result['verdict']}.**")

@@ -263,8 +263,11 @@ def write_tables(doc: str, study: dict) -> None:
         base, peak, end = (" ".join(findings.fmt(x, 2).lstrip("+") for x in r[k]) for k in ("base", "peak", "end"))
         sweep.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {len(study['seeds'])} |")
     sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
-    tables = {"sweep": "\n".join(sweep), **{f"finding-{f['id']}": findings.finding_table(f)
-                                            for f in study["findings"]}}
+    summary = ["| finding | the claim tested | verdict |", "|---|---|---|"]
+    summary += [f"| [{f['id']}](#finding-{f['id'].lower().replace('/', '')}) | {f['claim']} | **{f['verdict']}** |"
+                for f in study["findings"]]
+    tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
+              **{f"finding-{f['id']}": findings.finding_table(f) for f in study["findings"]}}
     missing = findings.fill_tables(doc, tables)
     if missing:
         print(f"warning: {doc} has no markers for the tables {missing}")

@@ -121,7 +121,22 @@ def test_a_finding_is_judged_from_run_folders_and_its_table_written(tmp_path):
     assert findings.fill_tables(str(page), {"finding-4": findings.finding_table(result), "other": "x"}) == ["other"]
     text = page.read_text()
     assert text.startswith("Prose.\n") and text.endswith("More prose.\n") and "old" not in text
-    assert "| decline: IP - SP | greater 0.05 |" in text and "**Verdict: shown.**" in text
+    assert "| decline: IP - SP | greater 0.05 | 0.30 / 0.01 |" in text and "**Verdict: shown.**" in text
+
+
+def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path):
+    """write_tables fills every marker from study.json's content: the sweep unsigned, one summary row a finding
+    linking to its section, and the finding's table."""
+    page = tmp_path / "findings.md"
+    page.write_text("".join(f"<!-- table:{n} -->\nold\n<!-- /table:{n} -->\n"
+                            for n in ("sweep", "summary", "finding-I1/I6")))
+    sweep = {"rule": "r", "choice": "1e-3", "rates": {"1e-3": {"base": [0.5, 0.4], "peak": [0.9, 0.8],
+                                                              "end": [0.85, 0.7], "holds": 1}}}
+    judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [], "comparisons": []}
+    study.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
+    text = page.read_text()
+    assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
+    assert "| [I1/I6](#finding-i1i6) | anchors help | **not shown** |" in text and "**Verdict: not shown.**" in text
 
 
 def test_eval_values_come_from_the_test_problems(tmp_path):
