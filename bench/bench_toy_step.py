@@ -51,7 +51,7 @@ def main() -> None:
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    flags = [*study.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", "1e-4", "--val-every", "0"]
+    flags = [*study.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", study.LR, "--val-every", "0"]
     run_args = train.parse_args(flags)
     train.checkpoints.seed_everything(0)
     trainer = train.build_trainer(run_args, "cpu")

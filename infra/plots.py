@@ -200,11 +200,15 @@ STUDY_FIGURES = [
         ("validation: the generators' own accuracy", [
             ("voting-ip", "val/generator/acc", "IP", "-", 1),
             ("voting-ip-merged", "val/generator/acc", "IP, merged", "-", 1)])]),
-    ("finding5_format", "Finding 5: does each role keep its format (validation)?", [
-        ("Voting aggregator: format_ok", [("voting-sp", "val/aggregator/format_ok", "SP", "-", 1),
-                                          ("voting-ip", "val/aggregator/format_ok", "IP", "-", 1)]),
-        ("Eval-Opt evaluator: format_ok", [("evalopt-sp", "val/evaluator/format_ok", "SP", "-", 1),
-                                           ("evalopt-ip", "val/evaluator/format_ok", "IP", "-", 1)]),
+    ("finding5_format", "Finding 5: does each role keep its own format (validation)?", [
+        ("Voting aggregator: another role's format (solid), its own (dashed)", [
+            (f"voting-{p}", f"val/aggregator/{key}", f"{p.upper()} {what}", style, 1)
+            for key, what, style in (("foreign_format", "foreign", "-"), ("own_format", "own", "--"))
+            for p in ("sp", "ip")]),
+        ("Eval-Opt evaluator: another role's format (solid), its own (dashed)", [
+            (f"evalopt-{p}", f"val/evaluator/{key}", f"{p.upper()} {what}", style, 1)
+            for key, what, style in (("foreign_format", "foreign", "-"), ("own_format", "own", "--"))
+            for p in ("sp", "ip")]),
         ("Orch-Workers: format_ok", [
             (f"orchworkers-{p}", f"val/{role}/format_ok", f"{p.upper()} {role}", style, 1)
             for role, style in (("orchestrator", "-"), ("synthesizer", "--")) for p in ("sp", "ip")]),
@@ -212,6 +216,12 @@ STUDY_FIGURES = [
             (f"{w}-{p}", f"val/{role}/response_len", f"{p.upper()} {role}", style, 1)
             for w, role, style in (("voting", "aggregator", "-"), ("evalopt", "evaluator", "--"))
             for p in ("sp", "ip")])]),
+    ("roles_careful", "What each role learns: its careful habit's rate (validation; SP solid, IP dashed)", [
+        (title, [(f"{workflow}-{p}", f"val/{role}/careful", f"{role} {p.upper()}", style, 1)
+                 for role in roles for p, style in (("sp", "-"), ("ip", "--"))])
+        for title, workflow, roles in (("Voting", "voting", ("generator", "aggregator")),
+                                       ("Eval-Opt", "evalopt", ("generator", "evaluator")),
+                                       ("Orch-Workers", "orchworkers", ("orchestrator", "worker", "synthesizer")))]),
     ("interventions", "I1 and I6 on Voting IP", [
         ("validation accuracy", [("voting-ip", ACC, "plain IP", "-", 1), ("voting-ip-i6", ACC, "I6 on IP", "-", 1),
                                  ("voting-ip-i1", ACC, "I1 on IP", "-", 1)]),

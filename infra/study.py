@@ -264,8 +264,9 @@ def write_tables(doc: str, study: dict) -> None:
         sweep.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {len(study['seeds'])} |")
     sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
     summary = ["| finding | the claim tested | verdict |", "|---|---|---|"]
-    summary += [f"| [{f['id']}](#finding-{f['id'].lower().replace('/', '')}) | {f['claim']} | **{f['verdict']}** |"
-                for f in study["findings"]]
+    anchor = {f["id"]: f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace("/", "-and-")
+              for f in study["findings"]}  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
+    summary += [f"| [{f['id']}](#{anchor[f['id']]}) | {f['claim']} | **{f['verdict']}** |" for f in study["findings"]]
     tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
               **{f"finding-{f['id']}": findings.finding_table(f) for f in study["findings"]}}
     missing = findings.fill_tables(doc, tables)

@@ -136,7 +136,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     study.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
     text = page.read_text()
     assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
-    assert "| [I1/I6](#finding-i1i6) | anchors help | **not shown** |" in text and "**Verdict: not shown.**" in text
+    assert "| [I1/I6](#i1-and-i6) | anchors help | **not shown** |" in text and "**Verdict: not shown.**" in text
 
 
 def test_eval_values_come_from_the_test_problems(tmp_path):
