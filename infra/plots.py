@@ -145,9 +145,10 @@ def plot_transfer(out: str, seeds: list[int], folder: str, plt) -> str:
                 ax.bar(i + 0.16 * (j - 2), mean, 0.15, color=f"C{j}", label=label if i == 0 else None,
                        yerr=[[mean - min(acc)], [max(acc) - mean]], capsize=3)
     ax.set_xticks(range(len(WORKFLOW_PANELS)), [t for t, _ in WORKFLOW_PANELS])
-    ax.set(ylabel="accuracy (eval.py, 64 problems x 2)", ylim=(0, 1.02), xlabel=" ")
+    ax.set(ylabel="accuracy (eval.py, 64 test problems x 2)", ylim=(0, 1.02), xlabel=" ")
     return _finish(fig, [ax], folder, "finding1_transfer", f"Finding 1: trained workflows against the single agent's "
-                   f"adapter in the structure (mean of {len(seeds)} seeds; whiskers: lowest and highest)")
+                   f"adapter in the structure\n(mean of {len(seeds)} seeds; whiskers: lowest and highest; held-out "
+                   "test problems)")
 
 
 def plot_panels(out: str, seeds: list[int], folder: str, name: str, title: str, panels: list, plt) -> str:
