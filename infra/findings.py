@@ -147,10 +147,10 @@ def finding_table(result: dict) -> str:
     for kind, comparisons in (("precondition: ", result["preconditions"]), ("", result["comparisons"])):
         for c in comparisons:
             rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near" else "")
-            means = [mean_of(c["a"]), *([mean_of(c["b"])] if "b" in c else [])]
+            means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]  # near: A alone
             a_b = " / ".join(fmt(x, 2).lstrip("+") for x in means)
-            per_seed = " ".join(fmt(x, 2) for x in c["per_seed"])
-            rows.append(f"| {kind}{c['label']} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {fmt(c['se'])} | "
+            per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"]).lstrip("+")
+            rows.append(f"| {kind}{c['label']} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
                         f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} | "
                         f"{c['verdict']} |")
     rows.append(f"\n**Verdict: {result['verdict']}.**")

@@ -141,7 +141,8 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     text = page.read_text()
     assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
     assert "| [I1/I6](#i1-and-i6) | anchors help | 1 / 0 / 1 | **not shown** |" in text
-    assert "| I6 | greater 0.05 | -0.10 / 0.00 |" in text and "**Verdict: not shown.**" in text
+    assert "| I6 | greater 0.05 | -0.10 / 0.00 | -0.10 -0.10 | -0.100 | 0.000 |" in text
+    assert "**Verdict: not shown.**" in text
 
 
 def test_eval_values_come_from_the_test_problems(tmp_path):
@@ -190,3 +191,16 @@ def test_the_figures_read_the_studys_own_seeds(tmp_path):
     write_run(tmp_path, "voting-sp", 2, [0.6, 0.8])
     steps, curves = plots.seed_curves(str(tmp_path), "voting-sp", [0, 2], "val/success")
     assert steps == [0, 10] and curves == [[0.2, 0.4], [0.6, 0.8]]
+
+
+def test_a_near_rows_table_gives_a_alone(tmp_path):
+    """A `near` comparison has no B: its row shows A's mean, not 'A / 0.00'."""
+    for seed in range(2):
+        folder = tmp_path / f"voting-sp-s{seed}"
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "generator/loss_share": 0.75}) + "\n"
+                                                      for s in range(1, 4)))
+    finding = {"id": "3", "claim": "shares", "comparisons": [
+        study.c("share", ("voting-sp", "train", "generator/loss_share"), rule="near", target=0.75)]}
+    table = findings.finding_table(findings.judge_finding(str(tmp_path), [0, 1], finding))
+    assert "| share | near 0.05 of 0.75 | 0.75 | +0.75 +0.75 | +0.750 | 0.000 |" in table
