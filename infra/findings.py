@@ -150,7 +150,8 @@ def finding_table(result: dict) -> str:
             means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]  # near: A alone
             a_b = " / ".join(fmt(x, 2).lstrip("+") for x in means)
             per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"]).lstrip("+")
-            rows.append(f"| {kind}{c['label']} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
+            label = c["label"].replace("|", "\\|")  # P(retry | first wrong): a pipe would split the cell
+            rows.append(f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
                         f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} | "
                         f"{c['verdict']} |")
     rows.append(f"\n**Verdict: {result['verdict']}.**")

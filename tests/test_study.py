@@ -134,7 +134,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
                                                               "end": [0.85, 0.7], "holds": 1}}}
     compared = [dict(study.c(label, ("x", "end", "y")), **findings.summarise(diffs), a=diffs, b=[0.0, 0.0],
                      verdict=verdict)
-                for label, diffs, verdict in (("I1", [0.1, 0.1], "shown"), ("I6", [-0.1, -0.1], "the opposite"))]
+                for label, diffs, verdict in (("P(a | b)", [0.1, 0.1], "shown"), ("I6", [-0.1, -0.1], "the opposite"))]
     judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [],
               "comparisons": compared}
     study.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
@@ -142,6 +142,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
     assert "| [I1/I6](#i1-and-i6) | anchors help | 1 / 0 / 1 | **not shown** |" in text
     assert "| I6 | greater 0.05 | -0.10 / 0.00 | -0.10 -0.10 | -0.100 | 0.000 |" in text
+    assert "| P(a \\| b) | greater 0.05 |" in text  # a pipe in a label is escaped, not a new cell
     assert "**Verdict: not shown.**" in text
 
 
