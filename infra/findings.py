@@ -70,6 +70,12 @@ def value(out: str, seed: int, spec: tuple) -> float:
     return numbers[quantity]
 
 
+def mean_of(values: list[float]) -> float:
+    """The mean over the seeds that have a value (nan when none has)."""
+    found = [x for x in values if not math.isnan(x)]
+    return sum(found) / len(found) if found else float("nan")
+
+
 def summarise(diffs: list[float], seed: int = 0) -> dict:
     """Mean, standard error, a bootstrap 95% interval over seeds, and the signs of per-seed values."""
     d = [x for x in diffs if not math.isnan(x)]
@@ -77,7 +83,7 @@ def summarise(diffs: list[float], seed: int = 0) -> dict:
     if n == 0:
         return {"n": 0, "mean": float("nan"), "se": float("nan"), "ci": [float("nan")] * 2, "positive": 0,
                 "negative": 0, "per_seed": diffs}
-    mean = sum(d) / n
+    mean = mean_of(d)
     se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
     rng = random.Random(seed)
     means = sorted(sum(rng.choice(d) for _ in range(n)) / n for _ in range(BOOTSTRAP))
@@ -129,14 +135,10 @@ def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
             "verdict": overall}
 
 
-def fmt(x: float, digits: int = 3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{digits}f}"
-
-
-def mean_of(values: list[float]) -> float:
-    """The mean over the seeds that have a value (nan when none has)."""
-    found = [x for x in values if not math.isnan(x)]
-    return sum(found) / len(found) if found else float("nan")
+def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
+    """A table's number: signed for a difference, plain for a value (a mean, an accuracy, a standard error)."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else \
+        f"{x:{'+' if signed else ''}.{digits}f}"
 
 
 def finding_table(result: dict) -> str:
@@ -148,8 +150,8 @@ def finding_table(result: dict) -> str:
         for c in comparisons:
             rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near" else "")
             means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]  # near: A alone
-            a_b = " / ".join(fmt(x, 2).lstrip("+") for x in means)
-            per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"]).lstrip("+")
+            a_b = " / ".join(fmt(x, 2, signed=False) for x in means)
+            per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"], signed=False)
             label = c["label"].replace("|", "\\|")  # P(retry | first wrong): a pipe would split the cell
             rows.append(f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
                         f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} | "

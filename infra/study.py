@@ -260,17 +260,16 @@ def write_tables(doc: str, study: dict) -> None:
     """docs/findings.md's tables (between their markers) from study.json: the sweep and each finding's."""
     sweep = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
     for lr, r in study["sweep"]["rates"].items():
-        base, peak, end = (" ".join(findings.fmt(x, 2).lstrip("+") for x in r[k]) for k in ("base", "peak", "end"))
+        base, peak, end = (" ".join(findings.fmt(x, 2, signed=False) for x in r[k]) for k in ("base", "peak", "end"))
         sweep.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {len(study['seeds'])} |")
     sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
     summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | verdict |",
                "|---|---|---|---|"]
-    anchor = {f["id"]: f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace("/", "-and-")
-              for f in study["findings"]}  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
-    for f in study["findings"]:
+    for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
+        anchor = f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace("/", "-and-")
         counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
                             for v in ("shown", "not shown", "the opposite"))
-        summary.append(f"| [{f['id']}](#{anchor[f['id']]}) | {f['claim']} | {counts} | **{f['verdict']}** |")
+        summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
     tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
               **{f"finding-{f['id']}": findings.finding_table(f) for f in study["findings"]}}
     missing = findings.fill_tables(doc, tables)
