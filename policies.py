@@ -189,7 +189,7 @@ def cache_kwarg(model) -> str:
 
 
 def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
-                        adapter_names: list[str] | None = None
+                        adapter_names: list[str] | None = None, columns: Callable | None = None
                         ) -> tuple[DynamicCache, torch.Tensor] | None:
     """The KV cache of every row's prompt but its last token, computed once per distinct prompt.
 
@@ -198,13 +198,15 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
     gathering it by row gives every row its prompt's cache [B, ...]. The gather is differentiable:
     backward adds the n rows' gradients into their one prompt pass, so log-probs, loss and
     gradients equal a full pass per row up to float rounding. Prefixes are left-padded like
-    `left_pad(prompts)` minus its last column. Returns (cache, prefix mask [B, P-1]), or None when
-    no prompt repeats or one is a single token (nothing to share).
+    `left_pad(prompts)` minus its last column. `columns(U, width)` runs the pass in pieces of that
+    many columns (the HF engine on CUDA: its mask [U, 1, C, <=P] and activations stay bounded,
+    infra/memory.py), worth it even when no prompt repeats. Returns (cache, prefix mask [B, P-1]),
+    or None when a prompt is a single token or, without `columns`, no prompt repeats.
     """
     keys = [(tuple(p), adapter_names[i] if adapter_names else None) for i, p in enumerate(prompts)]
     distinct: dict[tuple, int] = {}
     row_of = [distinct.setdefault(k, len(distinct)) for k in keys]  # row i -> its distinct prompt
-    if len(distinct) == len(prompts) or min(len(p) for p in prompts) < 2:
+    if (len(distinct) == len(prompts) and not columns) or min(len(p) for p in prompts) < 2:
         return None
     device = next(model.parameters()).device
     ids, mask = left_pad([list(p[:-1]) for p, _ in distinct], pad_id)
@@ -212,8 +214,11 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
     routing = {"adapter_names": [a for _, a in distinct]} if adapter_names else {}
     cache = DynamicCache()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-          logits_to_keep=1, **{cache_kwarg(model): cache}, **routing)
+    step = columns(len(distinct), ids.shape[1]) if columns else ids.shape[1]
+    for s in range(0, ids.shape[1], step):  # each piece attends to the cache and itself
+        model(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
+              position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1,
+              **{cache_kwarg(model): cache}, **routing)
     index = torch.tensor(row_of, device=device)
     cache.batch_select_indices(index)  # [U, heads, P-1, d] -> [B, heads, P-1, d]
     return cache, mask[index]
@@ -223,13 +228,14 @@ class HFEngine:
     """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt
     and cut into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt
     + max_new_tokens), the KV cache a chunk can fill), returned in the caller's order; a chunk's
-    repeated prompts are prefilled once (`shared_prompt_cache`)."""
+    repeated prompts are prefilled once (`shared_prompt_cache`), in pieces of `prefill_columns`
+    columns where given (on CUDA: infra/memory.hf_generation_budget gives both bounds)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.7,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
-                 max_tokens: int = 1 << 62):
+                 max_tokens: int = 1 << 62, prefill_columns: Callable | None = None):
         self.model, self.tokenizer = model, tokenizer
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.prefill_columns = max_new_tokens, prefill_columns
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
         if temperature > 0:
@@ -264,8 +270,9 @@ class HFEngine:
                 routing["adapter_names"] = names
         self.model.eval()
         with use_adapter(self.model, only) if only else contextlib.nullcontext():
-            shared = self.share_prompts and shared_prompt_cache(
-                self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names"))
+            shared = (self.share_prompts or self.prefill_columns) and shared_prompt_cache(
+                self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names"),
+                self.prefill_columns)
             # with a cache, generate() runs only each row's last prompt token on top of it
             cache = {cache_kwarg(self.model): shared[0]} if shared else {}
             seqs = self.model.generate(input_ids=ids, attention_mask=mask,

@@ -1,25 +1,53 @@
-"""GPU memory: the plan for one GPU, and how many tokens the HF engine may generate at once.
+"""GPU memory: the plan for one GPU, and what one HF generate() call may hold.
 
 What it is for: the arithmetic behind `bench/bench_memory.py`'s plan (which micro-batch token budget and vLLM
-fraction fit a Qwen3 cell on one GPU) and behind `--gen-max-tokens 0` (the HF engine's rows per generate() call,
-bounded by the KV cache that the free GPU memory holds). Every term is a formula over a model's shape and the
-token budget, so a test can check it by hand; the bytes per token of a decoder layer are measured on CPU by the
-benchmark. What it is not: a measurement. The plan's numbers are estimates until a GPU run logs
-`memory/peak_gib` (`bash bench/gpu_check.sh` compares the two).
+fraction fit a Qwen3 cell on one GPU) and behind `--gen-max-tokens 0` (the HF engine's tokens per generate()
+call, with its prefill in pieces). Every term is a formula over a model's shape and the token budget, so a test
+checks it by hand (tests/test_memory.py); the bytes a decoder layer keeps per token are measured on CPU by the
+benchmark, on padded micro-batches. What it is not: a measurement. The plan's numbers are estimates until a GPU
+run logs `memory/peak_gib` and `memory/peak_reserved_gib` (`bash bench/gpu_check.sh` compares them).
+
+What the libraries allocate, read from their sources (transformers 5.17-5.24, torch 2.13-2.14, vLLM 0.32-0.33):
+  - rows of different lengths get a [rows, 1, q, kv] bool mask from transformers; torch's SDPA converts it to an
+    additive bf16 copy, and its memory-efficient kernel makes one more, aligned copy when kv is not a multiple
+    of 8: 1 + 2 (+ 2) bytes a cell (`mask_cell_bytes`);
+  - with a mask, transformers' SDPA path repeats K and V across the query heads (GQA is off): one layer's
+    repeated K and V per token (`repeated_kv_bytes_per_token`);
+  - the no-grad passes (old log-probs, drift, the KL reference) hold the KV cache of the prompts they share;
+  - SP's diagnostics keep an fp32 copy of the adapter's gradient per role (infra/update_report.py);
+  - PyTorch's caching allocator reserves more than it allocates: a freed block of one size can sit unused
+    while a larger one is allocated (`reserved_bytes`);
+  - a sleeping vLLM keeps its CUDA graphs' memory unless `sleep_mode_offload_cudagraph` (infra/vllm_engine.py
+    sets it), so the plan's SLACK no longer holds them.
 
     python bench/bench_memory.py      # the plan, per model, task and GPU
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 GIB = 2 ** 30
-SLACK = 3 * GIB                # CUDA context, allocator fragmentation, the sleeping vLLM's CUDA graphs
-LORA_BYTES = 16                # per LoRA parameter: fp32 weight, gradient, Adam m and v
-MASK_BYTES = 3                 # per mask cell: transformers' bool [rows, 1, W, W] mask, and SDPA's bf16 copy of it
-GENERATION_FRACTION = 0.8      # of the free GPU memory, what the HF engine's KV cache may take (logits, slack)
-# Measured on CPU by bench/bench_memory.py (its README figures): bytes saved for backward per token by one bf16
-# Qwen3 decoder layer with LoRA rank 64, with activation checkpointing and without (KiB); and the LM head's chunk
-# of LOGPROB_CHUNK completion tokens, in fp32 copies of its logits.
-QWEN3_LAYER_KIB = {"0.6B": (2.0, 91.9), "1.7B": (4.0, 149.9), "4B": (5.0, 223.0)}
+SLACK = 3 * GIB        # CUDA context, NCCL and vLLM's buffers outside its sleep pool, the allocator's rounding
+LORA_BYTES = 16        # per LoRA parameter: fp32 weight, gradient, Adam m and v
+SNAPSHOT_BYTES = 4     # per LoRA parameter and SP role: the fp32 gradient snapshot of infra/update_report.py
+MASK_BOOL, MASK_COPY, MASK_ALIGN = 1, 2, 8  # bool mask byte, additive bf16 copy bytes, the kernel's alignment
+MASK_CELL_MAX = MASK_BOOL + 2 * MASK_COPY   # a cell with both copies: 5 bytes
+GENERATION_FRACTION = 0.8  # of the free GPU memory, what one generate() call may hold (the rest: reserved > allocated)
+# The HF engine's prefill runs in pieces of at most PREFILL_TOKENS tokens over all rows and PREFILL_CELLS mask
+# cells, so its activations and mask are constants; what grows with a call is its KV cache.
+PREFILL_TOKENS, PREFILL_CELLS = 4096, 1 << 28
+# Per token of a generate() call, besides the KV cache: the int64 ids and 2D mask that generate() grows by a
+# column a step (old and new copy each: 32 bytes) and the prefill's int64 positions (8).
+GENERATE_INT64_BYTES = 40
+# Per row and vocabulary entry while sampling: fp32 logits, processed scores and probabilities, top-p's sorted
+# values (4 bytes each) and their int64 indices (8).
+SAMPLING_BYTES = 24
+# Measured on CPU by bench/bench_memory.py (its README figures), on padded micro-batches of two rows: bytes kept
+# for backward per token by one bf16 Qwen3 decoder layer with LoRA rank 64, with activation checkpointing and
+# without (KiB); without checkpointing a layer keeps K and V repeated across its heads. The mask's cells are
+# counted by `mask_cell_bytes`, not here. HEAD_COPIES: the LM head's chunk of LOGPROB_CHUNK completion tokens,
+# in fp32 copies of its logits.
+QWEN3_LAYER_KIB = {"0.6B": (2.0, 95.9), "1.7B": (4.0, 153.9), "4B": (5.0, 235.0)}
 HEAD_COPIES = 5.0
 
 
@@ -28,12 +56,37 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: i
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
-def mask_bytes(budget: int, longest_row: int) -> int:
-    """The attention mask of a padded micro-batch: when its rows differ in length, transformers builds a
-    [rows, 1, W, W] boolean mask (W the widest row) and SDPA adds a bf16 copy. Worst case under a token budget:
-    budget // W rows of width W."""
-    rows = max(1, budget // longest_row)
-    return rows * longest_row * longest_row * MASK_BYTES
+def repeated_kv_bytes_per_token(heads: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+    """What one layer adds per token when a mask is present: transformers repeats K and V to every query head
+    (`repeat_kv`), new tensors beside the KV heads' own. Qwen3-4B: 2 x (32 - 8) x 128 x 2 = 12,288 bytes."""
+    return 2 * (heads - kv_heads) * head_dim * dtype_bytes
+
+
+def mask_cell_bytes(kv_length: int) -> int:
+    """Bytes a cell of a [rows, 1, q, kv] mask costs at its peak inside SDPA: the bool mask, its additive bf16
+    copy, and when kv is not a multiple of 8 the memory-efficient kernel's aligned copy (3 or 5)."""
+    return MASK_BOOL + MASK_COPY + (MASK_COPY if kv_length % MASK_ALIGN else 0)
+
+
+def mask_bytes(rows: int, q_length: int, kv_length: int) -> int:
+    """The mask of one attention call whose rows differ in length, with its copies."""
+    return rows * q_length * kv_length * mask_cell_bytes(kv_length)
+
+
+def widest_mask_cells(budget: int, longest_row: int) -> int:
+    """The most mask cells a padded micro-batch within a token budget can have: rows x W x W with rows x W <=
+    budget (policies.micro_batches) and W <= the longest row; a row wider than the budget goes alone. For k rows
+    the widest W is budget // k; k beyond 2 x (budget // longest) + 1 cannot win (budget^2 / k falls below what
+    budget // longest rows of the longest width hold)."""
+    if longest_row >= budget:
+        return longest_row * longest_row
+    fewest = budget // longest_row
+    return max(k * min(longest_row, budget // k) ** 2 for k in range(fewest, 2 * fewest + 2))
+
+
+def worst_mask_bytes(budget: int, longest_row: int) -> int:
+    """The plan's mask: the widest micro-batch's cells at 5 bytes, since widths are rarely multiples of 8."""
+    return widest_mask_cells(budget, longest_row) * MASK_CELL_MAX
 
 
 def static_bytes(params: float, lora_params: float, adapters: int) -> float:
@@ -42,36 +95,121 @@ def static_bytes(params: float, lora_params: float, adapters: int) -> float:
     return 2 * params + LORA_BYTES * lora_params * adapters + SLACK
 
 
-def update_bytes(params: float, lora_params: float, adapters: int, budget: int, longest_row: int, layers: int,
-                 ckpt_layer_token: float, full_layer_token: float, head: float) -> float:
-    """Peak memory of one update micro-batch: `static_bytes`, the checkpointed activations of every layer plus one
-    layer's recompute for the budget's tokens, the padded micro-batch's mask, the LM head's chunk."""
-    activations = budget * (layers * ckpt_layer_token + full_layer_token)
-    return static_bytes(params, lora_params, adapters) + activations + mask_bytes(budget, longest_row) + head
+def snapshot_bytes(lora_params: float, roles: int) -> float:
+    """SP's per-role gradient diagnostics while a mini-batch's backward runs: the gradient before the current
+    role and each finished role's own, fp32, `roles` copies in all; none with one role."""
+    return SNAPSHOT_BYTES * lora_params * roles if roles > 1 else 0.0
 
 
-def drift_bytes(params: float, lora_params: float, adapters: int, budget: int, longest_row: int,
-                full_layer_token: float, head: float) -> float:
-    """Peak memory of the drift check's forward (vLLM asleep, no gradient): the same weights and optimizer state,
-    one layer's activations at a time for a micro-batch within the same token budget, its mask, the LM head."""
-    activations = budget * full_layer_token
-    return static_bytes(params, lora_params, adapters) + activations + mask_bytes(budget, longest_row) + head
+def shared_kv_bytes(budget: int, kv_per_token: float) -> float:
+    """The KV cache a no-grad pass holds for the prompts its rows share: gathered back to the rows, at most the
+    micro-batch's padded tokens."""
+    return budget * kv_per_token
 
 
-def generation_tokens(free_bytes: int, kv_per_token: int) -> int:
-    """Tokens (prompt + new, over the rows of one generate() call) whose KV cache fits in GENERATION_FRACTION of
-    the free memory."""
-    return max(1, int(GENERATION_FRACTION * free_bytes / kv_per_token))
+def reserved_bytes(allocated: float, largest_block: float) -> float:
+    """What the caching allocator may reserve at an allocated peak: one more block of the largest transient
+    size, freed by one micro-batch and too small for the next one's."""
+    return allocated + largest_block
 
 
-def hf_generation_budget(model) -> int:
-    """`--gen-max-tokens 0`: on CUDA, what the free memory holds as KV cache (measured when the trainer is built,
-    weights and adapters loaded); on CPU, no bound (the rows per call, --gen-batch-size, bound it)."""
+@dataclass
+class Footprint:
+    """What the plan needs of a model, in bytes: sizes, and per token the layer figures (QWEN3_LAYER_KIB)."""
+    params: float            # base parameters (bf16 on the GPU)
+    lora_params: float       # one adapter's LoRA parameters
+    layers: int
+    ckpt_layer_token: float  # kept per token and layer under checkpointing (its input)
+    full_layer_token: float  # kept per token by one layer for backward: the recompute, K and V repeated
+    kv_token: float          # the KV cache of one token, all layers
+    head: float              # the LM head's chunk, HEAD_COPIES fp32 copies of LOGPROB_CHUNK x vocab
+
+
+def update_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: int) -> float:
+    """Peak of one update micro-batch (the backward, under checkpointing): `static_bytes`, SP's snapshots of
+    `roles` roles, every layer's checkpointed input plus one layer's recompute, the mask, the LM head's chunk."""
+    activations = budget * (m.layers * m.ckpt_layer_token + m.full_layer_token)
+    return static_bytes(m.params, m.lora_params, adapters) + snapshot_bytes(m.lora_params, roles) + \
+        activations + worst_mask_bytes(budget, longest_row) + m.head
+
+
+def nograd_bytes(m: Footprint, adapters: int, budget: int, longest_row: int) -> float:
+    """Peak of a no-grad pass within the budget (old log-probs, the drift check with vLLM asleep): the same
+    weights and optimizer state, one layer's activations, the shared prompts' KV cache, the mask, the head."""
+    return static_bytes(m.params, m.lora_params, adapters) + budget * m.full_layer_token + \
+        shared_kv_bytes(budget, m.kv_token) + worst_mask_bytes(budget, longest_row) + m.head
+
+
+def kl_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: int) -> float:
+    """Peak of --kl-coef's reference pass, which runs between a micro-batch's forward and its backward: what the
+    forward keeps (checkpointed inputs, its bool mask, SP's snapshots) beside a no-grad pass of its own."""
+    kept = budget * m.layers * m.ckpt_layer_token + widest_mask_cells(budget, longest_row) * MASK_BOOL
+    return nograd_bytes(m, adapters, budget, longest_row) + snapshot_bytes(m.lora_params, roles) + kept
+
+
+def plan_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: int) -> dict[str, float]:
+    """A step's peaks within one budget: the update, the no-grad passes, the KL pass; the allocated peak is the
+    largest, the reserved peak adds the largest transient block (the mask's bf16 copy or one fp32 head chunk)."""
+    peaks = {"update": update_bytes(m, adapters, roles, budget, longest_row),
+             "nograd": nograd_bytes(m, adapters, budget, longest_row),
+             "kl": kl_bytes(m, adapters, roles, budget, longest_row)}
+    block = max(widest_mask_cells(budget, longest_row) * MASK_COPY, m.head / HEAD_COPIES)
+    allocated = max(peaks.values())
+    return {**peaks, "allocated": allocated, "reserved": reserved_bytes(allocated, block)}
+
+
+# ---------------------------------------------------------------- the HF engine's generate() calls
+
+def prefill_activation_bytes_per_token(hidden: int, intermediate: int, q_dim: int, dtype_bytes: int,
+                                       lora: bool) -> int:
+    """An upper bound of one decoder layer's no-grad activations per token: the residual and its normed copy,
+    three tensors of the widest projection (the MLP's gate, up and product); with LoRA (fp32) that projection's
+    output and input twice more in fp32. Measured on CPU at Qwen3 shapes with LoRA 64 (bench/README.md): 28.5,
+    72.5, 101.5 KiB for 0.6B, 1.7B, 4B; this gives 54, 108, 163."""
+    wide = max(intermediate, q_dim)
+    return dtype_bytes * (2 * hidden + 3 * wide) + (4 * 2 * (wide + hidden) if lora else 0)
+
+
+def prefill_columns(rows: int, width: int) -> int:
+    """Columns per prefill forward for `rows` prompts `width` wide: within PREFILL_TOKENS tokens and
+    PREFILL_CELLS mask cells (rows x columns x width), at least one."""
+    return max(1, min(PREFILL_TOKENS // rows, PREFILL_CELLS // (rows * width)))
+
+
+def generation_bytes_per_token(kv_token: int, layers: int, repeated_kv: int) -> int:
+    """What a generate() call holds per token of rows x (prompt + new): the KV cache, one layer's copy of it
+    while DynamicCache grows that layer, one layer's K and V repeated across heads (the prefill's pieces attend
+    with a mask), a decode step's mask cell and GENERATE_INT64_BYTES."""
+    return kv_token + kv_token // layers + repeated_kv + MASK_CELL_MAX + GENERATE_INT64_BYTES
+
+
+def generation_fixed_bytes(activation_token: int, rows: int, vocab: int) -> int:
+    """What a generate() call holds whatever its length: a prefill piece's mask and activations, and sampling
+    over the vocabulary for `rows` rows."""
+    return PREFILL_CELLS * MASK_CELL_MAX + PREFILL_TOKENS * activation_token + rows * vocab * SAMPLING_BYTES
+
+
+def generation_tokens(free_bytes: int, per_token: int, fixed: int = 0) -> int:
+    """Tokens (rows x (prompt + new), over one generate() call) that fit in GENERATION_FRACTION of the free
+    memory beside `fixed`."""
+    return max(1, int((GENERATION_FRACTION * free_bytes - fixed) / per_token))
+
+
+def hf_generation_budget(model, rows: int):
+    """`--gen-max-tokens 0`: (tokens per generate() call, `prefill_columns`) on CUDA, from the free memory when
+    the engine is built (weights and adapters loaded); on CPU (no bound, None: one prefill pass)."""
     import torch
     param = next(model.parameters())
     if not param.is_cuda:
-        return 1 << 62
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, head_dim, param.element_size())
-    return generation_tokens(torch.cuda.mem_get_info(param.device)[0], kv)
+        return 1 << 62, None
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    size = param.element_size()
+    kv = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim, size)
+    repeated = repeated_kv_bytes_per_token(c.num_attention_heads, c.num_key_value_heads, head_dim, size)
+    lora = any("lora_" in name for name, _ in model.named_parameters())
+    act = prefill_activation_bytes_per_token(c.hidden_size, c.intermediate_size,
+                                             c.num_attention_heads * head_dim, size, lora)
+    per_token = generation_bytes_per_token(kv, c.num_hidden_layers, repeated)
+    fixed = generation_fixed_bytes(act, rows, c.vocab_size)
+    return generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token, fixed), prefill_columns

@@ -1,42 +1,172 @@
 """The memory plan's terms (infra/memory.py), each against a hand computation. The plan is what bench/bench_memory.py
 prints per model, task and GPU, and what bounds the HF engine's generate() calls on CUDA (--gen-max-tokens 0)."""
+import types
+
 import pytest
+import torch
 
 from infra import memory
 
 GIB = 2 ** 30
 
 
-def test_the_padded_mask_of_a_micro_batch_is_in_the_plan():
-    """transformers builds a [rows, 1, W, W] bool mask when a micro-batch's rows differ in length, and SDPA a bf16
-    copy: 3 bytes a cell. At a 262,144-token budget with 35,840-token rows (math Eval-Opt): 262144 // 35840 = 7
-    rows, 7 x 35,840^2 x 3 = 7 x 1,284,505,600 x 3 = 26,974,617,600 bytes, 27.0 GB that the plan before this term
-    did not count."""
-    assert memory.mask_bytes(262144, 35840) == 7 * 35840 ** 2 * 3 == 26_974_617_600
-    assert memory.mask_bytes(1000, 4000) == 4000 ** 2 * 3  # a row wider than the budget goes alone
+def test_a_mask_cell_costs_5_bytes_when_the_key_length_is_not_a_multiple_of_8():
+    """transformers' bool mask (1 byte), SDPA's additive bf16 copy (2), and the memory-efficient kernel's aligned
+    copy (2) when kv % 8 != 0. The GPU check's micro-batch: 4 rows of 12,801 tokens, 4 x 12,801^2 x 5 =
+    3,277,312,020 bytes; at 12,800 (a multiple of 8) 4 x 12,800^2 x 3 = 1,966,080,000."""
+    assert [memory.mask_cell_bytes(n) for n in (8, 12800, 12801, 35839, 35840)] == [3, 3, 5, 5, 3]
+    assert memory.mask_bytes(4, 12801, 12801) == 3_277_312_020
+    assert memory.mask_bytes(4, 12800, 12800) == 1_966_080_000
+    assert memory.mask_bytes(3, 1, 9) == 3 * 9 * 5  # a decode step: one query row per sequence
 
 
-def test_the_update_counts_every_ip_adapter_and_the_mask():
-    """Round numbers: 1e9 parameters (bf16: 2e9 bytes), 1e7 LoRA parameters at 16 bytes each per adapter, a
-    1,000-token budget of 100-token rows in 10 layers at 2 bytes per checkpointed layer-token plus 50 for one
-    layer's recompute, a 1e6-byte LM head chunk, 3 GiB of slack."""
-    args = dict(params=1e9, lora_params=1e7, budget=1000, longest_row=100, layers=10, ckpt_layer_token=2.0,
-                full_layer_token=50.0, head=1e6)
-    mask = 10 * 100 * 100 * 3  # 1000 // 100 = 10 rows
-    one = 2e9 + 16e7 + 3 * GIB + 1000 * (10 * 2 + 50) + mask + 1e6
-    assert memory.update_bytes(adapters=1, **args) == pytest.approx(one, rel=1e-12)
-    assert memory.update_bytes(adapters=3, **args) - memory.update_bytes(adapters=1, **args) == \
-        pytest.approx(2 * 16e7, rel=1e-12)  # Orch-Workers IP: orchestrator, worker, synthesizer
-    drift = 2e9 + 16e7 + 3 * GIB + 1000 * 50 + mask + 1e6  # no gradient: one layer's activations at a time
-    assert memory.drift_bytes(1e9, 1e7, 1, 1000, 100, 50.0, 1e6) == pytest.approx(drift, rel=1e-12)
+def test_the_widest_mask_within_a_budget_is_found_by_hand_and_by_brute_force():
+    """rows x W <= budget: 262,144 // 35,840 = 7 rows of 35,840 (7 x 35,840^2 = 8,991,539,200 cells, 41.9 GiB at
+    5 bytes); at a 71,679 budget two rows of 35,839 (2,568,867,842 cells) beat one of 35,840 (1,284,505,600); a
+    row wider than the budget goes alone. Small budgets against every width W <= longest."""
+    assert memory.widest_mask_cells(262144, 35840) == 7 * 35840 ** 2 == 8_991_539_200
+    assert memory.worst_mask_bytes(262144, 35840) == 44_957_696_000
+    assert memory.widest_mask_cells(71679, 35840) == 2 * 35839 ** 2 == 2_568_867_842
+    assert memory.widest_mask_cells(1000, 4000) == 4000 ** 2
+    for budget in range(1, 120):
+        for longest in range(1, budget + 1):
+            brute = max((budget // w) * w * w for w in range(1, longest + 1))
+            assert memory.widest_mask_cells(budget, longest) == brute, (budget, longest)
 
 
-def test_the_hf_engines_token_bound_is_the_kv_cache_that_fits():
-    """Qwen3-0.6B: 28 layers x 8 KV heads x 128 dims x (key + value) x 2 bytes = 114,688 bytes a token; 80% of
-    40 GiB free holds 299,593 tokens (int(0.8 x 42,949,672,960 / 114,688))."""
-    kv = memory.kv_bytes_per_token(28, 8, 128)
-    assert kv == 114_688
-    assert memory.generation_tokens(40 * GIB, kv) == 299_593
+def test_with_a_mask_k_and_v_are_repeated_across_heads_and_the_measurement_shows_it():
+    """Qwen3-4B: 2 x (32 - 8) heads x 128 x 2 bytes = 12,288 bytes (12 KiB) a token in one layer; 0.6B and 1.7B
+    (16 heads, 8 KV heads): 4,096 (4 KiB). The per-layer figures measured on padded micro-batches (QWEN3_LAYER_KIB)
+    are the earlier unpadded ones (91.9, 149.9, 223.0 KiB) plus exactly this, within the 0.1 KiB of rounding."""
+    assert memory.repeated_kv_bytes_per_token(32, 8, 128) == 12_288
+    assert memory.repeated_kv_bytes_per_token(16, 8, 128) == 4_096
+    unpadded = {"0.6B": 91.9, "1.7B": 149.9, "4B": 223.0}
+    heads = {"0.6B": 16, "1.7B": 16, "4B": 32}
+    for name, (_, full) in memory.QWEN3_LAYER_KIB.items():
+        added = memory.repeated_kv_bytes_per_token(heads[name], 8, 128) / 1024
+        assert full - unpadded[name] == pytest.approx(added, abs=0.1), name
+
+
+def test_transformers_sdpa_path_repeats_k_and_v_only_when_rows_are_padded(monkeypatch):
+    """What the plan's repeated-K/V term rests on, with the installed transformers: tiny-qwen3 (4 query heads, 2
+    KV heads). Rows of equal length: no mask, SDPA gets 2 KV heads (GQA in the kernel). One row padded: a
+    [2, 1, 6, 6] mask, and K arrives with 4 heads."""
+    import policies
+    torch.manual_seed(0)
+    model, _ = policies.load_model("tiny-qwen3")
+    seen, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((k.shape[1], None if attn_mask is None else tuple(attn_mask.shape)))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.randint(0, 200, (2, 6))
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        assert set(seen) == {(2, None)}
+        seen.clear()
+        model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6]))
+    assert set(seen) == {(4, (2, 1, 6, 6))}
+
+
+def test_sp_snapshots_and_the_shared_prompt_cache_at_4b():
+    """Qwen3-4B's rank-64 LoRA: 36 layers x 64 x 57,344 (q, k, v, o, gate, up, down in + out) = 132,120,576
+    parameters, an fp32 snapshot 528,482,304 bytes (0.49 GiB) per SP role; Orch-Workers SP (3 roles) holds 3.
+    The no-grad passes' shared-prompt KV cache at the cells' 51,200-token budget: 36 x 8 x 128 x 2 x 2 = 147,456
+    bytes (144 KiB) a token, 7,549,747,200 bytes (7.03 GiB)."""
+    lora = 36 * 64 * 57344
+    assert lora == 132_120_576
+    assert memory.snapshot_bytes(lora, 1) == 0  # one role: no diagnostics
+    assert memory.snapshot_bytes(lora, 3) == 3 * 528_482_304
+    kv = memory.kv_bytes_per_token(36, 8, 128)
+    assert kv == 147_456 and memory.shared_kv_bytes(51200, kv) == 7_549_747_200
+
+
+def test_every_peak_of_a_step_by_hand():
+    """Round numbers: 1e9 parameters (bf16: 2e9 bytes), 1e7 LoRA parameters, 10 layers at 2 bytes per checkpointed
+    layer-token and 50 for one layer's recompute, a 100-byte KV cache a token, a 1e6-byte head chunk, a 1,000-token
+    budget of 100-token rows: 10 rows, 100,000 mask cells, 500,000 bytes at 5 a cell.
+      static, SP (1 adapter)   2e9 + 16 x 1e7 + 3 GiB = 5,381,225,472;  IP (3 adapters): 5,701,225,472
+      SP snapshots, 3 roles    4 x 1e7 x 3 = 120,000,000
+      update, SP               static + snapshots + 1000 x (10 x 2 + 50) + 500,000 + 1e6 = 5,502,795,472
+      no-grad pass, SP         static + 1000 x 50 + 1000 x 100 (KV) + 500,000 + 1e6 = 5,382,875,472
+      KL pass, SP              no-grad + snapshots + 1000 x 10 x 2 + 100,000 (the forward's bool mask)
+                               = 5,502,995,472: the allocated peak
+      reserved                 + max(100,000 x 2, 1e6 / 5) = 5,503,195,472
+      update, IP               5,701,225,472 + 70,000 + 500,000 + 1e6 = 5,702,795,472"""
+    m = memory.Footprint(params=1e9, lora_params=1e7, layers=10, ckpt_layer_token=2.0, full_layer_token=50.0,
+                         kv_token=100.0, head=1e6)
+    assert memory.static_bytes(1e9, 1e7, 1) == 5_381_225_472
+    sp = memory.plan_bytes(m, adapters=1, roles=3, budget=1000, longest_row=100)
+    assert sp == {"update": 5_502_795_472, "nograd": 5_382_875_472, "kl": 5_502_995_472,
+                  "allocated": 5_502_995_472, "reserved": 5_503_195_472}
+    assert memory.update_bytes(m, 3, 1, 1000, 100) == 5_702_795_472
+
+
+# ---------------------------------------------------------------- the HF engine's generate() calls
+
+QWEN3_1_7B = dict(layers=28, kv_heads=8, heads=16, head_dim=128, hidden=2048, intermediate=6144, vocab=151936)
+AGGREGATOR_WIDTH = 25600 + 8192  # Voting-1.7B-Math evaluation: a 25.6k-token prompt and 8,192 new tokens
+
+
+def worked_example():
+    """Voting-1.7B-Math evaluated on an 80 GB card: 80e9 bytes less the bf16 weights (2 x 1,720.6e6), the two
+    trained adapters in fp32 (2 x 28 x 64 x 38,912 x 4 = 557,842,432) and 1 GiB of CUDA context: 74,927,215,744
+    bytes free (69.8 GiB)."""
+    return int(80e9 - 2 * 1720.6e6 - 2 * 28 * 64 * 38912 * 4 - GIB)
+
+
+def test_the_worked_example_fits_on_80_gb_and_the_old_budget_did_not():
+    """Before: the budget counted the KV cache alone, int(0.8 x 74,927,215,744 / 114,688) = 522,650 tokens, 15
+    aggregator rows of 33,792; generate()'s one prefill of 15 rows then holds their prompts' KV cache (15 x 25,600
+    x 114,688 = 44.0e9 bytes) and a [15, 1, P, P] mask (P = 25,599, the widest prompt, not a multiple of 8: 15 x
+    25,599^2 x 5 = 49.1e9), already more than is free before any activation.
+    After, per token: 114,688 (KV) + 4,096 (one layer's copy as it grows) + 4,096 (one layer's K and V repeated) +
+    5 (a decode step's mask) + 40 (int64 ids, masks, positions) = 122,925; fixed: a prefill piece's 2^28 mask
+    cells x 5 = 1,342,177,280, its 4,096 tokens x 110,592 (2 x (2 x 2,048 + 3 x 6,144) + 8 x (6,144 + 2,048), LoRA)
+    = 452,984,832, sampling 64 rows x 151,936 x 24 = 233,373,696: 2,028,535,808. Budget: int((0.8 x free -
+    fixed) / 122,925) = 471,126 tokens, 13 rows, holding 13 x 33,792 x 122,925 + fixed = 56,028,996,608 bytes
+    (52.2 GiB), within 0.8 of the 69.8 GiB free. Each prefill piece: 315 columns of 13 rows (4,095 tokens),
+    13 x 315 x 25,599 = 104,827,905 mask cells."""
+    free = worked_example()
+    assert free == 74_927_215_744
+    c = QWEN3_1_7B
+    kv = memory.kv_bytes_per_token(c["layers"], c["kv_heads"], c["head_dim"])
+    old = memory.generation_tokens(free, kv)
+    assert (kv, old, old // AGGREGATOR_WIDTH) == (114_688, 522_650, 15)
+    assert 15 * 25600 * kv + memory.mask_bytes(15, 25599, 25599) > free
+    repeated = memory.repeated_kv_bytes_per_token(c["heads"], c["kv_heads"], c["head_dim"])
+    per_token = memory.generation_bytes_per_token(kv, c["layers"], repeated)
+    act = memory.prefill_activation_bytes_per_token(c["hidden"], c["intermediate"], c["heads"] * c["head_dim"], 2,
+                                                    lora=True)
+    fixed = memory.generation_fixed_bytes(act, 64, c["vocab"])
+    assert (per_token, act, fixed) == (122_925, 110_592, 2_028_535_808)
+    new = memory.generation_tokens(free, per_token, fixed)
+    rows = new // AGGREGATOR_WIDTH
+    assert (new, rows) == (471_126, 13)
+    held = rows * AGGREGATOR_WIDTH * per_token + fixed
+    assert held == 56_028_996_608 and held <= memory.GENERATION_FRACTION * free
+    columns = memory.prefill_columns(rows, 25599)
+    assert columns == 315 and rows * columns <= memory.PREFILL_TOKENS
+    assert rows * columns * 25599 == 104_827_905 <= memory.PREFILL_CELLS
+
+
+def test_the_hf_budget_reads_the_models_shape_and_the_free_memory(monkeypatch):
+    """hf_generation_budget on a CUDA model (a stand-in: the suite hides CUDA) computes the worked example's
+    471,126 tokens from a Qwen3-1.7B config with LoRA and 74,927,215,744 bytes free, and gives the prefill's
+    pieces; on the CPU, no bound and one prefill pass."""
+    import policies
+    model, _ = policies.load_model("tiny")
+    assert memory.hf_generation_budget(model, 64) == (1 << 62, None)
+    c = QWEN3_1_7B
+    config = types.SimpleNamespace(num_hidden_layers=c["layers"], num_key_value_heads=c["kv_heads"],
+                                   num_attention_heads=c["heads"], head_dim=c["head_dim"], hidden_size=c["hidden"],
+                                   intermediate_size=c["intermediate"], vocab_size=c["vocab"])
+    param = types.SimpleNamespace(is_cuda=True, device="cuda:0", element_size=lambda: 2)
+    stand_in = types.SimpleNamespace(config=config, parameters=lambda: iter([param]),
+                                     named_parameters=lambda: iter([("q_proj.lora_A.generator.weight", param)]))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (worked_example(), 80_000_000_000))
+    assert memory.hf_generation_budget(stand_in, 64) == (471_126, memory.prefill_columns)
 
 
 # ---------------------------------------------------------------- what the vLLM engine does to torch's counters

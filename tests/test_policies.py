@@ -396,6 +396,28 @@ def test_shared_prompt_generation_equals_full_prefill(two_adapter_model):
     assert len({tuple(c) for c in outs[True]}) > 1  # the rows do differ (a mix-up between them would show)
 
 
+def test_a_prefill_in_pieces_generates_what_one_pass_does(two_adapter_model):
+    """On CUDA the HF engine prefills in pieces of a few columns (infra/memory.prefill_columns), so that a call's
+    mask and activations stay bounded at 25k-token prompts, whether or not prompts repeat. Greedy completions
+    equal one full prefill's for distinct prompts under mixed adapters and for a repeated prompt, at pieces of 1,
+    3 and 64 columns, and each piece is one forward over every distinct prompt: ceil((P - 1) / columns) of them,
+    P the widest prompt."""
+    model, tok = two_adapter_model
+    prompts = [_prompt(tok, t) for t in PROMPT_TEXTS]
+    for rows, adapters in ((prompts, ["x", "y", BASE, "x"]), ([prompts[0], prompts[2], prompts[0]], ["y"] * 3)):
+        want = [g.completion_ids for g in HFEngine(model, tok, 10, temperature=0).generate(rows, adapters)]
+        width, distinct = max(len(p) for p in rows), len({tuple(p) for p in rows})
+        for columns in (1, 3, 64):
+            engine = HFEngine(model, tok, 10, temperature=0, prefill_columns=lambda u, w, c=columns: c)
+            seen, handle = _count_embedded_tokens(model)
+            got = [g.completion_ids for g in engine.generate(rows, adapters)]
+            handle.remove()
+            assert got == want, columns
+            pieces = -(-(width - 1) // columns)
+            assert seen[:pieces] == [distinct * min(columns, width - 1 - k * columns) for k in range(pieces)]
+            assert seen[pieces] == len(rows)  # then generate() runs each row's last prompt token
+
+
 def test_use_adapter_base_disables_lora(lp_model):
     model, _ = lp_model
     p, c = [3, 4, 5, 6], [7, 8, 9]
