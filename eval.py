@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import re
@@ -45,11 +46,13 @@ from tqdm import tqdm
 import policies
 import tasks
 import workflows
-from infra import calibration, checkpoints, distributed, memory, toy_model
+from infra import calibration, checkpoints, distributed, memory, toy_model, vllm_engine
 from infra.cells import PAPER_LENGTHS, cell_name
 from infra.flags import HelpFormatter, Parser, number, settings_from
-from infra.plots import EVAL_KEYS, plot_runs
+from infra.models import version_note
+from infra.plots import plot_runs
 from infra.report import write_report
+from infra.results import results_command
 from infra.runfolder import (
     NAME_KEYS,
     WriteError,
@@ -57,7 +60,6 @@ from infra.runfolder import (
     check_writable,
     dataset_name,
     dump_trajectories,
-    read_results,
     read_run_args,
     trajectory_folder,
     usage_error,
@@ -156,12 +158,14 @@ def mode_route(mode: str, policy: str) -> Callable[[str], str]:
     return lambda name: SA_ADAPTER if role_type(name) in SOLVING_ROLES else BASE
 
 
-def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
-    """(model, tokenizer) for a mode: the plain base model (`base`), the run's adapters (`trained`),
-    or one adapter shaped like the SA run's (SA modes). Checkpoint weights are loaded by
-    `load_step`."""
+def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str, engine: str = "hf"):
+    """(model, tokenizer, the base weights' folder for vLLM or None) for a mode: the plain base
+    model (`base`), the run's adapters (`trained`), or one adapter shaped like the SA run's (SA
+    modes). Checkpoint weights are loaded by `load_step`."""
     model, tokenizer = policies.load_model(run_args["model"], getattr(torch, run_args["dtype"]),
                                            device, run_args["seed"])
+    folder = vllm_engine.vllm_model_folder(run_args["model"], model, tokenizer) \
+        if engine == "vllm" else None  # before adapters wrap the model
     if mode == "trained":
         roles = ROLES[run_args["workflow"]]
         adapters = sorted({route_adapter(r, run_args["policy"]) for r in roles})
@@ -170,7 +174,22 @@ def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str):
     elif mode in SA_MODES:
         model = policies.add_adapters(model, [SA_ADAPTER], sa_args["lora_rank"],
                                       sa_args["lora_alpha"])
-    return model, tokenizer
+    return model, tokenizer, folder
+
+
+def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_tokens: int,
+                temperature: float, top_p: float, rows: int, dtype: str = "float32", seed: int = 0,
+                vllm_memory: float = 0.4, share_prompts: bool = True, max_tokens: int = 0):
+    """The sampling engine (train.py's too): vLLM (its own copy of the base weights, the adapters
+    synced in) or HF generate on the model itself, each call at most `rows` rows and `max_tokens`
+    tokens (0: on CUDA what fits in the free memory, the prefill in pieces: infra/memory.py)."""
+    if engine == "vllm":
+        eos = policies.eos_token_ids(model, tokenizer)
+        return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
+                                      max_new_tokens, temperature, top_p, vllm_memory, dtype, seed)
+    fits, columns = memory.hf_generation_budget(model, rows)
+    return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p, rows,
+                             share_prompts, max_tokens or fits, columns)
 
 
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None,
@@ -241,16 +260,15 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     if mode in SA_MODES:
         sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run))
     eval_set = eval_tasks(run_args, args.data, args.split)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = build_model(run_args, mode, sa_args, device)
+    on_cpu = args.engine == "vllm"  # then the model only carries the adapters into vLLM
+    model, tokenizer, folder = build_model(run_args, mode, sa_args,
+                                           "cpu" if on_cpu else args.device, args.engine)
     temp = run_args["temperature"] if args.temperature is None else args.temperature
     cell_prompt, cell_new = eval_lengths(run_args)
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
-    engine = policies.HFEngine(model, tokenizer, max_new, temp, run_args["top_p"],
-                               run_args["gen_batch_size"],
-                               max_tokens=memory.hf_generation_budget(model))  # CUDA: what fits
+    engine = make_engine(args.engine, model, tokenizer, folder, max_new, temp, run_args["top_p"],
+                         run_args["gen_batch_size"], run_args["dtype"], args.seed,
+                         args.vllm_gpu_memory)
     encode = policies.chat_encoder(tokenizer, run_args["enable_thinking"],
                                    run_args.get("chat_template", "model"))
     options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow
@@ -258,6 +276,8 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     records = []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, sa_run, sa_args, step)
+        if args.engine == "vllm":  # the step's adapters, as new versions in vLLM
+            engine.sync_adapters(model)
         checkpoints.seed_everything(args.seed)  # the same at every step: differences are weights'
         start = time.time()
         episodes = workflows.run_episodes(distributed.share(eval_set), args.samples,
@@ -294,32 +314,6 @@ def save_record(r: dict, episodes: list[Episode], run_dir: str, args: argparse.N
     tqdm.write(f"{r['cell']} {r['mode']} step {r['step']}: accuracy {m['accuracy']:.3f} "
                f"(std {m['accuracy_std']:.3f} over {r['n']} samples x {r['tasks']} tasks), "
                f"{pass_k}")
-
-
-# ---------------------------------------------------------------- the results table
-
-TABLE_METRICS = ["accuracy", "pass@2", "any_correct", "generator/acc", "aggregator/acc",
-                 "aggregator/format_ok", "fallback_rate"]
-
-
-def results_table(records: list[dict]) -> str:
-    """A markdown table of evaluation records (one row each, in order: what ran on which set, then
-    the metrics of TABLE_METRICS that some record has); accuracy with its std over samples (n > 1);
-    `-`: the metric does not apply."""
-    columns = [k for k in TABLE_METRICS if any(r["metrics"].get(k) is not None for r in records)]
-    head = ["cell", "dataset", "mode", "step", "samples", *columns]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for r in records:
-        m = r["metrics"]
-        mode = f"{r['mode']} ({r['sa_cell']})" if r["mode"] in SA_MODES else r["mode"]
-        accuracy = f"{m['accuracy']:.3f}"
-        if r["n"] > 1:  # a std needs two samples or more
-            accuracy += f" ± {m['accuracy_std']:.3f}"
-        row = [r["cell"], r["dataset"], mode, str(r["step"]), f"{r['n']} x {r['tasks']}"]
-        for k in columns:
-            row.append(accuracy if k == "accuracy" else "-" if m.get(k) is None else f"{m[k]:.3f}")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the toy world
@@ -426,6 +420,11 @@ def add_evaluate_flags(p: Parser) -> None:
     g.add_argument("--seed", type=int, default=0,
                    help="sampling seed, the same for every checkpoint")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
+                   help="auto: vllm on CUDA when it imports, else hf (transformers generate)")
+    g.add_argument("--vllm-gpu-memory", type=number(float, 0, 1, low_open=True), default=0.85,
+                   help="vllm: fraction of GPU memory it takes (the model and its adapters stay on "
+                   "the CPU)")
     g.add_argument("--dump", action="store_true",
                    help="one JSON file per episode under RUN/trajectories/")
     g.add_argument("--out", default=None,
@@ -445,26 +444,15 @@ def check_eval_args(args: argparse.Namespace) -> None:
     if not known or (args.device.startswith("cuda") and not torch.cuda.is_available()):
         usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA "
                     "device")
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    if args.engine == "auto":
+        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
+    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
+        usage_error(problem)
     if args.split == "test" and (args.data or run_args["task"] != "math"):
         usage_error("--split test: synthetic math runs only, without --data")
     if args.every_checkpoint and args.mode == "base":
         usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
-
-
-def results_command(paths: list[str]) -> str:
-    """`eval.py table`: the records of the given runs' eval.jsonl (or JSONL files), printed as one
-    table."""
-    files = [os.path.join(p, "eval.jsonl") if os.path.isdir(p) else p for p in paths]
-    for path in files:
-        if not os.path.exists(path):
-            usage_error(f"no evaluation results at {path} (run `python eval.py --run-dir RUN` "
-                        "first)")
-    records = [r for path in files for r in read_results(path, EVAL_KEYS)]
-    if not records:
-        usage_error(f"no evaluation records in {', '.join(paths)} "
-                    "(run `python eval.py --run-dir RUN` first)")
-    print(results_table(records))
-    return results_table(records)
 
 
 def main(argv: list[str] | None = None):
@@ -482,8 +470,11 @@ def main(argv: list[str] | None = None):
         return plot_command(args.runs, args.out)
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
-    # under torchrun: each rank evaluates a share of the tasks, on the device --device asks for
-    args.device = distributed.init_distributed(args.device) or args.device
+    # one device per process (under torchrun each rank's, evaluating a share of the tasks), current
+    # before the model or the engine is built; a note when a library is outside the tested versions
+    args.device = distributed.claim_device(distributed.init_distributed(args.device) or args.device)
+    if note := version_note():
+        print(note)
     try:
         return evaluate_steps(args.run, args.mode, steps, args)
     except WriteError as error:  # the records of the steps before it are saved

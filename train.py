@@ -34,7 +34,7 @@ import grpo
 import policies
 import tasks
 import workflows
-from eval import play_every_problem
+from eval import make_engine, play_every_problem
 from infra import checkpoints, distributed, flags, memory, samples, toy, toy_model, vllm_engine
 from infra.flags import COUNT, COUNT0, FRACTION, NONNEGATIVE, POSITIVE, RESUMABLE
 from infra.runfolder import (
@@ -57,8 +57,7 @@ def train_step(batch: list[tasks.Task], args, trainer: Trainer) -> dict[str, flo
     """One GRPO step: rollout (under torchrun each rank runs a share of the tasks, whole groups),
     rewards, group advantages, one update of every adapter over the global batch. Returns the step's
     metrics."""
-    if next(trainer.model.parameters()).is_cuda:
-        torch.cuda.reset_peak_memory_stats()
+    memory.reset_peaks(trainer.model)  # CUDA: this step's peaks (vLLM's sleep resets them again)
     t0 = time.time()
     episodes = run_workflow(batch, args.group_size, args, trainer, "rollout")
     t_rollout = time.time() - t0
@@ -75,12 +74,7 @@ def train_step(batch: list[tasks.Task], args, trainer: Trainer) -> dict[str, flo
     m = grpo.update_policy(trainer.model, samples, trainer.optimizers, trainer.settings,
                            trainer.grad_ema)
     t_update = time.time() - t1
-    cuda = next(trainer.model.parameters()).is_cuda
-    if cuda:  # the trainer's own peak: since vLLM fell asleep, less what torch counts as vLLM's
-        if args.engine == "vllm":
-            peak = trainer.engine.trainer_peak_bytes()
-        else:
-            peak = torch.cuda.max_memory_allocated()
+    m.update(memory.step_peaks(trainer.model, trainer.engine))  # CUDA: the trainer's, vLLM asleep
     if args.engine == "vllm":  # new versions of the updated adapters
         trainer.engine.wake_up()
         trainer.engine.sync_adapters(trainer.model, sorted({s.adapter for s in samples}))
@@ -90,10 +84,6 @@ def train_step(batch: list[tasks.Task], args, trainer: Trainer) -> dict[str, flo
              time_update=t_update, rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
              update_tok_s=sum(p[2] for p in parts) / max(t_update, 1e-9))
     m["reward"] = m["reward"] or 0.0  # None: no calls, every episode ended by an over-long prompt
-    if cuda:  # the trainer's peak (PyTorch's allocator), the device's use now
-        free, total = torch.cuda.mem_get_info()
-        m.update({"memory/peak_gib": peak / 2 ** 30,
-                  "memory/device_used_gib": (total - free) / 2 ** 30})
     return m
 
 
@@ -141,14 +131,12 @@ def run(argv: list[str] | None) -> str:
     args = flags.parse_args(parser, argv, ROLES)  # every flag checked; nothing loaded or written
     if args.resume and flags.nothing_to_train(args):  # before args.json takes this --steps
         return args.run_dir
-    rank_device = distributed.init_distributed(args.device)  # torchrun: this rank's device
+    # one device per process, current before any model or engine: torchrun's rank's, or --device
+    device = distributed.claim_device(distributed.init_distributed(args.device) or args.device)
     train_tasks, val_tasks = load_tasks(args)  # a bad row stops here, naming the file and the row
     if not args.resume:
         check_run_dir(args.run_dir, args.overwrite)
     distributed.barrier()  # every rank has checked the folder before rank 0 writes into it
-    device = rank_device or args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     checkpoints.seed_everything(args.seed)
     trainer = build_trainer(args, device)
     rank, size = distributed.world()
@@ -286,7 +274,9 @@ def build_trainer(args, device: str = "cpu") -> Trainer:
         policies.enable_grad_checkpointing(model)
     optimizers = grpo.make_optimizers(model, adapters, args.lr, args.weight_decay,
                                       args.warmup_steps, args.lr_schedule, args.steps)
-    engine = make_engine(args, model, tokenizer, base_folder)
+    engine = make_engine(args.engine, model, tokenizer, base_folder, args.max_new_tokens,
+                         args.temperature, args.top_p, args.gen_batch_size, args.dtype, args.seed,
+                         args.vllm_gpu_memory, args.share_prompts, args.gen_max_tokens)
     options = flags.settings_from(workflows.WorkflowOptions, vars(args))
     return Trainer(model, tokenizer, optimizers, engine, update_settings(args), options, {})
 
@@ -300,19 +290,6 @@ def update_settings(args) -> grpo.UpdateSettings:
         norm_len=args.max_new_tokens,   # Dr. GRPO's constant length: the response budget
         temperature=args.temperature,   # log-probs at the sampling temperature
         share_prompts=args.share_prompts)  # after build_trainer's attention check
-
-
-def make_engine(args, model, tokenizer, base_folder: str | None):
-    """The sampling engine: vLLM (its own copy of the base weights, the adapters synced in) or HF
-    generate on the training model itself."""
-    if args.engine == "vllm":
-        eos = policies.eos_token_ids(model, tokenizer)
-        return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
-                                      args.max_new_tokens, args.temperature, args.top_p,
-                                      args.vllm_gpu_memory, args.dtype, args.seed)
-    budget = args.gen_max_tokens or memory.hf_generation_budget(model)
-    return policies.HFEngine(model, tokenizer, args.max_new_tokens, args.temperature, args.top_p,
-                             args.gen_batch_size, args.share_prompts, budget)
 
 
 def load_tasks(args) -> tuple[list[tasks.Task], list[tasks.Task]]:
@@ -426,7 +403,7 @@ def add_run_flags(p: flags.Parser) -> None:
                    help="rows per generate() call (memory only)")
     g.add_argument("--gen-max-tokens", type=COUNT0, default=0,
                    help="hf: tokens per generate() call, rows x (prompt + new tokens); 0 = on "
-                   "CUDA what the free memory holds as KV cache (infra/memory.py), on CPU none")
+                   "CUDA what fits in the free memory (infra/memory.py), on CPU none")
     g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4,
                    help="vllm: fraction of GPU memory it takes")
     g = p.add_argument_group("run folder and logging")

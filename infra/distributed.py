@@ -1,4 +1,4 @@
-"""Several ranks under torchrun, on torch.distributed; every function is a no-op for a plain `python train.py`.
+"""Several ranks under torchrun, on torch.distributed, and the one device each process claims.
 
 What it is for: starting the process group, each rank's share of a batch (whole GRPO groups), gathering
 picklable values, and the update's two torchrun steps (grpo.update_policy): `my_mini_batches` gives a rank its
@@ -6,9 +6,10 @@ rows of the global batch's mini-batches, weighed over the whole mini-batch, and 
 gradients, so that every rank steps with the gradient one process would have. Which rows and weights those are
 is grpo.py's (`mini_batches`); this file only moves values between ranks.
 
-Data parallel is decided by the launcher (torchrun's WORLD_SIZE > 1), never by `dist.is_initialized()`: an
-in-process vLLM engine creates a world-size-1 process group of its own, which a single process must neither
-send its collectives through nor destroy. Only the group `init_distributed` created is destroyed.
+Every function but `claim_device` is a no-op for a plain `python train.py`. Data parallel is decided by the
+launcher (torchrun's WORLD_SIZE > 1), never by `dist.is_initialized()`: an in-process vLLM engine creates a
+world-size-1 process group of its own, which a single process must neither send its collectives through nor
+destroy. Only the group `init_distributed` created is destroyed.
 
     torchrun --standalone --nproc_per_node 2 train.py --model tiny --steps 2     # CPU: gloo; GPU: nccl
 """
@@ -55,6 +56,18 @@ def init_distributed(device: str = "auto") -> str | None:
     _created_group = True
     quiet_other_ranks()
     return f"cuda:{local}" if cuda else "cpu"
+
+
+def claim_device(device: str) -> str:
+    """One device per process, made the current device before any model or engine is built: `auto` resolved,
+    and for CUDA torch.cuda.set_device, so that memory counters and anything that names bare `cuda` (a
+    generate() cache, a checkpoint's tensors) are on it. Under torchrun `device` is init_distributed's rank
+    device; vLLM's own worker takes cuda:{LOCAL_RANK} there, the same GPU (vllm_engine.engine_problem)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(device.partition(":")[2] or 0))
+    return device
 
 
 def close_distributed() -> None:

@@ -330,8 +330,8 @@ def check_environment(args: argparse.Namespace) -> None:
             ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
         if needed and importlib.util.find_spec(module) is None:
             usage_error(f"{module} is not installed: {fix}")
-    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        usage_error(vllm_engine.VLLM_MISSING)
+    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
+        usage_error(problem)
     if problem := models.model_problem(args.model):
         usage_error(problem)
 
@@ -385,10 +385,11 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
 
 
 def run_header(args: argparse.Namespace, parser: Parser, device: str) -> str:
-    """The two lines a run opens with: what it is and where it writes, and the flags not at their
-    defaults (every setting is in RUN/args.json)."""
+    """The lines a run opens with: what it is and where it writes, the flags not at their defaults
+    (every setting is in RUN/args.json), and a note when a library is outside the tested versions."""
     changed = " ".join(changed_flags(args, parser)) or "none"
+    note = models.version_note()  # torch, transformers or vLLM outside the tested versions: one line
     return (f"run {cells.cell_name(vars(args))}: workflow {args.workflow}, policy {args.policy}, "
             f"model {args.model}, device {device}, engine {args.engine}, folder {args.run_dir}\n"
             f"flags not at their defaults: {changed} "
-            f"(every setting: {os.path.join(args.run_dir, 'args.json')})")
+            f"(every setting: {os.path.join(args.run_dir, 'args.json')})" + (f"\n{note}" if note else ""))

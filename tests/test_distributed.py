@@ -274,6 +274,71 @@ def test_init_distributed_honours_the_device_flag(monkeypatch):
     assert distributed.init_distributed("auto") == "cuda:1" and calls == {"set_device": 1, "backend": "nccl"}
 
 
+class _Built(Exception):
+    """Raised by the stand-in engine: the run has built all it builds before its first step."""
+
+
+@pytest.mark.parametrize("launch", ["one process, --device cuda:1", "torchrun, LOCAL_RANK 1"])
+def test_the_device_is_claimed_before_any_model_or_engine_is_built(tmp_path, monkeypatch, launch):
+    """One device per process: torch.cuda.set_device(1) runs before the model loads (onto cuda:1) and before the
+    engine is built, in train.py and in eval.py, for --device cuda:1 in one process and for torchrun's LOCAL_RANK 1
+    alike (there also before the process group starts). (torch.cuda, the process group, the model loader and the
+    engine are stand-ins that log their calls; the model itself loads on the CPU: no GPU needed.)"""
+    import eval as E
+    import policies
+    import train
+    from infra import distributed
+    run_dir = str(tmp_path / "run")
+    train.main(["--model", "tiny", "--steps", "0", "--val-every", "0", "--run-dir", run_dir])  # for eval.py
+    log, real_load = [], policies.load_model
+
+    def load(name, dtype=torch.float32, device="cpu", seed=0):
+        log.append(f"load_model {device}")
+        return real_load(name, dtype, "cpu", seed)
+
+    def engine(*args, **kwargs):
+        log.append("engine")
+        raise _Built
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: log.append(f"set_device {i}"))
+    monkeypatch.setattr(policies, "load_model", load)
+    monkeypatch.setattr(E, "make_engine", engine)
+    monkeypatch.setattr(train, "make_engine", engine)
+    monkeypatch.setattr(distributed, "_created_group", False)  # restored after: no group is really made here
+    device = "cuda:1"
+    if launch.startswith("torchrun"):
+        for key, value in (("WORLD_SIZE", "2"), ("LOCAL_RANK", "1"), ("RANK", "0")):
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **kw: log.append("process group"))
+        device = "cuda"  # torchrun: the rank's GPU, whatever --device names
+    with pytest.raises(_Built):
+        train.main(["--model", "tiny", "--device", device, "--engine", "hf", "--steps", "1", "--run-dir",
+                    str(tmp_path / "train")])
+    with pytest.raises(_Built):
+        E.main(["--run-dir", run_dir, "--mode", "base", "--device", device, "--engine", "hf"])
+    group = ["set_device 1", "process group"] if launch.startswith("torchrun") else []  # NCCL binds to it
+    assert log == [*group, "set_device 1", "load_model cuda:1", "engine"] * 2
+
+
+def test_vllm_on_cuda_n_in_one_process_is_refused_with_the_way_that_works(monkeypatch):
+    """vLLM's in-process worker takes cuda:{local rank}, cuda:0 without torchrun: with --device cuda:2 the
+    trainer and vLLM would split over two GPUs, so it is one line naming CUDA_VISIBLE_DEVICES=2. cuda, cuda:0,
+    the HF engine and torchrun (where vLLM takes LOCAL_RANK, the rank's own GPU) are fine; where vLLM does not
+    import, that is the line."""
+    import importlib.util
+
+    from infra import vllm_engine
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    problem = vllm_engine.engine_problem("vllm", "cuda:2")
+    assert "takes cuda:0" in problem and "CUDA_VISIBLE_DEVICES=2" in problem
+    assert [vllm_engine.engine_problem(e, d) for e, d in [("vllm", "cuda"), ("vllm", "cuda:0"), ("hf", "cuda:2"),
+                                                         ("vllm", "auto")]] == [None] * 4
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert vllm_engine.engine_problem("vllm", "cuda:2") is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert vllm_engine.engine_problem("vllm", "cuda") == vllm_engine.VLLM_MISSING
+
+
 def test_resume_reads_onto_the_cpu_and_moves_the_i6_state_to_the_ranks_device(tmp_path, monkeypatch,
                                                                                make_lora_model):
     """A checkpoint that rank 0 saved from its GPU would load back onto cuda:0 on every rank (torch.load's default),

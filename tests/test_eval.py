@@ -206,7 +206,7 @@ def test_sa_transfer_loads_the_sa_adapter_into_every_role(runs, tmp_path, capsys
     from peft.utils import load_peft_weights
     sa_args, voting_args = runfolder.read_run_args(runs["sa"]), runfolder.read_run_args(runs["voting_ip"])
     torch.manual_seed(123)  # a fresh adapter init that differs from the saved one
-    model, _ = E.build_model(voting_args, "sa-transfer", sa_args, "cpu")
+    model, _, _ = E.build_model(voting_args, "sa-transfer", sa_args, "cpu")
     assert list(model.peft_config) == ["sa"]
     saved = load_peft_weights(os.path.join(runs["sa"], "checkpoints", "step_000001", "adapters", "shared"))
     live = {n: p for n, p in model.named_parameters() if "lora_A" in n}

@@ -155,6 +155,29 @@ def test_a_run_opens_with_what_it_is_and_the_flags_it_changed(tmp_path, capsys):
     assert max(map(len, out)) < 300  # no line of every setting
 
 
+def test_a_library_outside_the_tested_versions_is_one_line_at_start_up(tmp_path, capsys, monkeypatch):
+    """torch 2.14 (CUDA 13) and vLLM 0.33 are outside what the tests run (torch 2.13; transformers 5.17, 5.19,
+    5.24; vLLM 0.32), compared by major.minor: train.py says so in one line after its first two, eval.py at its
+    start; a patch release (5.24.3) is inside, and a library that is not installed is not named."""
+    from infra import models
+    installed = {"torch": "2.14.0+cu130", "transformers": "5.24.3", "vllm": "0.33.0"}
+    monkeypatch.setattr(models, "installed_version", installed.get)
+    note = ("note: torch 2.14.0+cu130 (tested: 2.13); vllm 0.33.0 (tested: 0.32) outside the tested versions "
+            "(docs/vllm.md, 'Versions')")
+    assert models.version_note() == note
+    run_dir = tmp_path / "run"
+    train.main([*TINY, "--steps", "0", "--run-dir", str(run_dir)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[out.index(note) - 1].startswith("flags not at their defaults:") and out.count(note) == 1
+    E.main(["--run-dir", str(run_dir), "--mode", "base"])
+    assert capsys.readouterr().out.splitlines()[0] == note
+    installed.update(torch="2.13.0+cpu", vllm=None)
+    assert models.version_note() is None
+    installed.update(transformers="5.20.0")
+    assert models.version_note() == ("note: transformers 5.20.0 (tested: 5.17, 5.19, 5.24) outside the tested "
+                                     "versions (docs/vllm.md, 'Versions')")
+
+
 def test_a_cells_values_count_as_its_defaults():
     """A cell run names the cell and what the command line changed; what train.py resolves itself
     (--engine auto, --max-iterations by task) is not a change."""
