@@ -279,6 +279,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
         if args.engine == "vllm":  # the step's adapters, as new versions in vLLM
             engine.sync_adapters(model)
         checkpoints.seed_everything(args.seed)  # the same at every step: differences are weights'
+        memory.reset_peaks(model)  # CUDA: the record carries the step's memory/... peaks
         start = time.time()
         episodes = workflows.run_episodes(distributed.share(eval_set), args.samples,
                                           run_args["workflow"], options, run_args["credit"],
@@ -290,6 +291,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
              "n": args.samples, "tasks": len(eval_set), "temperature": temp,
              "max_new_tokens": max_new, "seed": args.seed,
              "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(tallies)}
+        r.update(memory.step_peaks(model, engine))
         if sa_run:
             r.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
         save_record(r, episodes, run_dir, args)

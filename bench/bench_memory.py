@@ -7,12 +7,16 @@ micro-batch, and the bytes autograd saved for backward (each storage once).
   A. one row of 2k to 16k tokens, with and without activation checkpointing: the scaling per token;
   B. 8,192 tokens as 1, 2, 4 or 8 rows (checkpointing on): memory follows the token budget, not the rows;
   C. 1,024 completion tokens with Qwen3's 151,936-token vocabulary: the LM head's chunk peak, in fp32 vocab rows.
-Computed for the published Qwen3 shapes: the bytes saved per token by one decoder layer in bf16 (a 1- and a 2-layer
-model of each shape, forward only, on CPU), with and without checkpointing. From those and C, the plan: the largest
+Computed for the published Qwen3 shapes (bf16 weights, LoRA 64): the bytes saved per token by one decoder layer
+(a 1- and a 2-layer model of each shape, forward only), with and without checkpointing, on a padded micro-batch of
+two rows, so that transformers builds the mask and repeats K and V across heads as a cell's micro-batches make it
+(the mask's own cells are counted by infra/memory.py, not here); and the live peak per token of one layer's
+no-grad forward (the HF engine's prefill). From those and C, the plan (infra/memory.py's terms): the largest
 micro-batch token budget and the vLLM memory fraction that fit one 80 GB and one 141 GB GPU, per model and task,
 with an estimated step time. The plan's numbers are estimates until `bench/gpu_check.sh` measures them.
 
-    python bench/bench_memory.py            # about 3 minutes on 2 cores
+    python bench/bench_memory.py            # about 5 minutes on 2 cores
+    python bench/bench_memory.py --plan     # the plan only, from infra/memory.py's figures (seconds)
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ QWEN3 = {  # the published shapes: layers, then one layer's (hidden, intermediat
 }
 PARAMS = {"0.6B": 596.0e6, "1.7B": 1720.6e6, "4B": 4022.5e6}
 VOCAB, RANK, GIB = 151936, 64, 2 ** 30
-BUDGETS = (32768, 51200, 65536, 98304, 131072, 196608, 262144)  # micro-batch token budgets the plan tries
+BUDGETS = (32768, 40960, 51200, 65536, 98304, 131072, 196608, 262144)  # micro-batch token budgets the plan tries
+HEAD_ROWS = 5.0  # C's measurement (fp32 vocab rows per completion token of the LM head's chunk): HEAD_COPIES
 
 
 def rss_kb() -> int:
@@ -104,27 +109,114 @@ def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab:
     return {"peak": peak, "saved": saved}
 
 
-def layer_bytes(shape: dict, checkpointing: bool, tokens: int = 256) -> float:
-    """Bytes saved for backward per token by one decoder layer of a Qwen3 shape, bf16 weights, fp32 LoRA rank 64:
-    the difference between a 2- and a 1-layer model's decoder forward (the embedding and final norm cancel)."""
+def decoder_inputs(rows: int, tokens: int) -> dict:
+    """`tokens` ids over `rows` rows; with 2 rows the second is one token shorter (left-padded), so the micro-batch
+    carries a [2, 1, W, W] mask as a cell's rows of different lengths do."""
+    import torch
+    ids = torch.randint(0, 256, (rows, tokens // rows))
+    mask = torch.ones_like(ids)
+    mask[1:, :1] = 0
+    return dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+
+
+def qwen3_layers(shape: dict, layers: int, checkpointing: bool = False):
+    """A bf16 Qwen3 of `shape` with `layers` layers and a rank-64 LoRA adapter `shared` (fp32)."""
     import torch
 
     import policies
     from infra import models
+    models.QWEN3_SHAPES["bench"] = dict(shape, num_hidden_layers=layers, head_dim=128, vocab_size=512)
+    torch.manual_seed(0)
+    model = models.random_qwen3("bench", models.tiny_tokenizer()).to(torch.bfloat16)
+    model = policies.add_adapters(model, ["shared"], rank=RANK)
+    if checkpointing:
+        policies.enable_grad_checkpointing(model)
+    return model
+
+
+class LayerSaved(SavedBytes):
+    """SavedBytes without the mask's storages ([rows, 1, W, W]: counted per cell by infra/memory.py)."""
+
+    def pack(self, t):
+        if t.dim() == 4 and t.shape[1] == 1 and t.shape[-1] == t.shape[-2]:
+            return t
+        return super().pack(t)
+
+
+def layer_bytes(shape: dict, checkpointing: bool, tokens: int = 256) -> float:
+    """Bytes saved for backward per token by one decoder layer of a Qwen3 shape, bf16 weights, fp32 LoRA rank 64,
+    on a padded micro-batch of two rows: the difference between a 2- and a 1-layer model's decoder forward (the
+    embedding and final norm cancel)."""
+    import policies
     saved = []
     for layers in (1, 2):
-        models.QWEN3_SHAPES["bench"] = dict(shape, num_hidden_layers=layers, head_dim=128, vocab_size=512)
-        torch.manual_seed(0)
-        model = models.random_qwen3("bench", models.tiny_tokenizer()).to(torch.bfloat16)
-        model = policies.add_adapters(model, ["shared"], rank=RANK)
-        if checkpointing:
-            policies.enable_grad_checkpointing(model)
+        model = qwen3_layers(shape, layers, checkpointing)
         model.train()
-        ids = torch.randint(0, 256, (1, tokens))
-        with policies.use_adapter(model, "shared"), SavedBytes(model) as count:
-            model.get_base_model().get_decoder()(input_ids=ids, position_ids=torch.arange(tokens)[None])
+        with policies.use_adapter(model, "shared"), LayerSaved(model) as count:
+            model.get_base_model().get_decoder()(**decoder_inputs(2, tokens))
         saved.append(count.total)
     return (saved[1] - saved[0]) / tokens
+
+
+class LiveBytes:
+    """Within `with`: the peak of the bytes live in tensors that ops made (each storage once, until it is freed)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                outer.made(out)
+                return out
+        self.mode, self.live, self.peak, self.refs = Mode(), 0, 0, {}
+
+    def made(self, out) -> None:
+        import functools
+        import weakref
+
+        import torch
+        from torch.utils._pytree import tree_flatten
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.refs:
+                storage = t.untyped_storage()  # the same object while the storage lives: its weakref dies with it
+                key, size = storage.data_ptr(), storage.nbytes()
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                self.refs[key] = weakref.ref(storage, functools.partial(self.freed, key, size))
+
+    def freed(self, key: int, size: int, _ref=None) -> None:
+        self.live -= size
+        self.refs.pop(key, None)
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def prefill_bytes(shape: dict) -> float:
+    """The live peak per token of one decoder layer's no-grad forward with the LoRA adapter on (the HF engine's
+    prefill), from 1-layer models at widths 128, 256, 512 of a padded pair of rows: peak = c + a x tokens + b x
+    mask cells, solved for a (c: weight-sized copies CPU kernels make, which a GPU does not)."""
+    import numpy as np
+    import torch
+
+    import policies
+    rows = []
+    for width in (128, 256, 512):
+        model = qwen3_layers(shape, 1)
+        decoder = model.get_base_model().get_decoder()
+        with torch.no_grad(), policies.use_adapter(model, "shared"):
+            decoder(**decoder_inputs(2, 2 * width))  # warm-up
+            with LiveBytes() as live:
+                decoder(**decoder_inputs(2, 2 * width))
+        rows.append(([1.0, 2 * width, 2 * width * width], live.peak))
+    _, per_token, _ = np.linalg.solve(np.array([r for r, _ in rows]), np.array([p for _, p in rows], dtype=float))
+    return float(per_token)
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -156,42 +248,72 @@ def step_time(name: str, task: str) -> float:
     return generation + 8 * PARAMS[name] * trained / (0.4 * 990e12)
 
 
-def plan(head_rows: float) -> None:
-    """Per model, task and GPU: the largest budget (BUDGETS, at least the longest row) whose update and drift check
-    fit in 90% of the GPU (`infra.memory`: bf16 weights, 3 adapters' LoRA with gradient and Adam state, as
-    Orch-Workers IP holds, the checkpointed activations plus one layer's recompute, the padded micro-batch's
-    [rows, 1, W, W] mask, the LM head's chunk of `head_rows` fp32 vocab rows per completion token (measured),
-    3 GiB of slack), and the vLLM fraction that would be left during rollout. The cells keep --vllm-gpu-memory 0.4
-    until a GPU measures more."""
+def footprints(head_rows: float, measure: bool) -> dict:
+    """Per Qwen3 model, infra/memory.py's Footprint: measured layer bytes (or QWEN3_LAYER_KIB's), its LoRA, its KV
+    cache, the LM head's chunk of `head_rows` fp32 vocab rows per completion token; with `measure` also the
+    prefill's live bytes, printed."""
     import policies
-    from infra.cells import PAPER_LENGTHS
-    from infra.memory import drift_bytes, mask_bytes, update_bytes
-    head = head_rows * policies.LOGPROB_CHUNK * VOCAB * 4
-    print("\nmodel task | GPU GB | longest row | budget: update GiB (mask GiB) | vLLM fraction | Voting step, est.")
+    from infra import memory
+    out = {}
     for name, (layers, shape) in QWEN3.items():
-        full, ckpt, lora = layer_bytes(shape, False), layer_bytes(shape, True), lora_parameters(layers, shape)
-        print(f"[{name}: {ckpt / 1024:.1f} KiB per token and layer with checkpointing, {full / 1024:.1f} without; "
-              f"LoRA {lora / 1e6:.1f}M parameters per adapter]")
+        ckpt, full = (k * 1024 for k in memory.QWEN3_LAYER_KIB[name])
+        if measure:
+            full, ckpt = layer_bytes(shape, False), layer_bytes(shape, True)
+            print(f"[{name}: per token and layer, padded micro-batch: {ckpt / 1024:.1f} KiB with checkpointing, "
+                  f"{full / 1024:.1f} without; no-grad forward's live peak {prefill_bytes(shape) / 1024:.1f} KiB]",
+                  flush=True)
+        kv = memory.kv_bytes_per_token(layers, shape["num_key_value_heads"], 128)
+        head = head_rows * policies.LOGPROB_CHUNK * VOCAB * 4
+        out[name] = memory.Footprint(PARAMS[name], lora_parameters(layers, shape), layers, ckpt, full, kv, head)
+    return out
+
+
+def cell_peak(m, budget: int, longest: int, kl: bool) -> dict:
+    """The larger plan of Orch-Workers under IP (3 adapters) and under SP (1 adapter, 3 roles' snapshots)."""
+    from infra.memory import plan_bytes
+    return max((plan_bytes(m, adapters, roles, budget, longest, kl) for adapters, roles in ((3, 1), (1, 3))),
+               key=lambda peaks: peaks["reserved"])
+
+
+def plan(head_rows: float, measure: bool = True) -> None:
+    """Per model, task and GPU: the largest budget (BUDGETS, at least the longest row) whose step fits in 90% of the
+    GPU as reserved memory (infra/memory.plan_bytes: the update, the no-grad passes with their shared prompts' KV
+    cache, the mask at 5 bytes a cell, SP's snapshots, the allocator's largest transient block), without and with
+    --kl-coef's reference pass; the cells' own budget against the same bound; and the vLLM fraction that would be
+    left during rollout. The cells keep --vllm-gpu-memory 0.4 until a GPU measures more."""
+    from infra.cells import PAPER_LENGTHS, cell_defaults
+    from infra.memory import GIB, worst_mask_bytes
+    print("\nmodel task | GPU GB | longest row | budget: reserved (allocated) GiB, mask GiB | with --kl-coef | "
+          "cell's budget: reserved GiB | vLLM fraction | Voting step, est.")
+    for name, m in footprints(head_rows, measure).items():
         for task in ("math", "code"):
             longest = max(p + r for (kind, _), (p, r, _, _) in PAPER_LENGTHS.items() if kind == task)
+            cell = cell_defaults(f"Voting-IP-{name}-{task.title()}")["max_tokens_per_micro_batch"]
             for gpu in (80, 141):
-                def peak(budget: int, n=PARAMS[name], layers=layers, ckpt=ckpt, full=full, lora=lora,
-                         longest=longest) -> float:
-                    return max(update_bytes(n, lora, 3, budget, longest, layers, ckpt, full, head),
-                               drift_bytes(n, lora, 3, budget, longest, full, head))
-                fits = [b for b in BUDGETS if b >= longest and peak(b) <= 0.9 * gpu * 1e9]
-                static = 2 * PARAMS[name] + 16 * 3 * lora + GIB  # what stays on the GPU while vLLM samples
+                def fits(kl: bool, m=m, longest=longest, gpu=gpu) -> int | None:
+                    ok = [b for b in BUDGETS if b >= longest and
+                          cell_peak(m, b, longest, kl)["reserved"] <= 0.9 * gpu * 1e9]
+                    return max(ok) if ok else None
+                best, with_kl = fits(False), fits(True)
+                static = 2 * m.params + 16 * 3 * m.lora_params + GIB  # what stays on the GPU while vLLM samples
                 fraction = int((0.9 - static / (gpu * 1e9)) * 20) / 20
-                mask = mask_bytes(max(fits), longest) if fits else 0
-                cell = f"{max(fits)}: {peak(max(fits)) / GIB:.0f} ({mask / GIB:.0f})" if fits else "does not fit"
-                print(f"{name:<5} {task:<4} | {gpu:>6} | {longest:>11} | {cell:<28} | {fraction:>13.2f} | "
+                peaks = cell_peak(m, best, longest, False) if best else None
+                text = f"{best}: {peaks['reserved'] / GIB:.0f} ({peaks['allocated'] / GIB:.0f}), " \
+                    f"{worst_mask_bytes(best, longest) / GIB:.0f}" if best else "does not fit"
+                own = cell_peak(m, cell, longest, True)["reserved"]
+                print(f"{name:<5} {task:<4} | {gpu:>6} | {longest:>11} | {text:<22} | {with_kl or '-':>14} | "
+                      f"{cell}: {own / GIB:.0f}{'' if own <= 0.9 * gpu * 1e9 else ' OVER'} | {fraction:>13.2f} | "
                       f"{step_time(name, task):.0f} s")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--one", nargs=5, type=int, help=argparse.SUPPRESS)
+    p.add_argument("--plan", action="store_true", help="the plan only, from infra/memory.py's figures")
     args = p.parse_args()
+    if args.plan:
+        plan(HEAD_ROWS, measure=False)
+        return
     if args.one:
         rows, prompt, completion, ckpt, vocab = args.one
         print(json.dumps(measure(rows, prompt, completion, bool(ckpt), vocab)))

@@ -2,28 +2,34 @@
 
 Each check prints what it measured and holds it to a bound; a table at the end says pass, FAIL or skip (and why),
 and the exit status is 0 only when no check failed. A missing requirement is one line and exit 1, before any check.
-  1. training: 2 steps of the Voting-IP cell configuration with a learnable stand-in reward (even-length outputs
-     win; a random or untrained model earns no math reward, so advantages and gradients would be 0): every step
-     finite, both adapters with a non-zero gradient; step time, peak trainer memory, vLLM drift where it ran.
-  2. memory: an IP generator update of three mini-batches (the later two need the no-grad old-log-prob pass),
-     each one padded micro-batch of rows of different lengths at a cell's token budget (51,200), so transformers
-     builds the 4D mask, on the Qwen3-0.6B shape in bf16 with checkpointing and LoRA 64: the SDPA kernel that ran,
-     allocated and reserved peaks against each term of the plan (infra/memory.py; allocated must stay under it),
-     and update tokens/s after a warm-up update.
-  3. bf16: the same rows' log-probs in bf16 and fp32, mean difference under 0.05 nats a token, with the random LM
+`gpu_check.json` is rewritten after every check, so a run killed part-way leaves every finished result (and the
+check it was in).
+  1. training: 2 steps of the Voting-IP cell configuration with a learnable stand-in reward, validated before and
+     after (bench/gpu_check_runs.py): finite, both adapters with a gradient; allocated and reserved peaks.
+  2. training-sp: one step of the Voting-SP cell configuration with --kl-coef on both roles: SP's per-role
+     gradients and the KL reference pass, finite.
+  3. memory: an IP generator update of three mini-batches (the later two need the no-grad old-log-prob pass),
+     each one padded micro-batch at a cell's token budget (51,200) of rows that share one prompt (so the no-grad
+     passes hold its KV cache) and differ in length, the widest 12,799 tokens (not a multiple of 8: the
+     alignment copy of the mask), with --kl-coef's reference pass in every micro-batch; on the Qwen3-0.6B shape
+     in bf16 with checkpointing and LoRA 64: the SDPA kernels that ran, the allocated and reserved peaks, each
+     against the plan (infra/memory.plan_bytes), and update tokens/s after a warm-up update.
+  4. eval: eval.py on the training check's run, prompts near Voting-math's evaluation limit (25,600 tokens), the
+     HF engine: no episode cut short, and on CUDA the allocated peak within the HF budget's own bound.
+  5. bf16: the same rows' log-probs in bf16 and fp32, mean difference under 0.05 nats a token, with the random LM
      head scaled so the logits spread as a trained model's do (std 4 over the vocabulary; random weights: ~0.6,
      where any dtype agrees).
-  4. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
-  5. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
+  6. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
+  7. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
 Nothing is downloaded: Qwen/Qwen3-0.6B where it is in the local hub cache, else `random-qwen3-0.6b` (its shape,
 random weights). Runs and data go under --work (/tmp/gpu_check); only `gpu_check.json` (the summary: versions,
-results, the training metrics) goes to --out ($OUT), next to the log gpu_check.sh writes there. Wheels in .whl/
+results, the runs' metrics) goes to --out ($OUT), next to the log gpu_check.sh writes there. Wheels in .whl/
 (gpu_check.sh --fetch-wheels) are installed into /tmp/gpu-check-site where the machine lacks their package.
-`--small` rehearses it on the CPU with tiny-qwen3 and small sizes (the memory bound, vLLM and the GPU tests skip);
+`--small` rehearses it on the CPU with tiny-qwen3 and small sizes (the memory bounds, vLLM and the GPU tests skip);
 `--preflight` (this CPU machine) installs .whl/ into a fresh folder for the lent machine's Python and imports what
-the checks need from it, before any device time is spent. Estimated 3 minutes on one H200 (bench/README.md).
+the checks need from it, before any device time is spent. Estimated 5 minutes on one H200 (bench/README.md).
 
-    bash bench/gpu_check.sh                    # on the GPU machine: under 6 minutes
+    bash bench/gpu_check.sh                    # on the GPU machine: under 8 minutes
     bash bench/gpu_check.sh --only memory      # one check again (comma-separated names: training,memory,...)
     bash bench/gpu_check.sh --small            # CPU rehearsal, about 2 minutes
     python3 bench/gpu_check.py --preflight     # CPU: the wheels install and import; versions
@@ -41,21 +47,17 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from gpu_check_runs import check_eval, check_training, check_training_sp, write_data  # noqa: E402 (bench/)
 from gpu_wheels import SITE, VERSIONS, install_wheels, preflight, versions  # noqa: E402 (bench/, beside this file)
 
 REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; README, 'Two commands')",
             "transformers": "pip install -r requirements.txt", "peft": "pip install -r requirements.txt",
             "datasets": "pip install -r requirements.txt", "math_verify": "pip install -r requirements.txt",
             "safetensors": "pip install -r requirements.txt", "numpy": "pip install -r requirements.txt"}
-PARITY_TRAIN = f"""
-import sys
-sys.path.insert(0, {ROOT!r})
-import tasks, train, workflows
-workflows.grade_many = lambda ts, outs: [tasks.Grade(float(len(o) % 2 == 0), o[:8], True, "parity") for o in outs]
-train.main(sys.argv[1:])
-"""
 TARGET_LOGIT_STD = 4.0  # a trained LM's logits over the vocabulary spread this much (random weights: ~0.6)
 BUDGET = 51200          # the cells' micro-batch token budget (cells.PAPER_HYPERPARAMETERS)
+KL = {"generator": 0.01}  # the memory check's --kl-coef: a reference pass in every micro-batch
+CHECKS = ("training", "training-sp", "memory", "eval", "bf16", "vllm", "gpu-tests")
 
 
 def missing_requirements(small: bool) -> list[str]:
@@ -78,41 +80,6 @@ def model_name(small: bool) -> str:
         else "random-qwen3-0.6b"
 
 
-def check_training(small: bool, model: str, work: str, summary: dict) -> tuple[str, str]:
-    """2 steps of the Voting-IP cell configuration with the stand-in reward, in a process of its own, its run
-    folder under `work`; its metrics go into the summary. Where `datasets` does not import, the cell's data files
-    cannot be read: the synthetic math task instead (said in the detail)."""
-    import tasks
-    data, val, run = (os.path.join(work, name) for name in ("dapo.jsonl", "aime.jsonl", "run"))
-    for path, problems in ((data, tasks.synthetic_math(200, difficulty=1, seed=1)),
-                           (val, tasks.synthetic_math(30, difficulty=1, seed=2))):  # nothing from the hub
-        with open(path, "w") as f:
-            f.writelines(json.dumps({"problem": t.question, "answer": t.answer}) + "\n" for t in problems)
-    datasets_error = import_error("datasets")
-    source = ["--task", "math"] if datasets_error else ["--data", data, "--val-data", val]
-    engine = "vllm" if not small and importlib.util.find_spec("vllm") else "hf"
-    size = ["--device", "cpu", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16"] if small else \
-        ["--tasks-per-step", "8", "--max-new-tokens", "256", "--gen-batch-size", "256"]
-    command = [sys.executable, "-c", PARITY_TRAIN, "--cell", "Voting-IP-0.6B-Math", "--model", model, *source,
-               "--steps", "2", "--val-every", "0", "--engine", engine, "--overwrite", "--run-dir", run, *size]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        return "FAIL", f"train.py exited {done.returncode}: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
-    steps = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
-    summary["training_metrics"] = steps
-    grads = {r: max(m[f"{r}/grad_norm"] for m in steps) for r in ("generator", "aggregator")}
-    ok = [m["step"] for m in steps] == [1, 2] and not any(m["nonfinite_steps"] for m in steps) and \
-        min(grads.values()) > 0
-    seconds = sum(m["time_rollout"] + m["time_update"] for m in steps) / len(steps)
-    detail = (f"{engine}, {seconds:.1f} s a step, gradient norms generator {grads['generator']:.3g} aggregator "
-              f"{grads['aggregator']:.3g}, peak trainer memory {steps[-1].get('memory/peak_gib', 0):.1f} GiB")
-    if "vllm/logprob_drift" in steps[-1]:
-        detail += f", vllm/logprob_drift {max(m['vllm/logprob_drift'] for m in steps):.2g}"
-    if datasets_error:
-        detail += f"; datasets does not import ({datasets_error}): synthetic math task instead of the cell's files"
-    return ("pass" if ok else "FAIL"), detail
-
-
 def import_error(module: str) -> str | None:
     """None where `module` imports, else its error in one line."""
     try:
@@ -123,17 +90,20 @@ def import_error(module: str) -> str | None:
 
 
 def generator_rows(small: bool, vocab: int):
-    """12 generator rows, 3 mini-batches of 4 rows of different lengths (one shared prompt length, four
-    completion lengths), each mini-batch exactly one padded micro-batch of the token budget: 4 x 12,800 = 51,200
-    (--small: 4 x 256 = 1,024)."""
+    """12 generator rows, 3 mini-batches of 4: each mini-batch's rows share one prompt (a GRPO group's copies)
+    and differ in completion length, one padded micro-batch within the token budget whose widest row is not a
+    multiple of 8: 4 x 12,799 = 51,196 <= 51,200 (--small: 4 x 255 = 1,020 <= 1,024)."""
     import torch
 
     from grpo import Sample
-    prompt, completions, budget = (160, (96, 80, 64, 48), 1024) if small else (8192, (4608, 4096, 3584, 3072), BUDGET)
+    prompt, completions, budget = (157, (98, 82, 66, 50), 1024) if small else (8191, (4608, 4096, 3584, 3072),
+                                                                              BUDGET)
     g = torch.Generator().manual_seed(0)
-    rows = [Sample(torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                   torch.randint(0, vocab, (n,), generator=g).tolist(), (-1.0) ** k * (1 + k / 12), "generator",
-                   "generator") for k, n in enumerate(completions * 3)]
+    rows = []
+    for group in range(3):
+        shared = torch.randint(0, vocab, (prompt,), generator=g).tolist()
+        rows += [Sample(shared, torch.randint(0, vocab, (n,), generator=g).tolist(), (-1.0) ** k * (1 + k / 12),
+                        "generator", "generator") for k, n in enumerate(completions, start=4 * group)]
     return rows, budget, prompt + completions[0]
 
 
@@ -162,20 +132,21 @@ class SDPACalls:
 
 
 def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: int) -> dict[str, float]:
-    """The plan's terms for one update micro-batch (infra/memory.update_bytes), in bytes."""
+    """The plan's peaks of this update (infra/memory.plan_bytes, with --kl-coef's pass), in bytes."""
     from infra import memory
     from policies import LOGPROB_CHUNK
+    c = lm.config
     ckpt, full = (k * 1024 for k in memory.QWEN3_LAYER_KIB["0.6B"])
-    terms = {"static": memory.static_bytes(params, lora, adapters),
-             "activations": budget * (lm.config.num_hidden_layers * ckpt + full),
-             "mask": memory.mask_bytes(budget, longest),
-             "head": memory.HEAD_COPIES * LOGPROB_CHUNK * lm.config.vocab_size * 4}
-    return {**terms, "plan": sum(terms.values())}
+    m = memory.Footprint(params, lora, c.num_hidden_layers, ckpt, full,
+                         memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim),
+                         memory.HEAD_COPIES * LOGPROB_CHUNK * c.vocab_size * 4)
+    return memory.plan_bytes(m, adapters, 1, budget, longest, kl=True)
 
 
 def check_memory(small: bool, model: str) -> tuple[str, str]:
-    """An IP generator update of 3 padded mini-batches at the token budget: a warm-up update (profiled: the SDPA
-    kernel), then a timed one (peaks, tokens/s); on CUDA the allocated peak against the plan."""
+    """An IP generator update of 3 padded mini-batches at the token budget with --kl-coef: a warm-up update
+    (profiled: the SDPA kernel), then a timed one (peaks, tokens/s); on CUDA the allocated and reserved peaks
+    against the plan."""
     import torch
 
     import policies
@@ -190,7 +161,7 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     rows, budget, longest = generator_rows(small, min(1000, lm.config.vocab_size))
     opts = make_optimizers(lm, ["aggregator", "generator"], 1e-6, 0.0, 0, "constant", 10)
     cfg = UpdateSettings(mini_batch_size=4, micro_batch_size=512, max_tokens_per_micro_batch=budget,
-                         temperature=0.7)
+                         temperature=0.7, kl_coef=KL)
     with SDPACalls() as sdpa:
         warm = update_policy(lm, rows, opts, cfg)
     if device == "cuda":
@@ -201,20 +172,20 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     if device == "cuda":
         torch.cuda.synchronize()
     tok_s = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows) / (time.time() - start)
-    masks = sorted(str(s) for s in sdpa.masks)  # (rows, 1, W, W): the 4D mask of rows of different lengths
-    detail = (f"3 mini-batches x 4 rows of {longest - len(rows[-1].completion_ids)}-{longest} tokens, budget "
-              f"{budget}: SDPA masks {', '.join(masks)}, kernels {', '.join(sdpa.kernels) or 'none seen'}; "
-              f"update {tok_s:,.0f} tok/s after a warm-up")
+    masks = sorted({str(s) for s in sdpa.masks if s is not None and s[-2] == s[-1]})  # the update's own
+    detail = (f"3 mini-batches x 4 rows sharing a prompt, {longest - len(rows[-1].completion_ids)}-{longest} "
+              f"tokens, budget {budget}, --kl-coef: SDPA masks {', '.join(masks)}, kernels "
+              f"{', '.join(sdpa.kernels) or 'none seen'}; update {tok_s:,.0f} tok/s after a warm-up")
     ok = warm["generator/opt_steps"] == m["generator/opt_steps"] == 3 and not m["nonfinite_steps"] and \
-        any(s is not None and len(s) == 4 for s in sdpa.masks)
+        f"(4, 1, {longest}, {longest})" in masks and m.get("generator/kl_base") is not None
     if device == "cpu":
-        return ("pass" if ok else "FAIL"), detail + "; the plan's bound needs CUDA (skipped)"
-    terms = plan_terms(lm, params, lora, 2, budget, longest)
+        return ("pass" if ok else "FAIL"), detail + "; the plan's bounds need CUDA (skipped)"
+    plan = plan_terms(lm, params, lora, 2, budget, longest)
     peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-    detail += (f"; peak allocated {peak / 2 ** 30:.1f} GiB, reserved {reserved / 2 ** 30:.1f} GiB, plan "
-               + ", ".join(f"{k} {v / 2 ** 30:.1f}" for k, v in terms.items()) + f" GiB (allocated / plan "
-               f"{peak / terms['plan']:.2f}, reserved / plan {reserved / terms['plan']:.2f})")
-    return ("pass" if ok and peak <= terms["plan"] else "FAIL"), detail
+    detail += (f"; peak allocated {peak / 2 ** 30:.1f} GiB, reserved {reserved / 2 ** 30:.1f} GiB; plan "
+               + ", ".join(f"{k} {v / 2 ** 30:.1f}" for k, v in plan.items()) + f" GiB (allocated / plan "
+               f"{peak / plan['allocated']:.2f}, reserved / plan {reserved / plan['reserved']:.2f})")
+    return ("pass" if ok and peak <= plan["allocated"] and reserved <= plan["reserved"] else "FAIL"), detail
 
 
 def check_bf16(small: bool, model: str) -> tuple[str, str]:
@@ -271,26 +242,62 @@ def header(small: bool, site: str) -> dict:
     return info
 
 
-def run_checks(args, model: str, summary: dict) -> list[tuple[str, str, str, float]]:
-    """(name, status, detail, seconds) of every check --only keeps, each printed as it ends."""
+def checks(args, model: str, summary: dict) -> dict:
+    """Each check's name and how to run it: () -> (status, detail)."""
     vllm = None if importlib.util.find_spec("vllm") else "vLLM does not import here"
     no_gpu = "--small: no GPU" if args.small else None
-    checks = {"training": lambda: check_training(args.small, model, args.work, summary),
-              "memory": lambda: check_memory(args.small, model),
-              "bf16": lambda: check_bf16(args.small, model),
-              "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, 240),
-              "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, 180)}
+    data: dict = {}
+
+    def runs(check):  # the runs' files are written once, by the first of them
+        def run():
+            if not data:
+                data.update(write_data(args.work, args.small, tokenizer(model)))
+            return check(args.small, model, args.work, data, summary)
+        return run
+    return {"training": runs(check_training), "training-sp": runs(check_training_sp),
+            "memory": lambda: check_memory(args.small, model), "eval": runs(check_eval),
+            "bf16": lambda: check_bf16(args.small, model),
+            "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, 240),
+            "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, 180)}
+
+
+def tokenizer(model: str):
+    """The model's tokenizer, without its weights (the built-in shapes use the byte-level test tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from infra.models import BUILTIN_MODELS, tiny_tokenizer
+    return tiny_tokenizer() if model in BUILTIN_MODELS else AutoTokenizer.from_pretrained(model)
+
+
+def write_summary(out: str, summary: dict) -> None:
+    """gpu_check.json, replaced whole (written aside, then renamed): a kill never leaves half a file."""
+    path = os.path.join(out, "gpu_check.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def run_checks(args, summary: dict, todo: dict) -> list[tuple[str, str, str, float]]:
+    """(name, status, detail, seconds) of every check --only keeps, each printed as it ends; the summary is
+    written before each check (naming it `running`) and after it (with its result)."""
     results = []
-    for name, check in checks.items():
+    summary["results"] = []
+    for name, check in todo.items():
         if args.only and name not in args.only:
             continue
+        summary["running"] = name
+        write_summary(args.out, summary)
         start = time.time()
         try:
             status, detail = check()
         except Exception as e:  # a check that breaks is a failed check, in one line
             status, detail = "FAIL", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         results.append((name, status, detail, time.time() - start))
+        summary["results"].append(dict(check=name, result=status, seconds=round(time.time() - start, 1),
+                                       detail=detail))
         print(f"== {name}: {status} ({time.time() - start:.0f} s) {detail}", flush=True)
+    summary["running"] = None
+    write_summary(args.out, summary)
     return results
 
 
@@ -300,13 +307,13 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="where gpu_check.json goes")
     p.add_argument("--work", default="/tmp/gpu_check/work", help="the training run and its data (not --out)")
     p.add_argument("--only", type=lambda s: s.split(","), default=None,
-                   help="comma-separated checks: training,memory,bf16,vllm,gpu-tests")
+                   help="comma-separated checks: " + ",".join(CHECKS))
     p.add_argument("--preflight", action="store_true", help="CPU: install .whl/ as the lent machine would, import")
     p.add_argument("--wheels", default=os.path.join(ROOT, ".whl"), help="wheels for the lent machine")
     args = p.parse_args()
     if args.preflight:
         return preflight(args.wheels)
-    if bad := sorted(set(args.only or []) - {"training", "memory", "bf16", "vllm", "gpu-tests"}):
+    if bad := sorted(set(args.only or []) - set(CHECKS)):
         p.error(f"--only: unknown check {', '.join(bad)}")
     if glob.glob(os.path.join(args.wheels, "*.whl")):  # what this machine lacks, before anything imports it
         subprocess.run(["rm", "-rf", SITE], check=True)
@@ -320,13 +327,10 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
     summary = {"header": header(args.small, SITE)}
-    results = run_checks(args, summary["header"]["model"], summary)
+    results = run_checks(args, summary, checks(args, summary["header"]["model"], summary))
     print("\n| check | result | seconds | detail |\n|---|---|---|---|")
     for name, status, detail, seconds in results:
         print(f"| {name} | {status} | {seconds:.0f} | {detail} |")
-    summary["results"] = [dict(check=n, result=s, seconds=round(t, 1), detail=d) for n, s, d, t in results]
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump(summary, f, indent=1)
     return 1 if any(status == "FAIL" for _, status, _, _ in results) else 0
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check (bench/gpu_check.py): training, memory against the plan, bf16 against fp32, vLLM against HF and the
-# GPU tests, each held to a bound, then a table; exit 0 only when no check failed. About 3 minutes on one H200
-# (bench/README.md), killed at 6. What comes back is $OUT/gpu_check.log (this output) and $OUT/gpu_check.json (the
-# summary): 2 small files; the runs stay under /tmp/gpu_check/work. Python packages the GPU image lacks come as
-# wheels in .whl/ (Python 3.12, x86-64): fetch them where a registry is reachable (`--fetch-wheels`), check them on
-# the CPU machine (`python3 bench/gpu_check.py --preflight`), then carry .whl with the command.
+# The GPU check (bench/gpu_check.py): what a cell runs (IP and SP --kl-coef training with validation, memory against
+# the plan with allocated and reserved peaks, eval.py at a cell's prompt lengths), bf16 against fp32, vLLM against
+# HF and the GPU tests, each held to a bound, then a table; exit 0 only when no check failed. About 5 minutes on one
+# H200 (bench/README.md), killed at 8. What comes back is $OUT/gpu_check.log (this output) and $OUT/gpu_check.json
+# (the summary, rewritten after every check: a kill leaves the finished ones): 2 small files; the runs stay under
+# /tmp/gpu_check/work. Python packages the GPU image lacks come as wheels in .whl/ (Python 3.12, x86-64): fetch them
+# where a registry is reachable (`--fetch-wheels`), check them on the CPU machine (`python3 bench/gpu_check.py
+# --preflight`), then carry .whl with the command.
 #
 #   bash bench/gpu_check.sh                  # on the GPU machine (OUT set by it; else /tmp/gpu_check)
 #   bash bench/gpu_check.sh --only memory    # one check again
@@ -22,7 +24,8 @@ fi
 OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 export OUT HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-timeout 360 python3 bench/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
+timeout 480 python3 bench/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
 status=${PIPESTATUS[0]}
-[ "$status" -eq 124 ] && echo "error: the GPU check ran past 6 minutes" | tee -a "$OUT/gpu_check.log" >&2
+[ "$status" -eq 124 ] && echo "error: the GPU check ran past 8 minutes (gpu_check.json holds the finished checks)" \
+    | tee -a "$OUT/gpu_check.log" >&2
 exit "$status"

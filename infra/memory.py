@@ -147,14 +147,16 @@ def kl_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: 
     return nograd_bytes(m, adapters, budget, longest_row) + snapshot_bytes(m.lora_params, roles) + kept
 
 
-def plan_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: int) -> dict[str, float]:
-    """A step's peaks within one budget: the update, the no-grad passes, the KL pass; the allocated peak is the
-    largest, the reserved peak adds the largest transient block (the mask's bf16 copy or one fp32 head chunk)."""
+def plan_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: int,
+               kl: bool = False) -> dict[str, float]:
+    """A step's peaks within one budget: the update, the no-grad passes, the KL pass (counted with `kl`:
+    --kl-coef); the allocated peak is the largest counted, the reserved peak adds the largest transient block
+    (the mask's bf16 copy, or one fp32 head chunk)."""
     peaks = {"update": update_bytes(m, adapters, roles, budget, longest_row),
              "nograd": nograd_bytes(m, adapters, budget, longest_row),
              "kl": kl_bytes(m, adapters, roles, budget, longest_row)}
     block = max(widest_mask_cells(budget, longest_row) * MASK_COPY, m.head / HEAD_COPIES)
-    allocated = max(peaks.values())
+    allocated = max(v for k, v in peaks.items() if kl or k != "kl")
     return {**peaks, "allocated": allocated, "reserved": reserved_bytes(allocated, block)}
 
 
