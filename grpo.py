@@ -376,10 +376,12 @@ def kl_to_base(model, micro: list[Sample], logp: torch.Tensor, mask: torch.Tenso
     micro-batch pays it (then the base model's no-grad forward is skipped)."""
     if not any(cfg.kl_coef.get(s.role, 0.0) > 0 for s in micro):
         return None
+    model.eval()  # no-grad, in eval mode: its shared prompts keep their cache (completion_logprobs)
     with torch.no_grad(), use_adapter(model, None):
         ref_logp, _, _ = completion_logprobs(model, [s.prompt_ids for s in micro],
                                              [s.completion_ids for s in micro], cfg.temperature,
                                              share_prompts=cfg.share_prompts)
+    model.train()
     log_r = ref_logp - logp
     return (torch.exp(log_r) - log_r - 1) * mask
 

@@ -326,7 +326,9 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     decoder, lm_head = base.get_decoder(), base.get_output_embeddings()
     T = max(len(c) for c in completions)
-    grad_ckpt = torch.is_grad_enabled() and grad_checkpointing_on(model)
+    # checkpointed layers drop a passed cache with grad on, and in train mode under transformers
+    # < 5.2x even without it (the KL reference pass runs inside the update)
+    grad_ckpt = (torch.is_grad_enabled() or model.training) and grad_checkpointing_on(model)
     shared = None
     if share_prompts and not grad_ckpt:
         shared = shared_prompt_cache(model, prompts, pad_id=0)

@@ -80,15 +80,6 @@ def model_name(small: bool) -> str:
         else "random-qwen3-0.6b"
 
 
-def import_error(module: str) -> str | None:
-    """None where `module` imports, else its error in one line."""
-    try:
-        importlib.import_module(module)
-        return None
-    except Exception as e:  # an ImportError, or a broken dependency's own error
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-
-
 def generator_rows(small: bool, vocab: int):
     """12 generator rows, 3 mini-batches of 4: each mini-batch's rows share one prompt (a GRPO group's copies)
     and differ in completion length, one padded micro-batch within the token budget whose widest row is not a

@@ -33,6 +33,10 @@ def write_data(work: str, small: bool, tokenizer) -> dict[str, str]:
     tokens, just under Voting-math's evaluation limit (`eval_lengths`)."""
     import tasks
     paths = {name: os.path.join(work, f"{name}.jsonl") for name in ("data", "val", "long")}
+    try:
+        import datasets  # noqa: F401 (the cells' split of a data file)
+    except Exception as e:  # an ImportError, or a broken dependency's own error
+        paths["note"] = f"; datasets does not import ({type(e).__name__}): synthetic math instead of the cell's files"
     prompt, new = eval_lengths(small)
     # room for the template and instructions (about 430 tokens) and 3 solutions (a decoded random token can
     # come back as up to 3)
@@ -70,9 +74,14 @@ def run_program(program: str, argv: list[str], timeout: int) -> tuple[int, str]:
     return done.returncode, (done.stderr.strip().splitlines() or ["?"])[-1]
 
 
-def training_sizes(small: bool) -> list[str]:
-    return ["--device", "cpu", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16"] if small else \
+def training_flags(small: bool, data: dict) -> list[str]:
+    """The runs' sizes, and their data: the cell's format from local files, or where `datasets` does not import
+    (the cells' split needs it) the synthetic math task, said in `data["note"]`."""
+    sizes = ["--device", "cpu", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16"] if small else \
         ["--tasks-per-step", "8", "--max-new-tokens", "256", "--gen-batch-size", "256"]
+    if data.get("note"):
+        return [*sizes, "--task", "math", "--data", "", "--val-data", ""]
+    return [*sizes, "--data", data["data"], "--val-data", data["val"]]
 
 
 def check_training(small: bool, model: str, work: str, data: dict, summary: dict) -> tuple[str, str]:
@@ -82,9 +91,9 @@ def check_training(small: bool, model: str, work: str, data: dict, summary: dict
     import importlib.util
     engine = "vllm" if not small and importlib.util.find_spec("vllm") else "hf"
     run = os.path.join(work, "run-ip")
-    status, last = run_program("train", ["--cell", "Voting-IP-0.6B-Math", "--model", model, "--data", data["data"],
-                                         "--val-data", data["val"], "--steps", "2", "--val-every", "2", "--engine",
-                                         engine, "--overwrite", "--run-dir", run, *training_sizes(small)], 300)
+    status, last = run_program("train", ["--cell", "Voting-IP-0.6B-Math", "--model", model, "--steps", "2",
+                                         "--val-every", "2", "--engine", engine, "--overwrite", "--run-dir", run,
+                                         *training_flags(small, data)], 300)
     if status != 0:
         return "FAIL", f"train.py exited {status}: {last}"
     steps = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
@@ -99,7 +108,7 @@ def check_training(small: bool, model: str, work: str, data: dict, summary: dict
               f"{grads['generator']:.3g} aggregator {grads['aggregator']:.3g}{peaks(trained[-1])}")
     if "vllm/logprob_drift" in trained[-1]:
         detail += f", vllm/logprob_drift {max(m['vllm/logprob_drift'] for m in trained):.2g}"
-    return ("pass" if ok else "FAIL"), detail
+    return ("pass" if ok else "FAIL"), detail + data.get("note", "")
 
 
 def check_training_sp(small: bool, model: str, work: str, data: dict, summary: dict) -> tuple[str, str]:
@@ -107,21 +116,24 @@ def check_training_sp(small: bool, model: str, work: str, data: dict, summary: d
     with SP's per-role gradients, and the base model's reference pass in every micro-batch; finite, each role's
     own gradient and its KL to the base reported."""
     run = os.path.join(work, "run-sp")
-    status, last = run_program("train", ["--cell", "Voting-SP-0.6B-Math", "--model", model, "--data", data["data"],
-                                         "--val-data", data["val"], "--steps", "1", "--val-every", "0",
-                                         "--kl-coef", "generator=0.05,aggregator=0.05", "--engine", "hf",
-                                         "--overwrite", "--run-dir", run, *training_sizes(small)], 240)
+    status, last = run_program("train", ["--cell", "Voting-SP-0.6B-Math", "--model", model, "--steps", "1",
+                                         "--val-every", "0", "--kl-coef", "generator=0.05,aggregator=0.05",
+                                         "--engine", "hf", "--overwrite", "--run-dir", run,
+                                         *training_flags(small, data)], 240)
     if status != 0:
         return "FAIL", f"train.py exited {status}: {last}"
     m = json.loads(open(os.path.join(run, "metrics.jsonl")).readlines()[-1])
     summary["training_sp_metrics"] = m
     roles = ("generator", "aggregator")
-    ok = m["step"] == 1 and not m["nonfinite_steps"] and all(m.get(f"{r}/kl_base") is not None and
-                                                             m.get(f"{r}/role_grad_norm") for r in roles)
+    # LoRA starts as the base, so the first step's KL to it is rounding (bf16: ~1e-7); a reference pass that
+    # lost its shared prompts' cache (transformers < 5.2x in train mode, fixed) gave 0.02
+    ok = m["step"] == 1 and not m["nonfinite_steps"] and all(
+        m.get(f"{r}/role_grad_norm") and (m.get(f"{r}/kl_base") if m.get(f"{r}/kl_base") is not None else 1) < 1e-3
+        for r in roles)
     detail = "SP, --kl-coef generator=0.05,aggregator=0.05: " + ", ".join(
         f"{r} own gradient {m.get(f'{r}/role_grad_norm') or 0:.3g}, KL to base {m.get(f'{r}/kl_base') or 0:.2g}"
-        for r in roles) + peaks(m)
-    return ("pass" if ok else "FAIL"), detail
+        for r in roles) + " (bound 1e-3 at the first step: LoRA starts as the base)" + peaks(m)
+    return ("pass" if ok else "FAIL"), detail + data.get("note", "")
 
 
 def peaks(m: dict) -> str:

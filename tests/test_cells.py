@@ -257,6 +257,35 @@ def test_chunked_logprobs_equal_the_full_logits_computation(monkeypatch, make_lo
     assert int(mask.sum()) > 5 * 3  # several chunks really ran
 
 
+def test_the_kl_reference_pass_of_a_checkpointed_model_keeps_its_shared_prompts():
+    """--kl-coef's reference pass runs inside the update: no grad, the model in train mode, checkpointing on.
+    Under transformers < 5.2x (the vLLM venv's 5.19, the lent GPU machine's 5.17) checkpointed layers in train
+    mode drop a passed KV cache even without grad, and rows that share a prompt got log-probs 0.5 nats off. With
+    LoRA B = 0 the adapter is the base, so the KL to the base is 0 up to fp32 rounding (< 1e-6), for three rows
+    that share a prompt as for one that does not; the model is back in train mode; and a no-grad pass in train
+    mode with prompts shared asked for equals the update's own log-probs (1e-5)."""
+    import grpo
+    torch.manual_seed(0)
+    model, _ = load_model("tiny-qwen3")
+    model = add_adapters(model, ["shared"], rank=4)  # B = 0: the base
+    enable_grad_checkpointing(model)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 200, (40,), generator=g).tolist()] * 3 + \
+        [torch.randint(0, 200, (30,), generator=g).tolist()]
+    completions = [torch.randint(0, 200, (n,), generator=g).tolist() for n in (5, 9, 13, 7)]
+    micro = [Sample(p, c, 1.0, "generator", "shared") for p, c in zip(prompts, completions)]
+    cfg = UpdateSettings(temperature=0.7, kl_coef={"generator": 0.1})
+    with use_adapter(model, "shared"):
+        model.train()
+        logp, mask, _ = completion_logprobs(model, prompts, completions, 0.7)
+        kl = grpo.kl_to_base(model, micro, logp, mask, cfg)
+        assert model.training
+        with torch.no_grad():
+            again, _, _ = completion_logprobs(model, prompts, completions, 0.7, share_prompts=True)
+    assert float(kl.abs().max()) < 1e-6
+    torch.testing.assert_close(again, logp.detach(), atol=1e-5, rtol=0)
+
+
 def test_the_transformers_here_takes_the_code_paths_its_version_has(make_lora_model):
     """.ci/run runs this file under three transformers: requirements.txt's (5.24: `activation_checkpointing_enable`,
     the `cache` argument), the vLLM venv's (< 5.20, as vLLM pins it on a GPU) and 5.17 (the lent GPU machine's):
