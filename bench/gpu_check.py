@@ -68,7 +68,8 @@ def missing_requirements(small: bool) -> list[str]:
         import torch
         if not torch.cuda.is_available():
             lines.append(f"error: torch {torch.__version__} (built for CUDA {torch.version.cuda or 'none'}) sees no "
-                         "GPU: check nvidia-smi and that the driver supports that CUDA version")
+                         "GPU: check nvidia-smi and that the driver supports that CUDA version (CUDA 13: a driver "
+                         ">= 580; docs/vllm.md, 'Versions')")
     return lines
 
 

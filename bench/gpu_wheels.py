@@ -29,7 +29,7 @@ SITE = "/tmp/gpu-check-site"  # where .whl/ is installed on the lent machine
 PIP_TARGET = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--target"]
 VERSIONS = ["torch", "transformers", "peft", "datasets", "accelerate", "math-verify", "pyarrow", "huggingface-hub",
             "pandas", "numpy", "pytest"]
-CHECK_IMPORTS = "import train, grpo, policies, tasks, workflows, infra.memory, datasets, math_verify, pytest"
+CHECK_IMPORTS = "import train, eval, grpo, policies, tasks, workflows, infra.memory, datasets, math_verify, pytest"
 
 
 def wheel_name(path: str) -> str:
