@@ -305,7 +305,10 @@ def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[s
 
 def check_environment(args: argparse.Namespace) -> None:
     """What this machine must have for train.py's flags: the device, the optional packages, the
-    model's files; `--engine auto` is resolved here (and saved: a resumed run keeps its engine)."""
+    model's files; `--engine auto` is resolved here (and saved: a resumed run keeps its engine). A
+    torch, transformers or vLLM outside the tested versions is one line first, before anything loads."""
+    if note := models.version_note():
+        print(note)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
         usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -385,11 +388,10 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
 
 
 def run_header(args: argparse.Namespace, parser: Parser, device: str) -> str:
-    """The lines a run opens with: what it is and where it writes, the flags not at their defaults
-    (every setting is in RUN/args.json), and a note when a library is outside the tested versions."""
+    """The two lines a run opens with: what it is and where it writes, and the flags not at their
+    defaults (every setting is in RUN/args.json)."""
     changed = " ".join(changed_flags(args, parser)) or "none"
-    note = models.version_note()  # torch, transformers or vLLM outside the tested versions: one line
     return (f"run {cells.cell_name(vars(args))}: workflow {args.workflow}, policy {args.policy}, "
             f"model {args.model}, device {device}, engine {args.engine}, folder {args.run_dir}\n"
             f"flags not at their defaults: {changed} "
-            f"(every setting: {os.path.join(args.run_dir, 'args.json')})" + (f"\n{note}" if note else ""))
+            f"(every setting: {os.path.join(args.run_dir, 'args.json')})")
