@@ -261,6 +261,15 @@ def tokenizer(model: str):
     return tiny_tokenizer() if model in BUILTIN_MODELS else AutoTokenizer.from_pretrained(model)
 
 
+def release_gpu_memory() -> None:
+    """What a finished in-process check left: its objects (PEFT models hold reference cycles) and torch's cached
+    blocks."""
+    import gc
+    gc.collect()
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+        sys.modules["torch"].cuda.empty_cache()
+
+
 def write_summary(out: str, summary: dict) -> None:
     """gpu_check.json, replaced whole (written aside, then renamed): a kill never leaves half a file."""
     path = os.path.join(out, "gpu_check.json")
@@ -284,6 +293,7 @@ def run_checks(args, summary: dict, todo: dict) -> list[tuple[str, str, str, flo
             status, detail = check()
         except Exception as e:  # a check that breaks is a failed check, in one line
             status, detail = "FAIL", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        release_gpu_memory()  # the next check (a subprocess among them) finds the GPU as free as it can be
         results.append((name, status, detail, time.time() - start))
         summary["results"].append(dict(check=name, result=status, seconds=round(time.time() - start, 1),
                                        detail=detail))

@@ -157,6 +157,41 @@ def test_train_with_vllm_engine_logs_small_drift_after_every_update(setup, tmp_p
     assert all(m["generator/opt_steps"] == 3 and m["aggregator/opt_steps"] == 1 for m in steps)
 
 
+def _eval_outputs(root: str, run_dir, mode: str, engine: str) -> dict:
+    """eval.py on the run (greedy, every call dumped), in a process of its own: each episode's call outputs."""
+    argv = ["eval.py", "--run-dir", str(run_dir), "--mode", mode, "--engine", engine, "--temperature", "0",
+            "--dump", "--out", str(run_dir / f"{mode}-{engine}.jsonl")]
+    done = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    record = json.loads((run_dir / f"{mode}-{engine}.jsonl").read_text().splitlines()[-1])
+    episodes = sorted(os.listdir(record["trajectories"]))
+    return {name: [c["output"] for c in json.load(open(os.path.join(record["trajectories"], name)))["calls"]]
+            for name in episodes}
+
+
+def test_eval_with_the_vllm_engine_gives_the_hf_engines_greedy_episodes(setup, tmp_path):
+    """eval.py --engine vllm: the model and its adapters stay on the CPU and carry the checkpoint's adapters into
+    vLLM; the base mode runs vLLM without LoRA slots. At temperature 0, every call of every episode (Voting-IP, 4
+    validation tasks, 16 new tokens) is what the HF engine writes, in the trained mode and in the base mode,
+    which differ."""
+    _, hf, _, _, _ = setup
+    folder, run_dir = tmp_path / "model", tmp_path / "run"
+    _model(hf.tokenizer).save_pretrained(folder)
+    hf.tokenizer.save_pretrained(folder)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = ["--model", str(folder), "--engine", "hf", "--workflow", "voting", "--policy", "ip", "--steps", "1",
+            "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16", "--n-val", "4", "--val-every", "0",
+            "--lr", "1e-1", "--warmup-steps", "1", "--lora-rank", "8", "--run-dir", str(run_dir)]
+    done = subprocess.run([sys.executable, "-c", TRAIN, *argv], cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    want = {}
+    for mode in ("trained", "base"):
+        want[mode] = _eval_outputs(root, run_dir, mode, "hf")
+        assert len(want[mode]) == 4 and all(len(calls) == 4 for calls in want[mode].values())
+        assert _eval_outputs(root, run_dir, mode, "vllm") == want[mode], mode
+    assert want["trained"] != want["base"]  # the step's adapters matter: one left out of vLLM would show
+
+
 def test_the_smoke_tests_sync_check_fails_when_an_adapter_is_not_re_registered(setup):
     """bench/vllm_smoke.py's checks 2 and 3 on this engine: with `--break-sync` (adapters saved, never registered
     in vLLM) the changed adapter's rows keep their old tokens and its drift is large, so both checks FAIL; with
