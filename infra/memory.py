@@ -7,7 +7,8 @@ checks it by hand (tests/test_memory.py); the bytes a decoder layer keeps per to
 benchmark, on padded micro-batches. What it is not: a measurement. The plan's numbers are estimates until a GPU
 run logs `memory/peak_gib` and `memory/peak_reserved_gib` (`bash bench/gpu_check.sh` compares them).
 
-What the libraries allocate, read from their sources (transformers 5.17-5.24, torch 2.13-2.14, vLLM 0.32-0.33):
+What the libraries allocate, read from their sources (the released transformers 5.17 and 5.24 and vLLM 0.32 and
+0.33; torch's SDPA front end, aten/src/ATen/native/transformers/attention.cpp):
   - rows of different lengths get a [rows, 1, q, kv] bool mask from transformers; torch's SDPA converts it to an
     additive bf16 copy, and its memory-efficient kernel makes one more, aligned copy when kv is not a multiple
     of 8: 1 + 2 (+ 2) bytes a cell (`mask_cell_bytes`);
