@@ -10,7 +10,7 @@ args.json; `--data FILE` evaluates another set in the run's task format (AIME 20
 DeepCoder's test split for code). A paper cell's run is evaluated with the paper's evaluation
 lengths. To drop an SA adapter into a workflow you have not trained, make an untrained run folder
 for it first (`python train.py --workflow voting --steps 0 --val-every 0 --run-dir
-runs/voting-untrained`). It also plots runs, tabulates their results and calibrates the toy model.
+runs/voting-untrained`). Its other commands (plot, table, report, calibrate) are infra/commands.py.
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
     python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
@@ -46,13 +46,10 @@ from tqdm import tqdm
 import policies
 import tasks
 import workflows
-from infra import calibration, checkpoints, distributed, memory, toy_model, vllm_engine
+from infra import checkpoints, commands, distributed, memory, vllm_engine
 from infra.cells import PAPER_LENGTHS, cell_name
 from infra.flags import HelpFormatter, Parser, number, settings_from
 from infra.models import version_note
-from infra.plots import plot_runs
-from infra.report import write_report
-from infra.results import results_command
 from infra.runfolder import (
     NAME_KEYS,
     WriteError,
@@ -65,9 +62,9 @@ from infra.runfolder import (
     usage_error,
     writing,
 )
-from infra.tallies import Tallies, add_tallies, rates
+from infra.tallies import Tallies, add_mean, add_tallies, rates
 from policies import BASE, route_adapter
-from workflows import ROLES, Episode, episode_tallies, role_type
+from workflows import ROLES, Episode, episode_tallies, role_type, task_outcomes
 
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
 SA_MODES = ("sa-transfer", "sa-generator-transfer")  # they load a single-agent run's adapter
@@ -121,15 +118,11 @@ def evaluation_tallies(episodes: list[Episode]) -> Tallies:
     pass@k for k = 1, 2, 4... up to the samples per task, per task (a task's samples are all on one
     rank)."""
     t = episode_tallies(episodes)
-    per_task: dict[str, list[bool]] = {}
     for e in episodes:
-        per_task.setdefault(e.task.id, []).append(e.correct)
-        t.setdefault(f"sample/{e.sample}", [0.0, 0.0])[0] += e.correct
-        t[f"sample/{e.sample}"][1] += 1
-    for outcomes in per_task.values():
+        add_mean(t, f"sample/{e.sample}", e.correct)
+    for outcomes in task_outcomes(episodes).values():
         for k in (2 ** i for i in range(len(outcomes).bit_length())):
-            t.setdefault(f"pass@{k}", [0.0, 0.0])[0] += pass_at_k(len(outcomes), sum(outcomes), k)
-            t[f"pass@{k}"][1] += 1
+            add_mean(t, f"pass@{k}", pass_at_k(len(outcomes), sum(outcomes), k))
     return t
 
 
@@ -178,15 +171,17 @@ def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str, en
 
 
 def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_tokens: int,
-                temperature: float, top_p: float, rows: int, dtype: str = "float32", seed: int = 0,
-                vllm_memory: float = 0.4, share_prompts: bool = True, max_tokens: int = 0):
+                temperature: float, top_p: float, rows: int, dtype: str, seed: int,
+                vllm_memory: float, share_prompts: bool, max_tokens: int, drift=None):
     """The sampling engine (train.py's too): vLLM (its own copy of the base weights, the adapters
-    synced in) or HF generate on the model itself, each call at most `rows` rows and `max_tokens`
-    tokens (0: on CUDA what fits in the free memory, the prefill in pieces: infra/memory.py)."""
+    synced in; `drift`: its log-prob check, training only) or HF generate on the model itself,
+    each call at most `rows` rows and `max_tokens` tokens (0: on CUDA what fits in the free
+    memory, the prefill in pieces: infra/memory.py)."""
     if engine == "vllm":
         eos = policies.eos_token_ids(model, tokenizer)
         return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
-                                      max_new_tokens, temperature, top_p, vllm_memory, dtype, seed)
+                                      max_new_tokens, temperature, top_p, vllm_memory, dtype, seed,
+                                      drift=drift)
     fits, columns = memory.hf_generation_budget(model, rows)
     return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p, rows,
                              share_prompts, max_tokens or fits, columns)
@@ -268,7 +263,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
     engine = make_engine(args.engine, model, tokenizer, folder, max_new, temp, run_args["top_p"],
                          run_args["gen_batch_size"], run_args["dtype"], args.seed,
-                         args.vllm_gpu_memory)
+                         args.vllm_gpu_memory, True, 0)  # shared prompt passes; memory's budget
     encode = policies.chat_encoder(tokenizer, run_args["enable_thinking"],
                                    run_args.get("chat_template", "model"))
     options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow
@@ -324,64 +319,26 @@ def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name:
                        ) -> list[Episode]:
     """`n` episodes of `workflow` on each of the 243 one-digit problems with the default prompts
     and options: the toy model's warm-up transcripts (the oracle answers by call name) and its
-    calibration."""
+    calibration (infra/toy_hooks.py)."""
     problems = tasks.synthetic_math(243, difficulty=0, seed=0)
     return workflows.rollout(problems, n, workflow, engine, encode, route,
                              workflows.WorkflowOptions())
 
 
-def calibrate_command(seed: int, episodes: int | None, out: str | None,
-                      temperature: float | None = None) -> dict:
-    """The toy model of `seed` before any RL, against calibration's targets: every workflow played
-    by the model alone, by the oracle alone, and with one habit at a time played by an
-    always-careful and an always-hurried oracle. Exits 1 when a target is missed."""
-    if out:
-        check_writable(out, "--out", folder=False)
-    toy_model.build(seed, play_every_problem)
+def toy_engine(seed: int, max_new_tokens: int, temperature: float):
+    """(engine, tokenizer, encode): the toy model of `seed` on the CPU, sampled by the HF engine
+    (`eval.py calibrate`, infra/toy_hooks.py)."""
     model, tokenizer = policies.load_model("toy", torch.float32, "cpu", seed)
-    temperature = calibration.TEMPERATURE if temperature is None else temperature
-    engine = policies.HFEngine(model, tokenizer, calibration.MAX_NEW_TOKENS, temperature)
-    encode = policies.chat_encoder(tokenizer)
-    checkpoints.seed_everything(seed)
-    text, record = calibration.measure(play_every_problem, engine, tokenizer, encode, seed,
-                                       episodes, temperature)
-    print(text)
-    if out:
-        with writing(f"the calibration record {out}", os.path.dirname(out) or "."):
-            append_record(out, record)
-    if record["missed"]:
-        raise SystemExit(1)
-    return record
+    engine = policies.HFEngine(model, tokenizer, max_new_tokens, temperature)
+    return engine, tokenizer, policies.chat_encoder(tokenizer)
 
 
 # ---------------------------------------------------------------- command line
 
 def build_parser() -> Parser:
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
-    commands = p.add_subparsers(dest="command", title="commands (default: evaluate --run-dir)")
-    plot = commands.add_parser("plot", help="PNG curves of runs: validation accuracy, per-role "
-                               "training metrics")
-    plot.add_argument("runs", nargs="+", help="run folders written by train.py")
-    plot.add_argument("--out", default=None,
-                      help="folder for the PNGs (default: plots/ beside the first run)")
-    calibrate = commands.add_parser("calibrate", help="the toy model of --seed at base against its "
-                                    "targets (infra/calibration.py; also python -m infra.toy "
-                                    "--calibrate)")
-    calibrate.add_argument("--seed", type=int, default=0, help="the toy model's seed")
-    calibrate.add_argument("--episodes", type=number(int, 1), default=None,
-                           help="episodes per problem of every measurement (default: "
-                           "calibration.EPISODES, >= 500 calls of each habit)")
-    calibrate.add_argument("--out", default=None, help="also write the record as JSON here")
-    calibrate.add_argument("--temperature", type=number(float, 0), default=None,
-                           help="sampling temperature (default: the study's, "
-                           "calibration.TEMPERATURE)")
-    report = commands.add_parser("report", help="one HTML file: per-role curves, warnings, "
-                                 "sampled episodes")
-    report.add_argument("runs", nargs="+", help="run folders written by train.py")
-    report.add_argument("--out", required=True, help="the HTML file to write")
-    table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
-    table.add_argument("results", nargs="+",
-                       help="run folders (reads RUN/eval.jsonl) or results JSONL files")
+    commands.add_commands(p.add_subparsers(dest="command",
+                                           title="commands (default: evaluate --run-dir)"))
     add_evaluate_flags(p)
     return p
 
@@ -459,17 +416,8 @@ def check_eval_args(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "table":
-        return results_command(args.results)
-    if args.command == "calibrate":
-        return calibrate_command(args.seed, args.episodes, args.out, args.temperature)
-    if args.command == "report":
-        written = write_report(args.runs, args.out)
-        warnings = sum(map(len, written["warnings"]))
-        print(f"wrote {args.out} ({written['bytes'] / 1e6:.2f} MB; {warnings} warnings)")
-        return written
-    if args.command == "plot":
-        return plot_command(args.runs, args.out)
+    if args.command:  # plot, table, report, calibrate
+        return commands.run(args, ROLES, play_every_problem, toy_engine)
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
     # one device per process (under torchrun each rank's, evaluating a share of the tasks), current
@@ -484,19 +432,6 @@ def main(argv: list[str] | None = None):
         raise SystemExit(1) from None
     finally:
         distributed.close_distributed()
-
-
-def plot_command(runs: list[str], out: str | None) -> dict:
-    """`eval.py plot`: the runs' curves as PNGs in `out` (default: plots/ beside the first run)."""
-    out = out or os.path.join(os.path.dirname(os.path.normpath(runs[0])), "plots")
-    check_writable(out, "--out", folder=True)
-    try:
-        with writing(f"the plots in {out}", out):
-            figures = plot_runs(runs, out, ROLES)
-    except WriteError as error:
-        usage_error(f"{error}")
-    print("\n".join(f"wrote {path}" for _, path in figures.values()))
-    return figures
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ role type's adapter holds its own, so a role with three instances takes three op
 training step (finding 4).
 
 `update_policy` is the update on one page: per adapter, mini-batches; per mini-batch, zero_grad,
-micro-batches (log-probs, ratio, clipped loss, backward), clip, step. What it reports goes through
-one seam, `UpdateReport` (infra/update_report.py: per-role statistics, each role's own gradient
-under SP, I6's scale), which changes no number. Under torchrun two calls to infra/distributed.py
-give each rank its rows and sum the gradients; one process never meets ranks. Metrics are counted
-as numerator and denominator (infra/tallies.py) and turned into rates once, at the end.
+micro-batches (log-probs, ratio, clipped loss: `micro_batch_loss`, whose loss line names every
+term; backward), clip, step. `UpdateSettings` holds every knob of advantages, loss and optimizer,
+and `policy_problem` the settings SP or IP rules out. What the update reports goes through one
+seam, `UpdateReport` (infra/update_report.py: per-role statistics, each role's own gradient under
+SP, I6's scale), which changes no number. Under torchrun two calls to infra/distributed.py give
+each rank its rows and sum the gradients; one process never meets ranks. Metrics are counted as
+numerator and denominator (infra/tallies.py) and turned into rates once, at the end.
 
     python -m pytest tests/test_grpo.py      # hand-computed checks of everything here
 """
@@ -73,12 +75,12 @@ def group_advantages(rewards: list[float], keys: list[Hashable], scale_by_std: b
 # ---------------------------------------------------------------- loss
 
 def token_weights(lengths: list[int], agg: str, norm_len: int = 1) -> list[float]:
-    """Weight of each token of sample i in the mini-batch loss (the same for all its tokens).
+    """Weight of each token of row i in the mini-batch loss (the same for all its tokens).
 
-    N samples, lengths L_i, T = sum L_i:
+    N rows, lengths L_i, T = sum L_i:
       token-mean               1 / T            every token counts the same
-      seq-mean-token-mean      1 / (N * L_i)    every sample counts the same (paper default)
-      seq-mean-token-sum       1 / N            longer samples count more
+      seq-mean-token-mean      1 / (N * L_i)    every row counts the same (paper default)
+      seq-mean-token-sum       1 / N            longer rows count more
       seq-mean-token-sum-norm  1 / (N * norm_len)  Dr. GRPO: a constant length (the budget)
     """
     n, total = len(lengths), sum(lengths)
@@ -100,7 +102,7 @@ def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Te
 
     logp, old_logp: [B, T]; adv: [B]. Returns (loss [B, T], clipped [B, T] bool). For A > 0 the
     ratio is capped at 1 + clip_high; for A < 0 it is floored at 1 - clip_low, and the loss is
-    also capped at -A * dual_clip so a huge ratio on a bad sample cannot blow up the step.
+    also capped at -A * dual_clip so a huge ratio on a bad row cannot blow up the step.
     """
     adv = adv[:, None]
     ratio = torch.exp(logp - old_logp)
@@ -113,70 +115,97 @@ def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Te
     return loss, clipped
 
 
-# ---------------------------------------------------------------- rows
+# ---------------------------------------------------------------- rows and settings
 
 @dataclass
-class Sample:
-    """One call, as the update sees it: one row."""
+class Row:
+    """One call, as the update sees it: one training row."""
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float
     role: str      # role type for metrics: generator0 -> generator
-    adapter: str   # the adapter this call trains (route_adapter)
+    adapter: str   # the adapter this call trains: SP `shared`, IP its role (route_adapter)
 
 
 @dataclass
 class UpdateSettings:
-    """The GRPO update's knobs. Each field with a `help` is one flag of train.py, made from it by
-    infra/flags.py: the field's default (or its `flag_default`), its help, the paper's value
-    (`paper`) and the values it takes (`within`, `choices`). A field without `help` is computed by
-    train.py's `build_trainer`. A new knob is one field here, read as `cfg.<name>` where the update
-    uses it."""
-    mini_batch_size: int = field(default=512, metadata=dict(
-        help="samples per optimizer step; 0 = a step's episodes", within="[0, inf)", flag_default=0,
-        paper=512))
+    """GRPO's knobs: advantages, the loss, the optimizer. Each field with a `help` is one flag of
+    train.py, made from it by infra/flags.py: its flag, default, help, the paper's value (`paper`)
+    and the values it takes (`within`, `choices`). A 0 that stands for a computed value, and a
+    field without `help`, are given by train.py's `settings_from_flags`. A new knob is one field
+    here, read as `cfg.<name>` where the update uses it."""
+    std_scale: bool = field(default=True, metadata=dict(
+        flag="--std-scale", group="GRPO (grpo.UpdateSettings)",
+        help="advantage = (r - mean) / std; --no-std-scale: r - mean (Dr. GRPO)", paper=True))
+    mini_batch_size: int = field(default=0, metadata=dict(
+        flag="--mini-batch-size", help="rows per optimizer step; 0 = a step's episodes",
+        within="[0, inf)", paper=512))
     micro_batch_size: int = field(default=8, metadata=dict(
-        help="rows per forward/backward at most (memory only: the gradient is the same)",
-        within="[1, inf)"))
-    max_tokens_per_micro_batch: int = field(default=1 << 62, metadata=dict(  # verl: dynamic bsz
-        help="padded tokens per forward/backward at most; 0 = rows only", within="[0, inf)",
-        flag_default=0, paper=51200))
+        flag="--micro-batch-size", within="[1, inf)",
+        help="rows per forward/backward at most (memory only: the gradient is the same)"))
+    max_tokens_per_micro_batch: int = field(default=0, metadata=dict(  # verl: dynamic bsz
+        flag="--max-tokens-per-micro-batch", within="[0, inf)", paper=51200,
+        help="padded tokens per forward/backward at most; 0 = rows only"))
     agg: str = field(default="seq-mean-token-mean", metadata=dict(
-        help="loss aggregation: how much each token counts (grpo.token_weights)",
+        flag="--agg", help="loss aggregation: how much each token counts (grpo.token_weights)",
         choices=AGGREGATIONS, paper="seq-mean-token-mean"))
     norm_len: int = 512  # seq-mean-token-sum-norm's constant length (train.py: --max-new-tokens)
     clip_low: float = field(default=0.2, metadata=dict(
-        help="PPO clip below 1", within="(0, 1)", paper=0.2))
+        flag="--clip-low", help="PPO clip below 1", within="(0, 1)", paper=0.2))
     clip_high: float = field(default=0.28, metadata=dict(
-        help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
+        flag="--clip-high", help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
     dual_clip: float = field(default=3.0, metadata=dict(
-        help="dual-clip constant: a negative advantage's loss is capped at -A x this",
-        within="(1, inf)", paper=3))
-    max_grad_norm: float = field(default=1.0, metadata=dict(
-        help="gradient clipping per adapter", within="(0, inf)", paper=1))
+        flag="--dual-clip", within="(1, inf)", paper=3,
+        help="dual-clip constant: a negative advantage's loss is capped at -A x this"))
     temperature: float = 0.7  # log-probs at the sampling temperature: train.py gives --temperature
     role_weights: dict[str, float] = field(default_factory=dict, metadata=dict(
+        flag="--role-weights", within="[0, inf)",
         help="SP: loss share per role, 'equal' or generator=2,aggregator=1; none: the "
-             "aggregation's own shares (as the paper)", within="[0, inf)"))
+             "aggregation's own shares (as the paper)"))
     merge_instance_steps: bool = field(default=False, metadata=dict(
-        help="finding 4: one optimizer step per adapter per training step, not one per mini-batch",
-        paper=False))
+        flag="--merge-instance-steps", paper=False,
+        help="finding 4: one optimizer step per adapter per training step, not one per mini-batch"))
     kl_coef: dict[str, float] = field(default_factory=dict, metadata=dict(
-        help="I1: role=beta,... adds beta * KL(role || base) (k3)", within="(0, inf)"))
+        flag="--kl-coef", within="(0, inf)",
+        help="I1: role=beta,... adds beta * KL(role || base) (k3)"))
     coherence: dict[str, float] = field(default_factory=dict, metadata=dict(
-        help="I6 (IP): role=lambda,... lambda in (0, 1]", within="(0, 1]", paper="<= 0.3"))
+        flag="--coherence", within="(0, 1]", paper="<= 0.3",
+        help="I6 (IP): role=lambda,... lambda in (0, 1]"))
     coherence_window: int = field(default=128, metadata=dict(
-        help="I6: EMA window, tau = 1 - 1/window", within="[1, inf)", paper=128))
+        flag="--coherence-window", help="I6: EMA window, tau = 1 - 1/window", within="[1, inf)",
+        paper=128))
     share_prompts: bool = field(default=True, metadata=dict(  # policies.shared_prompt_cache
-        help="rows that share a prompt run it once (--no-share-prompts: each row its whole "
-             "prompt)"))
+        flag="--share-prompts", help="rows that share a prompt run it once "
+        "(--no-share-prompts: each row its whole prompt)"))
     skip_zero_advantage: bool = field(default=False, metadata=dict(
-        help="skip calls with advantage 0: the same step, less work (entropy and clip_frac then "
-             "cover the trained calls)"))
-    lr_schedule: str = field(default="constant", metadata=dict(  # verl-constant: see lr_multiplier
+        flag="--skip-zero-advantage", help="skip calls with advantage 0: the same step, less work "
+        "(entropy and clip_frac then cover the trained calls)"))
+    lr: float = field(default=5e-4, metadata=dict(
+        flag="--lr", group="optimisation (grpo.UpdateSettings)", within="(0, inf)",
+        help="AdamW learning rate, per adapter", paper="2e-5 at rank 64"))
+    weight_decay: float = field(default=0.01, metadata=dict(
+        flag="--weight-decay", help="AdamW weight decay", within="[0, inf)", paper=0.01))
+    warmup_steps: int = field(default=3, metadata=dict(
+        flag="--warmup-steps", help="linear warm-up steps", within="[0, inf)", paper=15))
+    lr_schedule: str = field(default="constant", metadata=dict(  # verl-constant: lr_multiplier
+        flag="--lr-schedule", choices=["constant", "cosine", "verl-constant"],
         help="after warm-up; cosine: to 0 at the last step (the paper's config); verl-constant: "
-             "what its runs did, from lr 0, counting adapter updates (cells)",
-        choices=["constant", "cosine", "verl-constant"]))
+             "what its runs did, from lr 0, counting adapter updates (cells)"))
+    max_grad_norm: float = field(default=1.0, metadata=dict(
+        flag="--max-grad-norm", help="gradient clipping per adapter", within="(0, inf)", paper=1))
+
+
+def policy_problem(cfg: UpdateSettings, policy: str) -> str | None:
+    """What these settings cannot do under `policy` (one line; train.py stops on it before anything
+    loads), or None. Role shares are weights inside one shared adapter, so SP only; I6 shrinks a
+    role's own adapter's gradient, so IP only."""
+    if cfg.role_weights and not any(cfg.role_weights.values()):
+        return "--role-weights are all 0: no role would train"
+    if cfg.role_weights and policy == "ip":
+        return "--role-weights sets shares inside one shared adapter; it needs --policy sp"
+    if cfg.coherence and policy == "sp":
+        return "--coherence acts on a role's own adapter gradient; it needs --policy ip"
+    return None
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int,
@@ -197,16 +226,17 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int,
     return 0.5 * (1.0 + math.cos(math.pi * done / max(total_steps - warmup_steps, 1)))
 
 
-def make_optimizers(model, adapters: list[str], lr: float = 2e-5, weight_decay: float = 0.01,
-                    warmup_steps: int = 15, schedule: str = "constant",
-                    total_steps: int = 500) -> dict[str, tuple]:
-    """One AdamW + schedule (`lr_multiplier`) per adapter: IP roles never share optimizer state.
-    The schedules advance in `step_schedules`."""
+def make_optimizers(model, adapters: list[str], cfg: UpdateSettings,
+                    total_steps: int) -> dict[str, tuple]:
+    """One AdamW (--lr, --weight-decay) + schedule (`lr_multiplier`: --warmup-steps, --lr-schedule
+    over `total_steps` training steps) per adapter: IP roles never share optimizer state. The
+    schedules advance in `step_schedules`."""
     out = {}
     for a in adapters:
-        opt = torch.optim.AdamW(adapter_parameters(model, a), lr=lr, weight_decay=weight_decay)
+        opt = torch.optim.AdamW(adapter_parameters(model, a), lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)
         out[a] = (opt, torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_multiplier(s, warmup_steps, total_steps, schedule)))
+            opt, lambda s: lr_multiplier(s, cfg.warmup_steps, total_steps, cfg.lr_schedule)))
     return out
 
 
@@ -232,10 +262,11 @@ def step_schedules(optimizers: dict, adapter: str, had_rows: bool, schedule: str
 
 # ---------------------------------------------------------------- rows and mini-batches
 
-def training_samples(episodes: list, scale_by_std: bool = True) -> list[Sample]:
+def training_rows(episodes: list, scale_by_std: bool) -> list[Row]:
     """Every call of every episode as one GRPO row: its reward compared within its group
-    (`group_advantages`, the key from `Call.group_key`), its tokens, its role type and the adapter
-    it trains (`Call.adapter`, set by the rollout from the policy).
+    (`group_advantages`; the key is `Call.group_key`, (task, call name, turn), as below), its
+    tokens, its role type and the adapter it trains (`Call.adapter`, set by the rollout from the
+    policy: the only thing SP and IP change, see "rows" below).
 
     Example: one task (answer 4), n = 2 Voting episodes, 3 generators and an aggregator in each,
     outcome credit (every call gets its episode's final correctness):
@@ -256,31 +287,31 @@ def training_samples(episodes: list, scale_by_std: bool = True) -> list[Sample]:
     calls = [(e.task.id, c) for e in episodes for c in e.calls]
     keys = [c.group_key(task_id) for task_id, c in calls]
     advantages = group_advantages([c.reward for _, c in calls], keys, scale_by_std)
-    return [Sample(c.prompt_ids, c.completion_ids, advantage, c.role, c.adapter)
+    return [Row(c.prompt_ids, c.completion_ids, advantage, c.role, c.adapter)
             for (_, c), advantage in zip(calls, advantages)]
 
 
-def role_shares(samples: list[Sample], weights: list[float]) -> dict[str, float]:
+def role_shares(rows: list[Row], weights: list[float]) -> dict[str, float]:
     """Fraction of the total loss weight carried by each role's tokens (sums to 1), the roles in
     the order they first appear."""
     mass: dict[str, float] = defaultdict(float)
-    for s, w in zip(samples, weights):
-        mass[s.role] += w * len(s.completion_ids)
+    for row, w in zip(rows, weights):
+        mass[row.role] += w * len(row.completion_ids)
     total = sum(mass.values())
     return {r: m / total if total else 0.0 for r, m in mass.items()}
 
 
-def minibatch_weights(samples: list[Sample], cfg: UpdateSettings) -> list[float]:
-    """Per-token weight of each sample in one mini-batch, rescaled to the requested role shares
+def minibatch_weights(rows: list[Row], cfg: UpdateSettings) -> list[float]:
+    """Per-token weight of each row in one mini-batch, rescaled to the requested role shares
     if any."""
-    w = token_weights([len(s.completion_ids) for s in samples], cfg.agg, cfg.norm_len)
+    w = token_weights([len(row.completion_ids) for row in rows], cfg.agg, cfg.norm_len)
     if cfg.role_weights:
-        shares = role_shares(samples, w)
+        shares = role_shares(rows, w)
         present = {r: cfg.role_weights.get(r, 0.0) for r in shares}
         norm = sum(present.values()) or 1.0
         # scale each role's tokens so its share becomes target / sum(targets of roles present)
-        w = [wi * (present[s.role] / norm) / shares[s.role] if shares[s.role] else 0.0
-             for s, wi in zip(samples, w)]
+        w = [wi * (present[row.role] / norm) / shares[row.role] if shares[row.role] else 0.0
+             for row, wi in zip(rows, w)]
     return w
 
 
@@ -289,7 +320,7 @@ class MiniBatch:
     """One optimizer step's rows, each with its loss weight, and each role's share of the loss
     (finding 3), roles in order of appearance. Under torchrun `rows` and `weights` are this rank's
     part, `role_shares` the whole mini-batch's (distributed.py)."""
-    rows: list[Sample]
+    rows: list[Row]
     weights: list[float]
     role_shares: dict[str, float]
 
@@ -298,7 +329,7 @@ class MiniBatch:
         return list(self.role_shares)
 
 
-def mini_batches(rows: list[Sample], cfg: UpdateSettings) -> list[MiniBatch]:
+def mini_batches(rows: list[Row], cfg: UpdateSettings) -> list[MiniBatch]:
     """One adapter's rows cut into optimizer steps of `mini_batch_size` rows, or one step of all
     of them with --merge-instance-steps; each row's weight counts its whole mini-batch.
 
@@ -311,6 +342,7 @@ def mini_batches(rows: list[Sample], cfg: UpdateSettings) -> list[MiniBatch]:
     if not rows:
         return []
     rows_per_step = len(rows) if cfg.merge_instance_steps else cfg.mini_batch_size
+    assert rows_per_step > 0, "--mini-batch-size 0 (a step's episodes) is train.py's to resolve"
     steps = []
     for start in range(0, len(rows), rows_per_step):
         part = rows[start:start + rows_per_step]
@@ -321,23 +353,23 @@ def mini_batches(rows: list[Sample], cfg: UpdateSettings) -> list[MiniBatch]:
     return steps
 
 
-def without_tokens(row: Sample) -> Sample:
+def without_tokens(row: Row) -> Row:
     """What another rank needs of a row to weigh a mini-batch (torchrun): its length and role."""
-    return Sample([], [0] * len(row.completion_ids), row.advantage, row.role, row.adapter)
+    return Row([], [0] * len(row.completion_ids), row.advantage, row.role, row.adapter)
 
 
-def has_gradient(row: Sample, cfg: UpdateSettings) -> bool:
+def has_gradient(row: Row, cfg: UpdateSettings) -> bool:
     """False when the row's loss is 0 * ratio: advantage 0 and no KL term for its role."""
     return row.advantage != 0.0 or cfg.kl_coef.get(row.role, 0.0) > 0
 
 
 def role_micro_batches(mb: MiniBatch, old: list, role: str,
-                       cfg: UpdateSettings) -> list[tuple[list[Sample], list, list[float]]]:
+                       cfg: UpdateSettings) -> list[tuple[list[Row], list, list[float]]]:
     """The rows of `role` as micro-batches of (rows, old log-probs, weights), sorted by length
     (`policies.micro_batches`): each pads to rows of about its own length, and a prompt's copies
     share one pass over it. --skip-zero-advantage leaves out rows without a gradient."""
-    idx = [i for i, s in enumerate(mb.rows)
-           if s.role == role and (has_gradient(s, cfg) or not cfg.skip_zero_advantage)]
+    idx = [i for i, row in enumerate(mb.rows)
+           if row.role == role and (has_gradient(row, cfg) or not cfg.skip_zero_advantage)]
     cuts = micro_batches([mb.rows[i].prompt_ids for i in idx],
                          [mb.rows[i].completion_ids for i in idx],
                          cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
@@ -351,9 +383,9 @@ def old_logprobs(model, adapter: str, steps: list[MiniBatch],
     (None: the current ones, detached). The first mini-batch runs before the first optimizer
     step, so its ratio is exactly 1: only later mini-batches (IP parallel instances, a batch over
     `mini_batch_size`) need this extra no-grad forward."""
-    later = [s for mb in steps[1:] for s in mb.rows]
-    scored = iter(policy_logprobs(model, adapter, [s.prompt_ids for s in later],
-                                  [s.completion_ids for s in later], cfg.micro_batch_size,
+    later = [row for mb in steps[1:] for row in mb.rows]
+    scored = iter(policy_logprobs(model, adapter, [row.prompt_ids for row in later],
+                                  [row.completion_ids for row in later], cfg.micro_batch_size,
                                   cfg.temperature, cfg.share_prompts,
                                   cfg.max_tokens_per_micro_batch) if later else [])
     return [[None if k == 0 else next(scored) for _ in mb.rows] for k, mb in enumerate(steps)]
@@ -370,16 +402,16 @@ def aligned_old_logprobs(logp: torch.Tensor, old: list) -> torch.Tensor:
     return old_logp
 
 
-def kl_to_base(model, micro: list[Sample], logp: torch.Tensor, mask: torch.Tensor,
+def kl_to_base(model, micro: list[Row], logp: torch.Tensor, mask: torch.Tensor,
                cfg: UpdateSettings) -> torch.Tensor | None:
     """I1: the per-token KL(role || base), k3 estimator, [B, T]; None when no role of the
     micro-batch pays it (then the base model's no-grad forward is skipped)."""
-    if not any(cfg.kl_coef.get(s.role, 0.0) > 0 for s in micro):
+    if not any(cfg.kl_coef.get(row.role, 0.0) > 0 for row in micro):
         return None
     model.eval()  # no-grad, in eval mode: its shared prompts keep their cache (completion_logprobs)
     with torch.no_grad(), use_adapter(model, None):
-        ref_logp, _, _ = completion_logprobs(model, [s.prompt_ids for s in micro],
-                                             [s.completion_ids for s in micro], cfg.temperature,
+        ref_logp, _, _ = completion_logprobs(model, [row.prompt_ids for row in micro],
+                                             [row.completion_ids for row in micro], cfg.temperature,
                                              share_prompts=cfg.share_prompts)
     model.train()
     log_r = ref_logp - logp
@@ -388,21 +420,21 @@ def kl_to_base(model, micro: list[Sample], logp: torch.Tensor, mask: torch.Tenso
 
 # ---------------------------------------------------------------- the update
 
-def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSettings,
+def update_policy(model, rows: list[Row], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step: each adapter is updated on its own rows, as in any PPO update.
     Returns the step's metrics (`role/name`); `grad_ema` carries I6's state between steps.
     `report` only records (`UpdateReport`). Under torchrun `distributed.my_mini_batches` gives
     this rank its rows and `distributed.sum_gradients` adds the ranks' gradients, so each rank
     steps as one process would; for one process they change nothing."""
-    unknown = {s.adapter for s in samples if s.completion_ids} - set(optimizers)
-    assert not unknown, f"samples for adapters without an optimizer: {sorted(unknown)}"
+    unknown = {r.adapter for r in rows if r.completion_ids} - set(optimizers)
+    assert not unknown, f"rows for adapters without an optimizer: {sorted(unknown)}"
     grad_ema = {} if grad_ema is None else grad_ema
     report = UpdateReport(cfg, has_gradient)
     for adapter, (opt, _) in optimizers.items():
         params = adapter_parameters(model, adapter)
-        rows = [s for s in samples if s.adapter == adapter and s.completion_ids]
-        steps = distributed.my_mini_batches(rows, lambda part: mini_batches(part, cfg),
+        mine = [r for r in rows if r.adapter == adapter and r.completion_ids]
+        steps = distributed.my_mini_batches(mine, lambda part: mini_batches(part, cfg),
                                             without_tokens)
         old = old_logprobs(model, adapter, steps, cfg)
         with use_adapter(model, adapter):
@@ -413,26 +445,15 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
                 report.start(mb, params)
                 for role in sorted(mb.roles):  # role by role: under SP, each role's own gradient
                     for micro, micro_old, weights in role_micro_batches(mb, mb_old, role, cfg):
-                        logp, mask, entropy = completion_logprobs(
-                            model, [s.prompt_ids for s in micro], [s.completion_ids for s in micro],
-                            cfg.temperature, with_entropy=True, share_prompts=cfg.share_prompts)
-                        old_logp = aligned_old_logprobs(logp, micro_old)  # [B, T], as logp
-                        adv = logp.new_tensor([s.advantage for s in micro])  # [B]
-                        pg_loss, clipped = clipped_token_loss(  # the ratio, clipped: [B, T]
-                            logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-                        token_loss = pg_loss
-                        kl = kl_to_base(model, micro, logp, mask, cfg)  # I1: [B, T] or None
-                        if kl is not None:  # beta * KL(role || base), for the roles that pay it
-                            betas = logp.new_tensor([cfg.kl_coef.get(s.role, 0.0) for s in micro])
-                            token_loss = token_loss + betas[:, None] * kl
-                        w = logp.new_tensor(weights)[:, None]  # [B, 1]
-                        (token_loss * mask * w).sum().backward()
-                        report.micro_batch(micro, logp, old_logp, mask, entropy, pg_loss,
-                                           clipped, kl)
-                    report.role_done(role, params)
+                        loss, terms = micro_batch_loss(model, micro, micro_old, weights, cfg)
+                        loss.backward()  # micro-batches add up to the mini-batch's gradient
+                        report.micro_batch(micro, *terms)
+                    report.role_done(role, params)  # finding 3: update_report.role_gradient_shares
                 zero_missing_grads(params)
                 distributed.sum_gradients(params)
-                scale = apply_coherence(params, grad_ema, adapter, mb.roles[0], cfg)  # I6
+                lam = cfg.coherence.get(mb.roles[0])  # I6 (IP: one role per adapter), when named
+                scale = coherence_scale(params, grad_ema, adapter, lam, cfg.coherence_window) \
+                    if lam else None
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
                 # skip a non-finite step (counted), and one whose roles all weigh 0 (a role
                 # weighted 0: weight decay and Adam's momentum would still move the adapter)
@@ -447,21 +468,43 @@ def update_policy(model, samples: list[Sample], optimizers: dict, cfg: UpdateSet
     return report.metrics()
 
 
+def micro_batch_loss(model, micro: list[Row], micro_old: list, weights: list[float],
+                     cfg: UpdateSettings) -> tuple[torch.Tensor, tuple]:
+    """One micro-batch's part of its mini-batch's loss, and the terms `UpdateReport` records."""
+    logp, mask, entropy = completion_logprobs(
+        model, [r.prompt_ids for r in micro], [r.completion_ids for r in micro], cfg.temperature,
+        with_entropy=True, share_prompts=cfg.share_prompts)
+    old_logp = aligned_old_logprobs(logp, micro_old)
+    adv = logp.new_tensor([r.advantage for r in micro])
+    pg_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high,
+                                          cfg.dual_clip)
+    token_loss = pg_loss
+    kl = kl_to_base(model, micro, logp, mask, cfg)
+    if kl is not None:  # beta * KL(role || base), for the roles that pay it
+        betas = logp.new_tensor([cfg.kl_coef.get(r.role, 0.0) for r in micro])
+        token_loss = token_loss + betas[:, None] * kl
+    w = logp.new_tensor(weights)[:, None]
+    # The loss, for B rows (`micro`) and T columns (their longest completion); all [B, T] but w:
+    #   token_loss  pg_loss + beta * kl
+    #   pg_loss     PPO's clipped surrogate -adv * ratio (clipped_token_loss), ratio =
+    #               exp(logp - old_logp); adv [B]: each row's group advantage (training_rows)
+    #   logp        each completion token's log-prob under the adapter now (completion_logprobs)
+    #   old_logp    the same before this training step: logp detached in the first mini-batch
+    #               (ratio 1), the stored ones in later mini-batches (old_logprobs)
+    #   kl, beta    I1: k3 KL(role || base) (kl_to_base), beta [B] from --kl-coef; 0 without
+    #   mask        1 on each row's completion tokens (right-aligned), 0 on padding
+    #   w [B, 1]    a token's weight in its mini-batch's loss (token_weights, rescaled to role
+    #               shares by minibatch_weights, to a partial mini-batch by mini_batches)
+    loss = (token_loss * mask * w).sum()
+    return loss, (logp, old_logp, mask, entropy, pg_loss, clipped, kl)
+
+
 def zero_missing_grads(params: list[torch.nn.Parameter]) -> None:
     """A parameter no row reached (all skipped) gets a zero gradient, not None: AdamW skips a None
     gradient, but must still apply momentum and weight decay as if the zero rows had run."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-
-
-def apply_coherence(params: list[torch.nn.Parameter], grad_ema: dict[str, torch.Tensor],
-                    adapter: str, role: str, cfg: UpdateSettings) -> float | None:
-    """I6 on a mini-batch of `role` (IP: one role per adapter) when --coherence names it: the
-    scale applied (`coherence_scale`); None otherwise."""
-    if role not in cfg.coherence:
-        return None
-    return coherence_scale(params, grad_ema, adapter, cfg.coherence[role], cfg.coherence_window)
 
 
 def coherence_scale(params: list[torch.nn.Parameter], grad_ema: dict[str, torch.Tensor],

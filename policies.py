@@ -16,7 +16,6 @@ infra/vllm_engine.py, and adapters are saved as PEFT folders by infra/checkpoint
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +26,9 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from infra import models, toy
+from infra.memory import StepHooks
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
+from infra.roles import role_type
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
@@ -107,11 +108,11 @@ def route_adapter(call_name: str, policy: str) -> str:
     if policy == "sp":
         return "shared"
     if policy == "ip":
-        return re.sub(r"\d+$", "", call_name)  # generator0 -> generator
+        return role_type(call_name)  # generator0 -> generator
     raise ValueError(f"unknown policy {policy!r} (expected sp or ip)")
 
 
-def add_adapters(model, adapter_names: list[str], rank: int = 64, alpha: int = 32) -> PeftModel:
+def add_adapters(model, adapter_names: list[str], rank: int, alpha: int) -> PeftModel:
     """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as
     the base; no dropout, as the paper)."""
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
@@ -224,14 +225,15 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
     return cache, mask[index]
 
 
-class HFEngine:
+class HFEngine(StepHooks):
     """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt
     and cut into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt
     + max_new_tokens), the KV cache a chunk can fill), returned in the caller's order; a chunk's
     repeated prompts are prefilled once (`shared_prompt_cache`), in pieces of `prefill_columns`
-    columns where given (on CUDA: infra/memory.hf_generation_budget gives both bounds)."""
+    columns where given (on CUDA: infra/memory.hf_generation_budget gives both bounds). It samples
+    with the trainer's own weights, so its hooks around an update (`StepHooks`) only measure."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.7,
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
                  max_tokens: int = 1 << 62, prefill_columns: Callable | None = None):
         self.model, self.tokenizer = model, tokenizer
@@ -378,14 +380,14 @@ def micro_batches(prompts: list[list[int]], completions: list[list[int]], max_ro
                   max_tokens: int) -> list[list[int]]:
     """Row indices of each micro-batch, like verl's dynamic batch size: rows in `micro_batch_order`,
     cut before a batch would exceed `max_rows` rows or `max_tokens` padded tokens (rows x its
-    widest prompt + completion). A row wider than the budget goes alone. Only memory depends on
-    the cut: losses are sums over rows."""
+    widest prompt + completion; 0: no token limit). A row wider than the budget goes alone. Only
+    memory depends on the cut: losses are sums over rows."""
     batches: list[list[int]] = []
     width = 0
     for i in micro_batch_order(prompts, completions):
         row = len(prompts[i]) + len(completions[i])
         has_room = batches and len(batches[-1]) < max_rows
-        if has_room and (len(batches[-1]) + 1) * max(width, row) <= max_tokens:
+        if has_room and (not max_tokens or (len(batches[-1]) + 1) * max(width, row) <= max_tokens):
             batches[-1].append(i)
             width = max(width, row)
         else:

@@ -12,10 +12,10 @@ appends one line of metrics to RUN/metrics.jsonl.
     python train.py --cell Voting-IP-1.7B-Math  # a paper cell on a GPU (see --list-cells)
     torchrun --standalone --nproc_per_node 2 train.py --cell Voting-IP-1.7B-Math  # on 2 GPUs
 
-Defaults are sized for a CPU; the paper's values are given in each flag's help. The update's and the
-workflows' flags are the fields of grpo.UpdateSettings and workflows.WorkflowOptions (a new knob is
-one field); the rest are at the end of this file. Bad input stops before anything loads or is
-written: one line, exit status 2.
+Defaults are sized for a CPU; the paper's values are given in each flag's help. Every flag is one
+field: of `Settings` at the end of this file, of grpo.UpdateSettings or of workflows.WorkflowOptions
+(a new knob is one field); `settings_from_flags` resolves what a 0 stands for. Bad input stops
+before anything loads or is written: one line, exit status 2.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -35,8 +36,8 @@ import policies
 import tasks
 import workflows
 from eval import make_engine, play_every_problem
-from infra import checkpoints, distributed, flags, memory, samples, toy, toy_model, vllm_engine
-from infra.flags import COUNT, COUNT0, FRACTION, NONNEGATIVE, POSITIVE, RESUMABLE
+from infra import checkpoints, distributed, flags, samples, toy_hooks, vllm_engine
+from infra.flags import RESUMABLE
 from infra.runfolder import (
     GracefulStop,
     WriteError,
@@ -53,33 +54,26 @@ from workflows import ROLES
 # ---------------------------------------------------------------- one step
 
 
-def train_step(batch: list[tasks.Task], args, trainer: Trainer) -> dict[str, float]:
-    """One GRPO step: rollout (under torchrun each rank runs a share of the tasks, whole groups),
-    rewards, group advantages, one update of every adapter over the global batch. Returns the step's
-    metrics."""
-    memory.reset_peaks(trainer.model)  # CUDA: this step's peaks (vLLM's sleep resets them again)
+def train_step(batch: list[tasks.Task], cfg: Settings, trainer: Trainer) -> dict[str, float]:
+    """One GRPO step, as the paper's algorithm: rollout, rewards, group advantages, one update of
+    every adapter, metrics. Under torchrun each rank rolls out a share of the tasks (whole groups)
+    and the update adds the ranks' gradients (grpo.update_policy)."""
+    engine = trainer.engine
+    engine.start_step()  # CUDA: the step's memory peaks start here
     t0 = time.time()
-    episodes = run_workflow(batch, args.group_size, args, trainer, "rollout")
+    episodes = run_workflow(batch, cfg.group_size, cfg, trainer, "rollout")  # rewarded calls
     t_rollout = time.time() - t0
-    samples = grpo.training_samples(episodes, args.std_scale)
+    rows = grpo.training_rows(episodes, cfg.update.std_scale)  # each call: advantage, adapter
     calls = [c for e in episodes for c in e.calls]
     tallies = {**workflows.episode_tallies(episodes),
                "reward": [sum(c.reward for c in calls), len(calls)]}
-    if args.engine == "vllm":  # vLLM asleep (its GPU memory freed, the peak counters reset), then
-        trainer.engine.sleep()  # the drift check, before the update changes the weights it sampled
-        tallies.update(vllm_engine.vllm_drift(calls, lambda *rows: policies.logprob_drift(
-            trainer.model, *rows, args.micro_batch_size,
-            trainer.settings.max_tokens_per_micro_batch)))
+    tallies.update(engine.before_update(calls))  # vLLM: asleep, its log-probs checked against ours
     t1 = time.time()
-    m = grpo.update_policy(trainer.model, samples, trainer.optimizers, trainer.settings,
-                           trainer.grad_ema)
+    m = grpo.update_policy(trainer.model, rows, trainer.optimizers, cfg.update, trainer.grad_ema)
     t_update = time.time() - t1
-    m.update(memory.step_peaks(trainer.model, trainer.engine))  # CUDA: the trainer's, vLLM asleep
-    if args.engine == "vllm":  # new versions of the updated adapters
-        trainer.engine.wake_up()
-        trainer.engine.sync_adapters(trainer.model, sorted({s.adapter for s in samples}))
-    parts = distributed.gather((tallies, sum(len(s.completion_ids) for s in samples),
-                                sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)))
+    m.update(engine.after_update(sorted({r.adapter for r in rows})))  # peaks; vLLM: new adapters
+    parts = distributed.gather((tallies, sum(len(r.completion_ids) for r in rows),
+                                sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)))
     m.update(rates(add_tallies([p[0] for p in parts])), time_rollout=t_rollout,
              time_update=t_update, rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
              update_tok_s=sum(p[2] for p in parts) / max(t_update, 1e-9))
@@ -87,30 +81,30 @@ def train_step(batch: list[tasks.Task], args, trainer: Trainer) -> dict[str, flo
     return m
 
 
-def validate(val_tasks, args, trainer: Trainer, step: int) -> dict[str, float]:
+def validate(val_tasks, cfg: Settings, trainer: Trainer, step: int) -> dict[str, float]:
     """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts
     are added. The episodes of the first --val-samples tasks, the same at every step, go to
     RUN/samples/ (rank 0 writes)."""
-    episodes = run_workflow(val_tasks, args.val_n, args, trainer, "validate")
-    samples.keep_samples(args.run_dir, step, episodes, [v.id for v in val_tasks[:args.val_samples]])
-    tallies = workflows.episode_tallies(episodes)
-    if args.model == "toy":  # each role's habit and format, read by the toy world's parsers
-        tallies.update(toy.role_tallies(episodes, trainer.tokenizer.decode))
+    episodes = run_workflow(val_tasks, cfg.val_n, cfg, trainer, "validate")
+    samples.keep_samples(cfg.run_dir, step, episodes, [v.id for v in val_tasks[:cfg.val_samples]])
+    tallies = {**workflows.episode_tallies(episodes),  # and the toy world's reading of each role
+               **toy_hooks.validation_tallies(cfg.model, episodes, trainer.tokenizer.decode)}
     return {f"val/{k}": v for k, v in rates(add_tallies(distributed.gather(tallies))).items()}
 
 
-def run_workflow(tasks_: list[tasks.Task], n: int, args, trainer: Trainer, desc: str
+def run_workflow(tasks_: list[tasks.Task], n: int, cfg: Settings, trainer: Trainer, desc: str
                  ) -> list[workflows.Episode]:
-    """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun), each
-    call on its adapter (SP / IP), rewarded with the run's credit (`workflows.run_episodes`, which
-    evaluation runs too)."""
-    encode = policies.chat_encoder(trainer.tokenizer, args.enable_thinking, args.chat_template)
+    """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun),
+    rewarded with the run's credit (`workflows.run_episodes`, which evaluation runs too)."""
+    encode = policies.chat_encoder(trainer.tokenizer, cfg.enable_thinking, cfg.chat_template)
 
     def route(call_name: str) -> str:
-        return policies.route_adapter(call_name, args.policy)
-    return workflows.run_episodes(distributed.share(tasks_), n, args.workflow, trainer.options,
-                                  args.credit, trainer.engine, encode, route,
-                                  args.max_prompt_tokens, desc)
+        # what SP and IP change, and all they change: the adapter each call samples with and
+        # trains (SP one `shared`, IP one per role type); grpo.py updates each adapter on its rows
+        return policies.route_adapter(call_name, cfg.policy)
+    return workflows.run_episodes(distributed.share(tasks_), n, cfg.workflow, cfg.options,
+                                  cfg.credit, trainer.engine, encode, route,
+                                  cfg.max_prompt_tokens, desc)
 
 
 # ---------------------------------------------------------------- the run
@@ -129,89 +123,91 @@ def main(argv: list[str] | None = None) -> str:
 def run(argv: list[str] | None) -> str:
     parser = build_parser()
     args = flags.parse_args(parser, argv, ROLES)  # every flag checked; nothing loaded or written
-    if args.resume and flags.nothing_to_train(args):  # before args.json takes this --steps
-        return args.run_dir
+    cfg = settings_from_flags(args)  # typed, resolved; the method's rules checked
+    if cfg.resume and flags.nothing_to_train(args):  # before args.json takes this --steps
+        return cfg.run_dir
     # one device per process, current before any model or engine: torchrun's rank's, or --device
-    device = distributed.claim_device(distributed.init_distributed(args.device) or args.device)
-    train_tasks, val_tasks = load_tasks(args)  # a bad row stops here, naming the file and the row
-    if not args.resume:
-        check_run_dir(args.run_dir, args.overwrite)
+    device = distributed.claim_device(distributed.init_distributed(cfg.device) or cfg.device)
+    train_tasks, val_tasks = load_tasks(cfg)  # a bad row stops here, naming the file and the row
+    if not cfg.resume:
+        check_run_dir(cfg.run_dir, cfg.overwrite)
     distributed.barrier()  # every rank has checked the folder before rank 0 writes into it
-    checkpoints.seed_everything(args.seed)
-    trainer = build_trainer(args, device)
+    checkpoints.seed_everything(cfg.seed)
+    trainer = build_trainer(cfg, device)
+    args.share_prompts = cfg.update.share_prompts  # RUN/args.json: as build_trainer left it
     rank, size = distributed.world()
     if size > 1:  # the same adapters everywhere, then a sampling stream per rank
-        checkpoints.seed_everything(args.seed + rank)
+        checkpoints.seed_everything(cfg.seed + rank)
     logger = None
-    if args.wandb and rank == 0:
+    if cfg.wandb and rank == 0:
         import wandb
         logger = wandb.init(project="marl-workflows", config=vars(args))
     print(flags.run_header(args, parser, device))
     try:
         if rank == 0:
-            with writing("RUN/args.json", args.run_dir):
+            with writing("RUN/args.json", cfg.run_dir):
                 write_args(args, parser)  # the first write into the run folder (and the defaults)
-        metrics_path, start = os.path.join(args.run_dir, "metrics.jsonl"), 0
-        if args.resume:
-            start = resume(args, trainer, metrics_path, rank)
-        with writing("RUN/metrics.jsonl", args.run_dir):
+        metrics_path, start = os.path.join(cfg.run_dir, "metrics.jsonl"), 0
+        if cfg.resume:
+            start = resume(cfg, trainer, metrics_path, rank)
+        with writing("RUN/metrics.jsonl", cfg.run_dir):
             metrics_file = open(metrics_path if rank == 0 else os.devnull, "a")
         with metrics_file:
-            train_loop(args, start, train_tasks, val_tasks, trainer, metrics_file, logger)
+            train_loop(cfg, start, train_tasks, val_tasks, trainer, metrics_file, logger)
     except WriteError as e:
-        checkpoints.stop_on_write_error(e, args.run_dir)
-    print(f"run folder: {args.run_dir}")
-    return args.run_dir
+        checkpoints.stop_on_write_error(e, cfg.run_dir)
+    print(f"run folder: {cfg.run_dir}")
+    return cfg.run_dir
 
 
-def resume(args, trainer: Trainer, metrics_path: str, rank: int) -> int:
+def resume(cfg: Settings, trainer: Trainer, metrics_path: str, rank: int) -> int:
     """The step the newest readable checkpoint is at, loaded into the trainer; the metrics and
     samples of later steps are dropped (they would be stale)."""
-    start = checkpoints.resume_from_checkpoint(args.run_dir, trainer.model, trainer.optimizers,
-                                               trainer.grad_ema, args.seed)
-    if args.engine == "vllm":  # vLLM started from the fresh adapters: give it the checkpoint's
+    start = checkpoints.resume_from_checkpoint(cfg.run_dir, trainer.model, trainer.optimizers,
+                                               trainer.grad_ema, cfg.seed)
+    if cfg.engine == "vllm":  # vLLM started from the fresh adapters: give it the checkpoint's
         trainer.engine.sync_adapters(trainer.model)
     if rank == 0:
-        with writing("RUN/metrics.jsonl and RUN/samples/", args.run_dir):
+        with writing("RUN/metrics.jsonl and RUN/samples/", cfg.run_dir):
             keep_metrics_until(metrics_path, start)
-            samples.keep_samples_until(args.run_dir, start)
-    if start >= args.steps:
-        print(f"nothing to train: {args.run_dir} is at step {start}; "
+            samples.keep_samples_until(cfg.run_dir, start)
+    if start >= cfg.steps:
+        print(f"nothing to train: {cfg.run_dir} is at step {start}; "
               f"extend it with --steps N (N > {start})")
     return start
 
 
-def train_loop(args, start: int, train_tasks, val_tasks, trainer: Trainer, metrics_file,
+def train_loop(cfg: Settings, start: int, train_tasks, val_tasks, trainer: Trainer, metrics_file,
                logger) -> None:
-    """Steps start+1 .. args.steps: train, validate (every --val-every steps and at the last), log,
+    """Steps start+1 .. --steps: train, validate (every --val-every steps and at the last), log,
     save."""
     order = list(range(len(train_tasks)))
-    random.Random(args.seed).shuffle(order)  # the data order is a function of the seed
+    random.Random(cfg.seed).shuffle(order)  # the data order is a function of the seed
     stop, bad_steps, size = GracefulStop(), 0, distributed.world()[1]
     try:
-        if args.val_every and start == 0:
-            m = validate(val_tasks, args, trainer, 0)
+        if cfg.val_every and start == 0:
+            m = validate(val_tasks, cfg, trainer, 0)
             print(f"step 0 | val acc {m['val/success']:.3f}")
-            log(args, metrics_file, {"step": 0, **m})
-        for step in tqdm(range(start + 1, args.steps + 1), desc="train", disable=None):
-            pos = (step - 1) * args.tasks_per_step
-            batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(args.tasks_per_step)]
-            m = {"step": step, **train_step(batch, args, trainer)}
-            if args.val_every and (step % args.val_every == 0 or step == args.steps):
-                m.update(validate(val_tasks, args, trainer, step))
+            log(cfg, metrics_file, {"step": 0, **m})
+        for step in tqdm(range(start + 1, cfg.steps + 1), desc="train", disable=None):
+            pos = (step - 1) * cfg.tasks_per_step
+            batch = [train_tasks[order[(pos + i) % len(order)]] for i in range(cfg.tasks_per_step)]
+            m = {"step": step, **train_step(batch, cfg, trainer)}
+            if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
+                m.update(validate(val_tasks, cfg, trainer, step))
             val = f" | val acc {m['val/success']:.3f}" if "val/success" in m else ""
             tqdm.write(f"step {step} | reward {m['reward']:.3f} | success {m['success']:.3f}{val}"
                        f" | rollout {m['time_rollout']:.1f}s update {m['time_update']:.1f}s")
-            log(args, metrics_file, m)
+            log(cfg, metrics_file, m)
             if logger:
                 logger.log(m, step=step)
             if size > 1:  # a stop request that reached one rank stops them all after the same step
                 stop.signum = next((s for s in distributed.gather(stop.signum) if s is not None),
                                    None)
-            saving = args.save_every and step % args.save_every == 0
-            if saving or step == args.steps or stop.requested:
-                checkpoints.save_checkpoint(args.run_dir, step, trainer.model, trainer.optimizers,
-                                            trainer.grad_ema, args.keep_last)
+            saving = cfg.save_every and step % cfg.save_every == 0
+            if saving or step == cfg.steps or stop.requested:
+                checkpoints.save_checkpoint(cfg.run_dir, step, trainer.model, trainer.optimizers,
+                                            trainer.grad_ema, cfg.keep_last)
             bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
             if bad_steps >= MAX_NONFINITE_STEPS:
                 raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite "
@@ -219,7 +215,7 @@ def train_loop(args, start: int, train_tasks, val_tasks, trainer: Trainer, metri
                                  f"at step {step}. Lower --lr or check the data.")
             if stop.requested:
                 print(f"stopped after step {step}; "
-                      f"continue with: python train.py --resume {args.run_dir}")
+                      f"continue with: python train.py --resume {cfg.run_dir}")
                 if stop.signum != signal.SIGINT:  # a scheduler's stop: non-zero, so it can requeue
                     raise SystemExit(128 + stop.signum)
                 break
@@ -227,9 +223,9 @@ def train_loop(args, start: int, train_tasks, val_tasks, trainer: Trainer, metri
         stop.restore()
 
 
-def log(args, metrics_file, m: dict) -> None:
+def log(cfg: Settings, metrics_file, m: dict) -> None:
     """One line of RUN/metrics.jsonl, flushed: a crash loses at most the step it was in."""
-    with writing("RUN/metrics.jsonl", args.run_dir):
+    with writing("RUN/metrics.jsonl", cfg.run_dir):
         metrics_file.write(json_line(m))
         metrics_file.flush()
 
@@ -239,194 +235,181 @@ def log(args, metrics_file, m: dict) -> None:
 
 @dataclass
 class Trainer:
-    """What a step works with, built from the flags by `build_trainer`."""
-    model: torch.nn.Module              # the base model and its adapters (SP: shared; IP: a role)
+    """What a step works with, built from the settings by `build_trainer`."""
+    model: torch.nn.Module  # the base model and its adapters (SP: shared; IP: one per role type)
     tokenizer: object
-    optimizers: dict                    # adapter -> (AdamW, schedule)
-    engine: object                      # HF or vLLM sampling engine
-    settings: grpo.UpdateSettings       # the GRPO update
-    options: workflows.WorkflowOptions  # the prompts and the workflow's control flow
-    grad_ema: dict                      # I6 state, carried across steps
+    optimizers: dict        # adapter -> (AdamW, schedule)
+    engine: object          # HF or vLLM sampling engine, with its hooks around an update
+    grad_ema: dict          # I6 state, carried across steps
 
 
-def build_trainer(args, device: str = "cpu") -> Trainer:
-    """The model with its adapters, one optimizer per adapter, the generation engine, the update's
-    settings and the workflow's options, all from the flags."""
-    if args.model == "toy" and distributed.world()[0] == 0:
-        toy_model.build(args.seed, play_every_problem)  # once per seed, into the cache
-    distributed.barrier()
+def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
+    """The model with its adapters, one optimizer per adapter and the generation engine, all from
+    the settings."""
+    toy_hooks.build_before_load(cfg.model, cfg.seed, play_every_problem)  # --model toy: built once
     try:
-        model, tokenizer = policies.load_model(args.model, getattr(torch, args.dtype), device,
-                                               args.seed)
+        model, tokenizer = policies.load_model(cfg.model, getattr(torch, cfg.dtype), device,
+                                               cfg.seed)
     except (OSError, ValueError) as e:  # a hub id not cached here, a folder with broken files
-        usage_error(f"cannot load --model {args.model}: "
+        usage_error(f"cannot load --model {cfg.model}: "
                     f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}")
     base_folder = None
-    if args.engine == "vllm":  # vLLM reads base weights from disk: find (or write) them first
-        base_folder = vllm_engine.vllm_model_folder(args.model, model, tokenizer)
+    if cfg.engine == "vllm":  # vLLM reads base weights from disk: find (or write) them first
+        base_folder = vllm_engine.vllm_model_folder(cfg.model, model, tokenizer)
     attention = model.config._attn_implementation
     # sharing a prompt's pass leaves holes in the mask: only where the attention is exact with them
-    args.share_prompts = args.share_prompts and attention in policies.EXACT_WITH_HOLES
-    print(f"attention: {attention}; shared prompt passes {'on' if args.share_prompts else 'off'}")
-    adapters = sorted({policies.route_adapter(r, args.policy) for r in ROLES[args.workflow]})
-    model = policies.add_adapters(model, adapters, args.lora_rank, args.lora_alpha)
-    if args.grad_checkpointing:
+    u = cfg.update
+    u.share_prompts = u.share_prompts and attention in policies.EXACT_WITH_HOLES
+    print(f"attention: {attention}; shared prompt passes {'on' if u.share_prompts else 'off'}")
+    adapters = sorted({policies.route_adapter(r, cfg.policy) for r in ROLES[cfg.workflow]})
+    model = policies.add_adapters(model, adapters, cfg.lora_rank, cfg.lora_alpha)
+    if cfg.grad_checkpointing:
         policies.enable_grad_checkpointing(model)
-    optimizers = grpo.make_optimizers(model, adapters, args.lr, args.weight_decay,
-                                      args.warmup_steps, args.lr_schedule, args.steps)
-    engine = make_engine(args.engine, model, tokenizer, base_folder, args.max_new_tokens,
-                         args.temperature, args.top_p, args.gen_batch_size, args.dtype, args.seed,
-                         args.vllm_gpu_memory, args.share_prompts, args.gen_max_tokens)
-    options = flags.settings_from(workflows.WorkflowOptions, vars(args))
-    return Trainer(model, tokenizer, optimizers, engine, update_settings(args), options, {})
+    optimizers = grpo.make_optimizers(model, adapters, u, cfg.steps)
+    drift = partial(policies.logprob_drift, model, micro_batch=u.micro_batch_size,
+                    max_tokens=u.max_tokens_per_micro_batch)  # vLLM's check, in the update's budget
+    engine = make_engine(cfg.engine, model, tokenizer, base_folder, cfg.max_new_tokens,
+                         cfg.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
+                         cfg.vllm_gpu_memory, u.share_prompts, cfg.gen_max_tokens, drift)
+    return Trainer(model, tokenizer, optimizers, engine, {})
 
 
-def update_settings(args) -> grpo.UpdateSettings:
-    """The update's settings: each field is the flag of its name, except these, computed here."""
-    return flags.settings_from(
-        grpo.UpdateSettings, vars(args),
-        mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.group_size,  # 0: a step
-        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch or 1 << 62,  # 0: rows only
-        norm_len=args.max_new_tokens,   # Dr. GRPO's constant length: the response budget
-        temperature=args.temperature,   # log-probs at the sampling temperature
-        share_prompts=args.share_prompts)  # after build_trainer's attention check
-
-
-def load_tasks(args) -> tuple[list[tasks.Task], list[tasks.Task]]:
+def load_tasks(cfg: Settings) -> tuple[list[tasks.Task], list[tasks.Task]]:
     """(train, validation) tasks (`tasks.load_split`); a bad row or file is one line, exit 2."""
     try:
-        return tasks.load_split(args.task, args.data, args.data_config, args.n_train, args.n_val,
-                                args.difficulty, args.seed, args.val_data)
+        return tasks.load_split(cfg.task, cfg.data, cfg.data_config, cfg.n_train, cfg.n_val,
+                                cfg.difficulty, cfg.seed, cfg.val_data)
     except (tasks.DataError, ValueError) as e:
         usage_error(str(e))
 
 
-# ---------------------------------------------------------------- the flags
+# ---------------------------------------------------------------- the settings
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Flags -> a checked Namespace (infra/flags.py); nothing is loaded or written here. On
-    --resume, the run's own flags."""
-    return flags.parse_args(build_parser(), argv, ROLES)
+def settings_from_flags(args: argparse.Namespace) -> Settings:
+    """The run's settings from its checked flags (`flags.parse_args`). Every value a flag's 0
+    stands for, and every field without a flag, is computed here and nowhere else; the update's
+    rules for SP and IP (`grpo.policy_problem`) stop a run here, before anything loads."""
+    update = flags.settings_from(
+        grpo.UpdateSettings, vars(args),
+        mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.group_size,  # 0: a step
+        norm_len=args.max_new_tokens,  # Dr. GRPO's constant length: the response budget
+        temperature=args.temperature)  # log-probs at the sampling temperature
+    if problem := grpo.policy_problem(update, args.policy):
+        usage_error(problem)
+    options = flags.settings_from(workflows.WorkflowOptions, vars(args))
+    return flags.settings_from(Settings, vars(args), update=update, options=options)
 
 
 def build_parser() -> flags.Parser:
-    """Every flag, in groups; each help ends with its default, and names the paper's value where
-    ours differs. The update's and the workflows' flags are made from their settings' fields."""
+    """Every flag, in groups, made from the settings' fields; each help ends with its default and
+    names the paper's value where ours differs."""
     p = flags.Parser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default="smollm2", help="smollm2 (packaged), toy (the toy world: "
-                   "built once per --seed), tiny or tiny-qwen3 (random, tests), "
-                   "random-qwen3-0.6b, a model folder or a hub id")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="weights dtype (GPU: bf16)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--enable-thinking", action="store_true",
-                   help="Qwen3 thinking mode (paper: off)")
-    g.add_argument("--chat-template", default="model", choices=["model", "rllm"],
-                   help="model: the tokenizer's own; rllm: as the reference's rLLM Qwen parser "
-                   "rendered it (cells)")
-    add_data_flags(p)
-    g = p.add_argument_group("workflow (workflows.WorkflowOptions: --prompts and after)")
-    g.add_argument("--workflow", default="single", choices=sorted(workflows.WORKFLOWS),
-                   help="its roles: " + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items()))
-    g.add_argument("--cell", default=None, help="a paper cell, e.g. Voting-IP-1.7B-Math: sets all "
-                   "its flags")
-    g.add_argument("--list-cells", action="store_true",
-                   help="print the paper's 48 cells and what each sets")
-    g.add_argument("--credit", default="outcome", choices=["outcome", "role"],
-                   help="outcome: the final result to every call (paper); role: each call its own "
-                   "correctness")
-    p.add_settings(g, workflows.WorkflowOptions)
-    g = p.add_argument_group("policy")
-    g.add_argument("--policy", default="sp", choices=["sp", "ip"],
-                   help="sp: one shared adapter; ip: one per role")
-    g.add_argument("--lora-rank", type=COUNT, default=16, help="LoRA rank (paper: 64)")
-    g.add_argument("--lora-alpha", type=COUNT, default=32, help="LoRA alpha (paper: 32)")
-    add_grpo_flags(p)
-    add_run_flags(p)
+    p.add_settings(Settings)
+    p.add_settings(workflows.WorkflowOptions)
+    p.add_settings(grpo.UpdateSettings)
     return p
 
 
-def add_data_flags(p: flags.Parser) -> None:
-    g = p.add_argument_group("data")
-    g.add_argument("--task", default="math", choices=["math", "dapo", "code", "deepcoder"],
-                   help="math, code: built in (synthetic, HumanEval); dapo, deepcoder: --data")
-    g.add_argument("--data", default=None,
-                   help="DAPO- or DeepCoder-format .jsonl/.json/.parquet, or a hub id")
-    g.add_argument("--data-config", default=None,
-                   help="hub dataset config (DAPO-Math-17k-Processed: en)")
-    g.add_argument("--difficulty", type=int, default=0, choices=[0, 1],
-                   help="synthetic math: one op on 1- or 2-digit numbers")
-    g.add_argument("--n-train", type=COUNT, default=170, help="synthetic math: training problems")
-    g.add_argument("--n-val", type=COUNT, default=64,
-                   help="validation problems (loaded data: of its held-out rows)")
-    g.add_argument("--val-data", default=None, help="validate on this file or hub id instead "
-                   "(math cells: MathArena/aime_2025); default: --data's held-out rows")
+def setting(default, flag: str, help: str, **meta):
+    """A field of `Settings`: its default, its flag as written, its help and more metadata
+    (infra/flags.py lists the keys)."""
+    return field(default=default, metadata=dict(flag=flag, help=help, **meta))
 
 
-def add_grpo_flags(p: flags.Parser) -> None:
-    g = p.add_argument_group("GRPO")
-    g.add_argument("--tasks-per-step", type=COUNT, default=8,
-                   help="tasks per training step (paper: 64)")
-    g.add_argument("--group-size", "--n", dest="group_size", type=COUNT, default=4,
-                   help="episodes per task, the GRPO group (paper: 8); under torchrun write "
-                   "--group-size")
-    g.add_argument("--no-std-scale", dest="std_scale", action="store_false",
-                   help="advantage = r - mean (Dr. GRPO)")
-    g.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=False,
-                   help="recompute activations in backward: memory for time (cells: on)")
-    p.add_settings(p.add_argument_group("GRPO update (grpo.UpdateSettings, one field per flag; "
-                                        "role names: see --workflow)"), grpo.UpdateSettings)
-    g = p.add_argument_group("optimisation (and --lr-schedule, --max-grad-norm above)")
-    g.add_argument("--steps", type=COUNT0, default=10, help="training steps")
-    g.add_argument("--lr", type=POSITIVE, default=5e-4,
-                   help="AdamW learning rate (paper: 2e-5 at rank 64)")
-    g.add_argument("--weight-decay", type=NONNEGATIVE, default=0.01,
-                   help="AdamW weight decay (paper: 0.01)")
-    g.add_argument("--warmup-steps", type=COUNT0, default=3,
-                   help="linear warm-up steps (paper: 15)")
-
-
-def add_run_flags(p: flags.Parser) -> None:
-    g = p.add_argument_group("rollout")
-    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
-                   help="auto: vllm on CUDA when it imports, else hf (transformers generate)")
-    g.add_argument("--temperature", type=NONNEGATIVE, default=0.7,
-                   help="sampling temperature (paper: 0.7)")
-    g.add_argument("--top-p", type=FRACTION, default=1.0, help="nucleus sampling (paper: 1.0)")
-    g.add_argument("--max-new-tokens", type=COUNT, default=64,
-                   help="response limit (paper: math 5120, code 2048)")
-    g.add_argument("--max-prompt-tokens", type=COUNT, default=4096,
-                   help="a longer prompt ends its episode, as in the paper (prompt_overflow)")
-    g.add_argument("--gen-batch-size", type=COUNT, default=64,
-                   help="rows per generate() call (memory only)")
-    g.add_argument("--gen-max-tokens", type=COUNT0, default=0,
-                   help="hf: tokens per generate() call, rows x (prompt + new tokens); 0 = on "
-                   "CUDA what fits in the free memory (infra/memory.py), on CPU none")
-    g.add_argument("--vllm-gpu-memory", type=FRACTION, default=0.4,
-                   help="vllm: fraction of GPU memory it takes")
-    g = p.add_argument_group("run folder and logging")
-    g.add_argument("--run-dir", default=None,
-                   help="run folder (default: runs/<workflow>-<policy>-<time>)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="move a run in --run-dir aside to <run-dir>.old-<time>")
-    g.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue a run, with its own flags; only --"
-                   + ", --".join(RESUMABLE).replace("_", "-") + " may change")
-    g.add_argument("--val-every", type=COUNT0, default=5,
-                   help="validate every N steps, first and last; 0 = never")
-    g.add_argument("--val-n", type=COUNT, default=1, help="samples per validation task")
-    g.add_argument("--val-samples", type=COUNT0, default=4,
-                   help="the first N validation tasks: their episodes, every call, go to "
-                   "RUN/samples/step_<N>.json at each validation (eval.py report); 0 = none")
-    g.add_argument("--save-every", type=COUNT0, default=10,
-                   help="checkpoint every N steps and at the end")
-    g.add_argument("--keep-last", type=COUNT0, default=0,
-                   help="keep only the newest N checkpoints; 0 = all")
-    g.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and LoRA init")
-    g.add_argument("--wandb", action="store_true",
-                   help="also log to Weights & Biases (pip install wandb)")
+@dataclass
+class Settings:
+    """Every setting of a run that is not the update's (grpo.UpdateSettings) or the workflows'
+    (workflows.WorkflowOptions): one field each, with its flag, default, help, the paper's value
+    and the values it takes, as CleanRL's Args. `update` and `options` are those two, filled by
+    `settings_from_flags`."""
+    model: str = setting("smollm2", "--model", group="model", help="smollm2 (packaged), toy (the "
+                         "toy world: built once per --seed), tiny or tiny-qwen3 (random, tests), "
+                         "random-qwen3-0.6b, a model folder or a hub id")
+    dtype: str = setting("float32", "--dtype", "weights dtype (GPU: bf16)",
+                         choices=["float32", "bfloat16"])
+    device: str = setting("auto", "--device", "auto, cpu, cuda or cuda:N")
+    enable_thinking: bool = setting(False, "--enable-thinking", "Qwen3 thinking mode (paper: off)")
+    chat_template: str = setting("model", "--chat-template", "model: the tokenizer's own; rllm: "
+                                 "as the reference's rLLM Qwen parser rendered it (cells)",
+                                 choices=["model", "rllm"])
+    task: str = setting("math", "--task", "math, code: built in (synthetic, HumanEval); dapo, "
+                        "deepcoder: --data", group="data",
+                        choices=["math", "dapo", "code", "deepcoder"])
+    data: str | None = setting(None, "--data",
+                               "DAPO- or DeepCoder-format .jsonl/.json/.parquet, or a hub id")
+    data_config: str | None = setting(None, "--data-config",
+                                      "hub dataset config (DAPO-Math-17k-Processed: en)")
+    difficulty: int = setting(0, "--difficulty",
+                              "synthetic math: one op on 1- or 2-digit numbers", choices=[0, 1])
+    n_train: int = setting(170, "--n-train", "synthetic math: training problems",
+                           within="[1, inf)")
+    n_val: int = setting(64, "--n-val", "validation problems (loaded data: of its held-out rows)",
+                         within="[1, inf)")
+    val_data: str | None = setting(None, "--val-data", "validate on this file or hub id instead "
+                                   "(math cells: MathArena/aime_2025); default: --data's held-out "
+                                   "rows")
+    workflow: str = setting("single", "--workflow", "its roles: " + "; ".join(
+        f"{w} {'/'.join(r)}" for w, r in ROLES.items()), group="workflow",
+        choices=sorted(workflows.WORKFLOWS))
+    cell: str | None = setting(None, "--cell",
+                               "a paper cell, e.g. Voting-IP-1.7B-Math: sets all its flags")
+    list_cells: bool = setting(False, "--list-cells",
+                               "print the paper's 48 cells and what each sets")
+    credit: str = setting("outcome", "--credit", "outcome: the final result to every call "
+                          "(paper); role: each call its own correctness",
+                          choices=["outcome", "role"])
+    policy: str = setting("sp", "--policy", "sp: one shared adapter; ip: one per role",
+                          group="policy", choices=["sp", "ip"])
+    lora_rank: int = setting(16, "--lora-rank", "LoRA rank", within="[1, inf)", paper=64)
+    lora_alpha: int = setting(32, "--lora-alpha", "LoRA alpha", within="[1, inf)", paper=32)
+    tasks_per_step: int = setting(8, "--tasks-per-step", "tasks per training step", group="GRPO",
+                                  within="[1, inf)", paper=64)
+    group_size: int = setting(4, ("--group-size", "--n"), "episodes per task, the GRPO group; "
+                              "under torchrun write --group-size", within="[1, inf)", paper=8)
+    steps: int = setting(10, "--steps", "training steps", within="[0, inf)")
+    grad_checkpointing: bool = setting(False, "--grad-checkpointing", "recompute activations in "
+                                       "backward: memory for time (cells: on)")
+    engine: str = setting("auto", "--engine", "auto: vllm on CUDA when it imports, else hf "
+                          "(transformers generate)", group="rollout",
+                          choices=["auto", "hf", "vllm"])
+    temperature: float = setting(0.7, "--temperature", "sampling temperature", within="[0, inf)",
+                                 paper=0.7)
+    top_p: float = setting(1.0, "--top-p", "nucleus sampling", within="(0, 1]", paper=1.0)
+    max_new_tokens: int = setting(64, "--max-new-tokens", "response limit", within="[1, inf)",
+                                  paper="math 5120, code 2048")
+    max_prompt_tokens: int = setting(4096, "--max-prompt-tokens", "a longer prompt ends its "
+                                     "episode, as in the paper (prompt_overflow)",
+                                     within="[1, inf)")
+    gen_batch_size: int = setting(64, "--gen-batch-size", "rows per generate() call (memory only)",
+                                  within="[1, inf)")
+    gen_max_tokens: int = setting(0, "--gen-max-tokens", "hf: tokens per generate() call, rows x "
+                                  "(prompt + new tokens); 0 = on CUDA what fits in the free "
+                                  "memory (infra/memory.py), on CPU none", within="[0, inf)")
+    vllm_gpu_memory: float = setting(0.4, "--vllm-gpu-memory",
+                                     "vllm: fraction of GPU memory it takes", within="(0, 1]")
+    run_dir: str | None = setting(None, "--run-dir", "run folder (default: "
+                                  "runs/<workflow>-<policy>-<time>)",
+                                  group="run folder and logging")
+    overwrite: bool = setting(False, "--overwrite",
+                              "move a run in --run-dir aside to <run-dir>.old-<time>")
+    resume: str | None = setting(None, "--resume", "continue a run, with its own flags; only --"
+                                 + ", --".join(RESUMABLE).replace("_", "-") + " may change",
+                                 metavar="RUN_DIR")
+    val_every: int = setting(5, "--val-every", "validate every N steps, first and last; 0 = never",
+                             within="[0, inf)")
+    val_n: int = setting(1, "--val-n", "samples per validation task", within="[1, inf)")
+    val_samples: int = setting(4, "--val-samples", "the first N validation tasks: their episodes, "
+                               "every call, go to RUN/samples/step_<N>.json at each validation "
+                               "(eval.py report); 0 = none", within="[0, inf)")
+    save_every: int = setting(10, "--save-every", "checkpoint every N steps and at the end",
+                              within="[0, inf)")
+    keep_last: int = setting(0, "--keep-last", "keep only the newest N checkpoints; 0 = all",
+                             within="[0, inf)")
+    seed: int = setting(0, "--seed", "seeds data order, sampling and LoRA init")
+    wandb: bool = setting(False, "--wandb", "also log to Weights & Biases (pip install wandb)")
+    update: grpo.UpdateSettings = field(default_factory=grpo.UpdateSettings)
+    options: workflows.WorkflowOptions = field(default_factory=workflows.WorkflowOptions)
 
 
 if __name__ == "__main__":

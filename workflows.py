@@ -20,20 +20,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from infra.tallies import Tallies, rates
+from infra.roles import role_type
+from infra.tallies import Tallies, add_mean
 from tasks import Task, grade_many
 
 # ---------------------------------------------------------------- records
 
 
-def role_type(call_name: str) -> str:
-    """The role a call plays, its instance digits stripped: generator0 -> generator."""
-    return re.sub(r"\d+$", "", call_name)
-
-
 @dataclass
 class Call:
-    name: str                  # role instance: generator0, aggregator, worker ...
+    name: str                  # role instance: generator0, aggregator ... (its `role`: generator)
     turn: int                  # position in an iterative workflow (Eval-Opt attempt index), else 0
     messages: list[dict]       # the chat messages of the prompt
     prompt_ids: list[int] = field(default_factory=list)
@@ -42,9 +38,8 @@ class Call:
     truncated: bool = False    # hit the generation length limit
     adapter: str = ""          # filled by the driver from the policy (SP/IP)
     reward: float = 0.0        # credit this call trains on
-    advantage: float = 0.0
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format ...
-    group: str = ""            # GRPO group name when not `name@turn` (Eval-Opt: attempts share one)
+    group: str = ""            # GRPO group when not (name, turn) (Eval-Opt: its attempts share one)
     is_answer: bool = False    # its text answers the task: the driver grades it (a stage at once)
     sample_logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM: drift)
 
@@ -70,21 +65,29 @@ class Episode:
 @dataclass
 class WorkflowOptions:
     """What shapes the prompts and the control flow. Each field is one flag of train.py, made
-    from it by infra/flags.py as grpo.UpdateSettings's are: the field's default (or its
-    `flag_default`), its help, the paper's value and the values it takes."""
+    from it by infra/flags.py as grpo.UpdateSettings's are: its flag, default, help, the paper's
+    value and the values it takes."""
     prompts: str = field(default="small", metadata=dict(
+        flag="--prompts", group="workflow options (workflows.WorkflowOptions)",
         help="paper: the reference's instructions in our words; small: brief ones and a solved "
              "example", choices=["small", "paper"], paper="paper"))
     evalopt_context: str = field(default="reference", metadata=dict(
-        help="Eval-Opt: one shared conversation (reference); clean: the problem and the latest "
-             "attempt only", choices=["reference", "clean"], paper="reference"))
+        flag="--evalopt-context", help="Eval-Opt: one shared conversation (reference); clean: the "
+        "problem and the latest attempt only", choices=["reference", "clean"], paper="reference"))
     n_votes: int = field(default=3, metadata=dict(
-        help="Voting: parallel generators", within="[1, inf)", paper=3))
-    max_iterations: int = field(default=3, metadata=dict(
-        help="Eval-Opt: evaluator calls at most; not given: the paper's for the task",
-        within="[1, inf)", flag_default=None, paper="math 3, code 2"))
+        flag="--n-votes", help="Voting: parallel generators", within="[1, inf)", paper=3))
+    max_iterations: int | None = field(default=None, metadata=dict(
+        flag="--max-iterations", help="Eval-Opt: evaluator calls at most; not given: the paper's "
+        "for the task (paper_iterations)", within="[1, inf)", paper="math 3, code 2"))
     max_subtasks: int = field(default=3, metadata=dict(
-        help="Orch-Workers: strategies, hence workers, at most", within="[1, inf)", paper=3))
+        flag="--max-subtasks", help="Orch-Workers: strategies, hence workers, at most",
+        within="[1, inf)", paper=3))
+
+
+def paper_iterations(task: Task) -> int:
+    """Eval-Opt's evaluator calls at most when --max-iterations is not given: the paper's, 3 for
+    math and 2 for code."""
+    return 2 if task.kind == "code" else 3
 
 
 # ---------------------------------------------------------------- prompts
@@ -294,14 +297,15 @@ def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
 
 def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or
-    `max_iterations` evaluator calls. The final answer is the last attempt. Every generator call of
-    a task shares one GRPO group (as in the reference), and so does every evaluator call. `history`
-    is the reference's shared conversation: attempts and critiques as assistant turns, no
-    instructions after the first."""
+    `max_iterations` evaluator calls (`paper_iterations` when not given). The final answer is the
+    last attempt. Every generator call of a task shares one GRPO group (as in the reference), and so
+    does every evaluator call. `history` is the reference's shared conversation: attempts and
+    critiques as assistant turns, no instructions after the first."""
+    budget = opts.max_iterations or paper_iterations(ep.task)
     first = solver_messages(ep.task, opts)
     attempt = Call("generator", 0, first, group="generator", is_answer=True)
     history = list(attempt.messages)
-    for it in range(opts.max_iterations):
+    for it in range(budget):
         yield [attempt]
         history.append(assistant(attempt.text))
         judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text, history, opts),
@@ -311,7 +315,7 @@ def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
         verdict = parse_verdict(judge.text)  # unparseable: not satisfied, and not a correct call
         judge.metrics.update(verdict=verdict, formatted=verdict is not None,
                              correct=verdict is not None and verdict == attempt.metrics["correct"])
-        if verdict is True or it == opts.max_iterations - 1:
+        if verdict is True or it == budget - 1:
             break
         feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
         retry = refine_messages(ep.task, opts, attempt.text, feedback, history)
@@ -471,61 +475,57 @@ PARSE_PATHS = (("boxed", "digit", "default"), ("strategy", "numbered", "lines", 
 
 
 def episode_tallies(episodes: list[Episode]) -> Tallies:
-    """Every episode metric as a numerator and a denominator, so that metrics of several batches
-    (the ranks of a torchrun launch) combine by adding, never by averaging averages. `rates` turns
-    them into metrics."""
-    t: Tallies = defaultdict(lambda: [0.0, 0.0])
-
-    def add(key: str, value: float) -> None:
-        t[key][0] += float(value)
-        t[key][1] += 1.0
-    per_task: dict[str, list[bool]] = defaultdict(list)
+    """Every episode metric as a numerator and a denominator (infra/tallies.py), so that metrics of
+    several batches (the ranks of a torchrun launch) combine by adding, never by averaging averages.
+    `rates` turns them into metrics."""
+    t: Tallies = {}
     for e in episodes:
-        add("success", e.correct)
-        add("prompt_overflow", "prompt_overflow" in e.metrics)
-        per_task[e.task.id].append(e.correct)
+        add_mean(t, "success", e.correct)
+        add_mean(t, "prompt_overflow", "prompt_overflow" in e.metrics)
         for c in e.calls:
-            add(f"{c.role}/response_len", len(c.completion_ids))
-            add(f"{c.role}/truncated", c.truncated)
+            add_mean(t, f"{c.role}/response_len", len(c.completion_ids))
+            add_mean(t, f"{c.role}/truncated", c.truncated)
             for key, name in (("correct", "acc"), ("formatted", "format_ok")):
                 if key in c.metrics:
-                    add(f"{c.role}/{name}", c.metrics[key])
+                    add_mean(t, f"{c.role}/{name}", c.metrics[key])
             for paths in PARSE_PATHS:  # parser fallbacks taken (finding 5)
                 if c.metrics.get("parse") in paths:
                     for how in paths[1:]:
-                        add(f"{c.role}/fallback_{how}", c.metrics["parse"] == how)
-        _workflow_tallies(e, add, t)
-    for outcomes in per_task.values():  # a task's samples are never split between ranks
-        add("solve_none", not any(outcomes))
-        add("solve_all", all(outcomes))
-        add("solve_partial", 0 < sum(outcomes) < len(outcomes))
-    return dict(t)
+                        add_mean(t, f"{c.role}/fallback_{how}", c.metrics["parse"] == how)
+        _workflow_tallies(e, t)
+    for outcomes in task_outcomes(episodes).values():  # a task's samples all sit on one rank
+        add_mean(t, "solve_none", not any(outcomes))
+        add_mean(t, "solve_all", all(outcomes))
+        add_mean(t, "solve_partial", 0 < sum(outcomes) < len(outcomes))
+    return t
 
 
-def _workflow_tallies(e: Episode, add: Callable[[str, float], None], t: Tallies) -> None:
+def task_outcomes(episodes: list[Episode]) -> dict[str, list[bool]]:
+    """Each task's episodes' correctness, in order: task id -> [correct, ...]."""
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for e in episodes:
+        per_task[e.task.id].append(e.correct)
+    return per_task
+
+
+def _workflow_tallies(e: Episode, t: Tallies) -> None:
     """The statistics each workflow's findings are read from (method notes, findings 1-2)."""
     if "any_correct" in e.metrics:  # Voting: could a perfect aggregator have been right? (pass@N)
-        add("any_correct", e.metrics["any_correct"])
+        add_mean(t, "any_correct", e.metrics["any_correct"])
     if "iterations" in e.metrics:  # Eval-Opt: when is a retry asked for, and does it help?
         retried, first = e.metrics["iterations"] > 1, e.metrics["first_correct"]
         for key in ("p_retry_first_wrong", "p_retry_first_right", "fix_rate", "break_rate"):
             t.setdefault(key, [0.0, 0.0])  # defined even when it has nothing to count (then null)
-        add("retry_rate", retried)
-        add("first_attempt_acc", first)  # the first attempt (generator/acc counts every attempt)
-        add("p_retry_first_right" if first else "p_retry_first_wrong", retried)
-        add("break_rate" if first else "fix_rate", e.correct != first)  # right -> wrong, or back
-        add("mean_iterations", e.metrics["iterations"])
-        add("unparseable_verdicts", e.metrics["unparseable_verdicts"])
+        add_mean(t, "retry_rate", retried)
+        add_mean(t, "first_attempt_acc", first)  # the first attempt (generator/acc: every attempt)
+        add_mean(t, "p_retry_first_right" if first else "p_retry_first_wrong", retried)
+        add_mean(t, "break_rate" if first else "fix_rate", e.correct != first)  # right<->wrong
+        add_mean(t, "mean_iterations", e.metrics["iterations"])
+        add_mean(t, "unparseable_verdicts", e.metrics["unparseable_verdicts"])
     if "strategies" in e.metrics:  # Orch-Workers: strategies parsed, how often a worker was right
-        add("strategies", e.metrics["strategies"])
+        add_mean(t, "strategies", e.metrics["strategies"])
         for c in e.calls:
             if c.role == "worker":
-                add("worker_success_rate", c.metrics["correct"])
+                add_mean(t, "worker_success_rate", c.metrics["correct"])
     if "fallback" in e.metrics:
-        add("fallback_rate", e.metrics["fallback"] is not None)
-
-
-def episode_metrics(episodes: list[Episode]) -> dict[str, float | None]:
-    """Accuracy, per-role accuracy / length / format / truncation / parser fallbacks, the workflows'
-    statistics, and solve_none / all / partial over each task's samples."""
-    return rates(episode_tallies(episodes))
+        add_mean(t, "fallback_rate", e.metrics["fallback"] is not None)

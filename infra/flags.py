@@ -4,23 +4,25 @@ What it is for: everything between a command line and a checked set of flags, be
 or is written. Bad input is one line on stderr, exit status 2 (`usage_error`). What it is not: the
 method; it never imports the concept files, so the settings classes and the roles are passed in.
 
-One place per knob. The update's settings (grpo.UpdateSettings) and the workflows' options
-(workflows.WorkflowOptions) are dataclasses whose fields describe themselves in their metadata, and
-`Parser.add_settings` makes one flag per field:
+One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the
+workflows' options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in
+their metadata, and `Parser.add_settings` makes one flag per field:
 
     clip_high: float = field(default=0.28, metadata=dict(
-        help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
+        flag="--clip-high", help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
 
 becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
 (paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field
-from the parsed flag of its name. The metadata a field may carry:
+from the parsed flag of its name. The field's default is the flag's: a 0 or None that stands for a
+computed value is resolved by train.py's `settings_from_flags`. The metadata a field may carry:
 
-    help          the flag's help; a field without it is no flag (its caller computes the value)
-    paper         the paper's value, shown in the help
-    within        the values it takes, an interval: "[1, inf)", "(0, 1]" (role=value: each value)
-    choices       the values it takes, a list
-    flag_default  the flag's default where it differs from the field's (a 0 or None the caller
-                  resolves, as train.py's `update_settings` does)
+    flag      the flag as it is written (a grep finds the field), then any other spelling of it
+    help      the flag's help; a field without it is no flag (its caller computes the value)
+    group     the --help group this field and the ones after it are listed in
+    paper     the paper's value, shown in the help
+    within    the values it takes, an interval: "[1, inf)", "(0, 1]" (role=value: each value)
+    choices   the values it takes, a list
+    metavar   the flag's value as --help names it
 
 A bool field is a pair of switches (`--share-prompts`, `--no-share-prompts`); a `dict[str, float]`
 field is a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles in
@@ -37,6 +39,7 @@ import re
 import shlex
 import sys
 import time
+import types
 import typing
 from typing import NoReturn
 
@@ -103,7 +106,7 @@ def interval_type(cast, within: str | None):
 
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status
-    2, and which makes a group of flags from a settings dataclass (`add_settings`)."""
+    2, and which makes its flags from settings dataclasses (`add_settings`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -112,26 +115,42 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}\n")
 
-    def add_settings(self, group, settings_class: type) -> None:
-        """One flag in `group` per field of `settings_class` with a `help` (module docstring)."""
+    def add_settings(self, settings_class: type, title: str | None = None) -> None:
+        """One flag per field of `settings_class` with a `help` (module docstring), in the group `title`, or in
+        the group a field opens with its `group`."""
         self.settings_classes.append(settings_class)
         hints = typing.get_type_hints(settings_class)
+        group = self.add_argument_group(title) if title else self
         for f in dataclasses.fields(settings_class):
             meta = f.metadata
             if "help" not in meta:
                 continue  # not a flag: the caller computes it
-            flag = "--" + f.name.replace("_", "-")
+            names = (meta["flag"],) if isinstance(meta.get("flag"), str) else tuple(meta.get("flag", ()))
+            if names[:1] != ("--" + f.name.replace("_", "-"),):
+                raise ValueError(f"{settings_class.__name__}.{f.name}: a field with help is a flag; its metadata "
+                                 f"names it first, flag={'--' + f.name.replace('_', '-')!r}")
+            if "group" in meta:
+                group = self.add_argument_group(meta["group"])
             help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
-            kind = hints[f.name]
+            kind = optional_of(hints[f.name])
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            more = {"metavar": meta["metavar"]} if "metavar" in meta else {}
             if kind is bool:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                    help=help_)
             elif typing.get_origin(kind) is dict:  # role=value,...: read in check_args
-                group.add_argument(flag, default=None, help=help_)
+                group.add_argument(*names, dest=f.name, default=None, help=help_, **more)
             else:
-                group.add_argument(flag, type=interval_type(kind, meta.get("within")),
-                                   default=meta.get("flag_default", f.default),
-                                   choices=meta.get("choices"), help=help_)
+                group.add_argument(*names, dest=f.name, type=interval_type(kind, meta.get("within")),
+                                   default=default, choices=meta.get("choices"), help=help_, **more)
+
+
+def optional_of(kind):
+    """`str | None` -> str (a flag whose default is None takes values of the other type); any other type as is."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        (kind,) = [a for a in args if a is not type(None)]
+    return kind
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -238,11 +257,6 @@ def nothing_to_train(args: argparse.Namespace) -> bool:
 # ---------------------------------------------------------------- the checks
 
 
-def paper_iterations(task: str) -> int:
-    """Eval-Opt's evaluator calls at most when --max-iterations is not given: the paper's."""
-    return 2 if task in ("code", "deepcoder") else 3
-
-
 def role_values(spec: str | None, flag: str, workflow: str, roles: list[str], kind
                 ) -> dict[str, float]:
     """`generator=2,aggregator=1` -> {"generator": 2.0, "aggregator": 1.0}: `roles` of the workflow,
@@ -276,18 +290,11 @@ def read_role_flags(args: argparse.Namespace, parser: Parser, roles: list[str]) 
 
 def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[str]]) -> None:
     """Flags that contradict each other or the workflow stop here, with one line, before anything
-    loads; --max-iterations and the role=value flags are resolved."""
-    if args.max_iterations is None:
-        args.max_iterations = paper_iterations(args.task)
+    loads; the role=value flags are read against the workflow's roles. (The method's own rules, such as
+    SP-only and IP-only settings, are train.py's `settings_from_flags`.)"""
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in roles[args.workflow])
     read_role_flags(args, parser, roles[args.workflow])
-    if args.role_weights and not any(args.role_weights.values()):
-        usage_error("--role-weights are all 0: no role would train")
-    if args.role_weights and args.policy == "ip":
-        usage_error("--role-weights sets shares inside one shared adapter; it needs --policy sp")
-    if args.coherence and args.policy == "sp":
-        usage_error("--coherence acts on a role's own adapter gradient; it needs --policy ip")
     if args.task in ("dapo", "deepcoder") and not args.data:
         usage_error(f"--task {args.task} needs --data PATH_OR_HUB_ID")
     for flag, value in (("--data", args.data), ("--val-data", args.val_data)):
@@ -360,15 +367,12 @@ def resolve_engine(args: argparse.Namespace, cuda: bool, cell: str | None) -> No
 def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     """The flags whose value is not the default, as a command line writes them, in --help's order.
     A cell's values count as defaults (`--cell` names them); what train.py resolves itself
-    (--engine auto, --max-iterations by task) counts as its default; the run folder is not a flag
-    here."""
+    (--engine auto) counts as its default; the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
     if args.cell:
         defaults.update(cells.cell_defaults(args.cell))
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,
                     overwrite=args.overwrite)
-    if defaults["max_iterations"] is None:
-        defaults["max_iterations"] = paper_iterations(args.task)
     empty = (None, {}, "")
     out = []
     for action in parser._actions:

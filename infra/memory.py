@@ -241,3 +241,22 @@ def step_peaks(model, engine) -> dict[str, float]:
     free, total = torch.cuda.mem_get_info()
     return {"memory/peak_gib": allocated / GIB, "memory/peak_reserved_gib": reserved / GIB,
             "memory/device_used_gib": (total - free) / GIB}
+
+
+class StepHooks:
+    """What a training step asks of its sampling engine around the update (train.py's train_step), as the HF engine
+    has it: the step's CUDA memory peaks (nothing on the CPU). infra/vllm_engine.VLLMEngine adds its own: asleep
+    and checked for drift before the update, awake with the new adapters after. The engine holds `model`."""
+
+    def start_step(self) -> None:
+        """Before the rollout: the step's peaks start here."""
+        reset_peaks(self.model)
+
+    def before_update(self, calls: list) -> dict[str, list[float]]:
+        """After the rollout: tallies of what the engine checks (the HF engine samples with the trainer's own
+        weights: nothing)."""
+        return {}
+
+    def after_update(self, adapters: list[str]) -> dict[str, float]:
+        """After the update of `adapters`: the step's memory metrics (`step_peaks`; {} on the CPU)."""
+        return step_peaks(self.model, self)

@@ -15,16 +15,20 @@ import torch
 Tallies = dict[str, list[float]]  # metric -> [numerator, denominator]
 
 
-def add_mean(tallies: Tallies, key: str, value: float) -> None:
-    """A value to average (each ranks' own, or the same on every rank: the average is unchanged)."""
-    tallies[key][0] += value
-    tallies[key][1] += 1
+def add_mean(tallies: Tallies, key: str, value: float, count: float = 1) -> None:
+    """Observations to average: `value` is the sum of `count` of them (one by default: an event, True counting 1,
+    a length, a rank's own statistic; or a sum over tokens and the tokens). Every mean is counted this way, and
+    `rates` divides once."""
+    counts = tallies.setdefault(key, [0.0, 0.0])
+    counts[0] += value
+    counts[1] += count
 
 
 def add_total(tallies: Tallies, key: str, value: float) -> None:
     """A number to report as a total: its denominator stays 1 (every rank adds the same total)."""
-    tallies[key][0] += value
-    tallies[key][1] = 1.0
+    counts = tallies.setdefault(key, [0.0, 0.0])
+    counts[0] += value
+    counts[1] = 1.0
 
 
 def read_back(tallies: Tallies) -> None:

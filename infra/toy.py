@@ -37,6 +37,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from infra.models import CACHE_DIR
+from infra.roles import role_type
+from infra.tallies import add_mean
 
 VERSION = 8  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
@@ -253,7 +255,7 @@ def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, flo
                 forced: dict[str, bool] | None = None) -> str:
     """The oracle's answer for a call of `role` (a call name) to `prompt` (the rendered chat); `forced` maps a
     habit to always careful (True) or always hurried (False): calibration's swaps."""
-    role = re.sub(r"\d+$", "", role)
+    role = role_type(role)
     s, habit = read_prompt(prompt), habit_of(role, prompt)
     careful = (forced or {}).get(habit)
     if careful is None:
@@ -295,7 +297,7 @@ def format_of(text: str) -> tuple[str | None, bool]:
 def judged(role: str, prompt: str, text: str) -> dict:
     """What calibration reads of one call: its habit, whether it is in its own format, another role's, careful
     (solvers and retries: a right working line), and right given its inputs."""
-    role, s = re.sub(r"\d+$", "", role), read_prompt(prompt)
+    role, s = role_type(role), read_prompt(prompt)
     habit, (owner, careful) = habit_of(role, prompt), format_of(text)
     boxes = _BOXED.findall(text)
     last = boxes[-1] if boxes else None
@@ -325,9 +327,7 @@ def role_tallies(episodes: list, decode) -> dict[str, list[float]]:
         for c in ep.calls:
             record = judged(c.name, decode(c.prompt_ids), c.text)
             for key, what in (("own_format", "own"), ("foreign_format", "foreign"), ("careful", "careful")):
-                counts = tallies.setdefault(f"{c.role}/{key}", [0.0, 0.0])
-                counts[0] += record[what]
-                counts[1] += 1
+                add_mean(tallies, f"{c.role}/{key}", record[what])
     return tallies
 
 
@@ -357,7 +357,7 @@ class Oracle:
 
     def plays(self, name: str, prompt: str) -> bool:
         """Whether this call's habit is one the oracle is forced to play (calibration's swaps)."""
-        return habit_of(re.sub(r"\d+$", "", name), prompt) in (self.forced or {})
+        return habit_of(role_type(name), prompt) in (self.forced or {})
 
     def generate(self, prompts: list[list[int]], adapters: list[str], desc: str = "") -> list[Said]:
         said = []

@@ -48,7 +48,7 @@ class UpdateReport:
     def start(self, mb, params: list[torch.nn.Parameter]) -> None:
         """Before a mini-batch's backward: the rows it skips; with several roles, the gradient."""
         if self.cfg.skip_zero_advantage:
-            self.tallies["skipped_rows"][0] += sum(not self.has_gradient(s, self.cfg) for s in mb.rows)
+            self.tallies["skipped_rows"][0] += sum(not self.has_gradient(row, self.cfg) for row in mb.rows)
         self.role_grads = {}
         self.before = flat_grad(params) if len(mb.roles) > 1 else None
 
@@ -70,14 +70,13 @@ class UpdateReport:
                    "entropy": entropy.sum(1), "approx_kl": (0.5 * log_ratio ** 2).sum(1)}
         if kl is not None:
             per_row["kl_base"] = kl.sum(1)
-        for role in dict.fromkeys(s.role for s in micro):  # the roles in row order
-            rows = [i for i, s in enumerate(micro) if s.role == role]
-            index = torch.tensor(rows, device=logp.device)
-            tokens = sum(len(micro[i].completion_ids) for i in rows)
+        for role in dict.fromkeys(row.role for row in micro):  # the roles in row order
+            mine = [i for i, row in enumerate(micro) if row.role == role]
+            index = torch.tensor(mine, device=logp.device)
+            tokens = sum(len(micro[i].completion_ids) for i in mine)
             for name, values in per_row.items():
                 if name != "kl_base" or self.cfg.kl_coef.get(role, 0.0) > 0:
-                    self.tallies[f"{role}/{name}"][0] += values[index].sum()
-                    self.tallies[f"{role}/{name}"][1] += tokens
+                    add_mean(self.tallies, f"{role}/{name}", values[index].sum(), tokens)
 
     def mini_batch(self, mb, grad_norm: float, stepped: bool,
                    scale: float | None) -> None:
@@ -88,7 +87,7 @@ class UpdateReport:
         for role, share in mb.role_shares.items():
             add_mean(tallies, f"{role}/loss_share", share)
         distributed.all_reduce_sum(list(self.role_grads.values()))  # torchrun: every rank's part
-        for key, value in _role_gradient_stats(self.role_grads).items():  # empty for one role
+        for key, value in role_gradient_shares(self.role_grads).items():  # empty for one role
             add_mean(tallies, key, value)
         if scale is not None:
             add_mean(tallies, f"{mb.roles[0]}/coherence_scale", scale)
@@ -108,10 +107,11 @@ class UpdateReport:
         return m
 
 
-def _role_gradient_stats(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Each role's own gradient norm (before clipping), its share of the roles' summed norms
-    (finding 3: under SP, how much of the update each role drives), and the cosine between every
-    pair of roles with a gradient."""
+def role_gradient_shares(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Finding 3, under SP: each role's own gradient norm (before clipping), its share of the roles' summed norms
+    (how much of the shared adapter's update each role drives), and the cosine between every pair of roles with a
+    gradient. `role_grads` are the differences `role_done` snapshots: the loss is a sum, so each role's rows
+    contribute their own gradient exactly."""
     norms = {r: float(g.norm()) for r, g in role_grads.items()}
     out = {f"{r}/role_grad_norm": n for r, n in norms.items()}
     total = sum(norms.values())

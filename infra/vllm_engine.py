@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from infra.memory import kv_bytes_per_token
+from infra.memory import StepHooks, kv_bytes_per_token, step_peaks
 from infra.models import BUILTIN_MODELS, smollm2_folder
 
 BASE_NAMES = (None, "__base__")  # rows without an adapter (PEFT's name for "no adapter" is __base__)
@@ -59,16 +59,18 @@ def vllm_model_folder(name: str, model, tokenizer) -> str:
     return folder
 
 
-class VLLMEngine:
+class VLLMEngine(StepHooks):
     """Batched sampling with an in-process vLLM `LLM`, each row with the `LoRARequest` of its adapter; the same
     interface and sampling as `HFEngine`. vLLM caches adapters by name and id, so after every update
     `sync_adapters` registers the changed ones under new ones (`generator-v3`, id 7). Each sampled token's
     log-prob (temperature 1, before top-p) comes back for the drift check against the trainer. `eos_ids` and
-    `to_generation` are the HF engine's (policies.py), so both engines cut and return completions alike."""
+    `to_generation` are the HF engine's (policies.py), so both engines cut and return completions alike; `drift`
+    is policies.logprob_drift bound to the trainer's model (training; None in evaluation)."""
 
     def __init__(self, model_path: str, model, tokenizer, eos_ids: set[int], to_generation: Callable,
-                 max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 1.0, gpu_memory: float = 0.4,
-                 dtype: str = "float32", seed: int = 0, max_model_len: int | None = None):
+                 max_new_tokens: int, temperature: float, top_p: float = 1.0, gpu_memory: float = 0.4,
+                 dtype: str = "float32", seed: int = 0, max_model_len: int | None = None,
+                 drift: Callable | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: no engine subprocess, one GPU
         try:
             from vllm import LLM, SamplingParams
@@ -78,6 +80,7 @@ class VLLMEngine:
             raise SystemExit("error: " + VLLM_MISSING) from None
         self.LoRARequest, self.tokenizer, self.eos_ids, self.to_generation = LoRARequest, tokenizer, eos_ids, \
             to_generation
+        self.model, self.drift = model, drift
         rank = lora_rank(model)
         if rank > VLLM_LORA_RANKS[-1]:
             raise SystemExit(f"error: --engine vllm supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {rank}")
@@ -118,6 +121,20 @@ class VLLMEngine:
             self.requests[name] = self.LoRARequest(f"{name}-v{self.version}", self.next_id,
                                                    os.path.join(self.folder, f"v{self.version}", name))
             self.llm.llm_engine.add_lora(self.requests[name])  # load now: a bad folder fails here, not mid-rollout
+
+    def before_update(self, calls: list) -> dict[str, list[float]]:
+        """A training step's hook (train.py): asleep, GPU memory freed for the update, then the drift check on the
+        calls just sampled, before the update changes the weights they were sampled with (`vllm_drift`)."""
+        self.sleep()
+        return vllm_drift(calls, self.drift) if self.drift else {}
+
+    def after_update(self, adapters: list[str]) -> dict[str, float]:
+        """A training step's hook: the update's memory peaks (read while asleep), then awake with new versions of
+        the updated `adapters`."""
+        peaks = step_peaks(self.model, self)
+        self.wake_up()
+        self.sync_adapters(self.model, adapters)
+        return peaks
 
     def sleep(self) -> None:
         """Before the update: free the GPU for the trainer (no-op where sleep mode is not available). Then the
