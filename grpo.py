@@ -262,7 +262,7 @@ def step_schedules(optimizers: dict, adapter: str, had_rows: bool, schedule: str
 
 # ---------------------------------------------------------------- rows and mini-batches
 
-def training_rows(episodes: list, scale_by_std: bool) -> list[Row]:
+def training_rows(episodes: list, scale_by_std: bool = True) -> list[Row]:
     """Every call of every episode as one GRPO row: its reward compared within its group
     (`group_advantages`; the key is `Call.group_key`, (task, call name, turn), as below), its
     tokens, its role type and the adapter it trains (`Call.adapter`, set by the rollout from the

@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from grpo import Sample, UpdateSettings, make_optimizers, update_policy  # noqa: E402
+from grpo import Row, UpdateSettings, make_optimizers, update_policy  # noqa: E402
 from policies import HFEngine, add_adapters, chat_prompt_ids, left_pad, load_model, use_adapter  # noqa: E402
 from tasks import synthetic_math  # noqa: E402
 from workflows import WorkflowOptions, solver_messages  # noqa: E402
@@ -73,10 +73,10 @@ def main() -> None:
 
     # ---- update
     gens = engine.generate(prompts, ["shared"] * len(prompts))
-    samples = [Sample(pr, g.completion_ids, adv, "generator", "shared")
+    samples = [Row(pr, g.completion_ids, adv, "generator", "shared")
                for pr, g, adv in zip(prompts, gens, [1.0, -1.0] * (len(prompts) // 2 + 1))]
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    opts = make_optimizers(model, ["shared"], lr=1e-6, warmup_steps=1)
+    opts = make_optimizers(model, ["shared"], UpdateSettings(lr=1e-6, warmup_steps=1), 500)
     cfg = UpdateSettings(mini_batch_size=len(samples), micro_batch_size=args.micro_batch)
 
     def ours_update():

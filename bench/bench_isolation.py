@@ -52,7 +52,7 @@ def main() -> None:
     for policy in ("sp", "ip"):
         flags = ["--model", args.model, "--workflow", "voting", "--policy", policy, "--tasks-per-step",
                  str(args.tasks), "--n", str(args.n), "--max-new-tokens", str(args.new_tokens), "--val-every", "0"]
-        run_args = train.parse_args(flags)
+        run_args = train.settings_from_flags(train.flags.parse_args(train.build_parser(), flags, train.ROLES))
         train.checkpoints.seed_everything(0)
         trainers[policy] = (run_args, train.build_trainer(run_args, "cpu"))
         if not args.free_length:

@@ -82,12 +82,12 @@ def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab:
     import torch
 
     import policies
-    from grpo import Sample, UpdateSettings, update_policy
+    from grpo import Row, UpdateSettings, update_policy
     from infra import models
     torch.manual_seed(0)
     tok = models.tiny_tokenizer()
     models.QWEN3_SHAPES["bench"] = {**models.QWEN3_SHAPES["tiny-qwen3"], "vocab_size": vocab or len(tok)}
-    model = policies.add_adapters(models.random_qwen3("bench", tok), ["shared"], rank=RANK)
+    model = policies.add_adapters(models.random_qwen3("bench", tok), ["shared"], rank=RANK, alpha=32)
     if checkpointing:
         policies.enable_grad_checkpointing(model)
     cfg = UpdateSettings(temperature=0.7, share_prompts=False, micro_batch_size=rows, mini_batch_size=rows)
@@ -96,7 +96,7 @@ def measure(rows: int, prompt: int, completion: int, checkpointing: bool, vocab:
     g = torch.Generator().manual_seed(1)
 
     def micro_batch(n: int, p: int, c: int) -> int:
-        batch = [Sample(torch.randint(0, 256, (p,), generator=g).tolist(), torch.randint(0, 256, (c,), generator=g)
+        batch = [Row(torch.randint(0, 256, (p,), generator=g).tolist(), torch.randint(0, 256, (c,), generator=g)
                         .tolist(), 1.0, "generator", "shared") for _ in range(n)]
         with SavedBytes(model) as saved:  # one mini-batch of one micro-batch: on-policy, no extra forward
             update_policy(model, batch, optimizers, cfg)
@@ -128,7 +128,7 @@ def qwen3_layers(shape: dict, layers: int, checkpointing: bool = False):
     models.QWEN3_SHAPES["bench"] = dict(shape, num_hidden_layers=layers, head_dim=128, vocab_size=512)
     torch.manual_seed(0)
     model = models.random_qwen3("bench", models.tiny_tokenizer()).to(torch.bfloat16)
-    model = policies.add_adapters(model, ["shared"], rank=RANK)
+    model = policies.add_adapters(model, ["shared"], rank=RANK, alpha=32)
     if checkpointing:
         policies.enable_grad_checkpointing(model)
     return model

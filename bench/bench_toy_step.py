@@ -52,23 +52,23 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     flags = [*study.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", study.LR, "--val-every", "0"]
-    run_args = train.parse_args(flags)
+    run_args = train.settings_from_flags(train.flags.parse_args(train.build_parser(), flags, train.ROLES))
     train.checkpoints.seed_everything(0)
     trainer = train.build_trainer(run_args, "cpu")
     tasks = train.tasks.math_splits(115, 64, 0, 0)[0]
     parts, captured = {"rollout": [], "update": [], "bare": []}, {}
     original = grpo.update_policy
 
-    def spy(model, samples, *rest, **kw):  # keeps the rows the update trained on
-        captured["samples"] = samples
-        return original(model, samples, *rest, **kw)
+    def spy(model, rows, *rest, **kw):  # keeps the rows the update trained on
+        captured["rows"] = rows
+        return original(model, rows, *rest, **kw)
     for k in range(args.warmup + args.steps):
         grpo.update_policy = spy
         try:
             m = train.train_step(tasks[k * 2:(k + 1) * 2], run_args, trainer)
         finally:
             grpo.update_policy = original
-        bare = bare_pass(trainer.model, [s for s in captured["samples"] if s.completion_ids])
+        bare = bare_pass(trainer.model, [r for r in captured["rows"] if r.completion_ids])
         if k >= args.warmup:
             parts["rollout"].append(m["time_rollout"])
             parts["update"].append(m["time_update"])

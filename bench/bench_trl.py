@@ -80,7 +80,7 @@ def main() -> None:
              "--lr", "5e-4", "--warmup-steps", "0", "--difficulty", "0", "--val-every", "0"]
     flags += ["--skip-zero-advantage"] if args.skip_zero_advantage else []
     flags += ["--no-share-prompts"] if args.no_share_prompts else []
-    ours_args = train.parse_args(flags)
+    ours_args = train.settings_from_flags(train.flags.parse_args(train.build_parser(), flags, train.ROLES))
     train.checkpoints.seed_everything(0)
     trainer = train.build_trainer(ours_args, "cpu")
     if not args.free_length:

@@ -87,14 +87,14 @@ def generator_rows(small: bool, vocab: int):
     multiple of 8: 4 x 12,799 = 51,196 <= 51,200 (--small: 4 x 255 = 1,020 <= 1,024)."""
     import torch
 
-    from grpo import Sample
+    from grpo import Row
     prompt, completions, budget = (157, (98, 82, 66, 50), 1024) if small else (8191, (4608, 4096, 3584, 3072),
                                                                               BUDGET)
     g = torch.Generator().manual_seed(0)
     rows = []
     for group in range(3):
         shared = torch.randint(0, vocab, (prompt,), generator=g).tolist()
-        rows += [Sample(shared, torch.randint(0, vocab, (n,), generator=g).tolist(), (-1.0) ** k * (1 + k / 12),
+        rows += [Row(shared, torch.randint(0, vocab, (n,), generator=g).tolist(), (-1.0) ** k * (1 + k / 12),
                         "generator", "generator") for k, n in enumerate(completions, start=4 * group)]
     return rows, budget, prompt + completions[0]
 
@@ -151,7 +151,8 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     policies.enable_grad_checkpointing(lm)
     lora = sum(p.numel() for p in policies.adapter_parameters(lm, "generator"))
     rows, budget, longest = generator_rows(small, min(1000, lm.config.vocab_size))
-    opts = make_optimizers(lm, ["aggregator", "generator"], 1e-6, 0.0, 0, "constant", 10)
+    opts = make_optimizers(lm, ["aggregator", "generator"],
+                           UpdateSettings(lr=1e-6, weight_decay=0.0, warmup_steps=0), 10)
     cfg = UpdateSettings(mini_batch_size=4, micro_batch_size=512, max_tokens_per_micro_batch=budget,
                          temperature=0.7, kl_coef=KL)
     with SDPACalls() as sdpa:

@@ -180,7 +180,7 @@ def eval_bound(model: str, run: str, rows: int, width: int) -> float:
     args = json.load(open(os.path.join(run, "args.json")))
     lm, _ = policies.load_model(model, torch.bfloat16, "cpu")
     c, size = lm.config, 2
-    lora = sum(p.numel() for p in policies.add_adapters(lm, ["generator", "aggregator"], 64).parameters()
+    lora = sum(p.numel() for p in policies.add_adapters(lm, ["generator", "aggregator"], 64, 32).parameters()
                if p.requires_grad)
     kv = memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, size)
     repeated = memory.repeated_kv_bytes_per_token(c.num_attention_heads, c.num_key_value_heads, c.head_dim, size)

@@ -13,8 +13,8 @@ their metadata, and `Parser.add_settings` makes one flag per field:
 
 becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
 (paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field
-from the parsed flag of its name. The field's default is the flag's: a 0 or None that stands for a
-computed value is resolved by train.py's `settings_from_flags`. The metadata a field may carry:
+from the parsed flag of its name. The field's default is the flag's (a 0 standing for a computed
+value: train.py's `settings_from_flags` resolves it). The metadata a field may carry:
 
     flag      the flag as it is written (a grep finds the field), then any other spelling of it
     help      the flag's help; a field without it is no flag (its caller computes the value)
@@ -25,8 +25,7 @@ computed value is resolved by train.py's `settings_from_flags`. The metadata a f
     metavar   the flag's value as --help names it
 
 A bool field is a pair of switches (`--share-prompts`, `--no-share-prompts`); a `dict[str, float]`
-field is a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles in
-`check_args`.
+field a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles (`check_args`).
 """
 from __future__ import annotations
 
@@ -132,24 +131,21 @@ class Parser(argparse.ArgumentParser):
             if "group" in meta:
                 group = self.add_argument_group(meta["group"])
             help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
-            kind = optional_of(hints[f.name])
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            more = {"metavar": meta["metavar"]} if "metavar" in meta else {}
+            kind, more = optional_of(hints[f.name]), {"metavar": meta["metavar"]} if "metavar" in meta else {}
             if kind is bool:
-                group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                    help=help_)
             elif typing.get_origin(kind) is dict:  # role=value,...: read in check_args
                 group.add_argument(*names, dest=f.name, default=None, help=help_, **more)
             else:
                 group.add_argument(*names, dest=f.name, type=interval_type(kind, meta.get("within")),
-                                   default=default, choices=meta.get("choices"), help=help_, **more)
+                                   default=f.default, choices=meta.get("choices"), help=help_, **more)
 
 
 def optional_of(kind):
     """`str | None` -> str (a flag whose default is None takes values of the other type); any other type as is."""
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
-        (kind,) = [a for a in args if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in typing.get_args(kind):
+        (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
     return kind
 
 

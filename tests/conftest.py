@@ -47,7 +47,7 @@ def make_lora_model():
     def make(name: str = "tiny", dtype=None):
         torch.manual_seed(0)
         model, _ = load_model(name, dtype or torch.float32)
-        model = add_adapters(model, ["shared"], rank=4)
+        model = add_adapters(model, ["shared"], rank=4, alpha=32)
         with torch.no_grad():
             g = torch.Generator().manual_seed(1)
             for n, p in model.named_parameters():

@@ -57,10 +57,10 @@ def lora_after(adv_clip, advantages):
     torch.manual_seed(0)
     model, _ = policies.load_model("tiny")
     model = policies.add_adapters(model, ["generator"], rank=4, alpha=8)
-    optimizers = grpo.make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=1)
-    samples = [grpo.Sample([1, 2, 3], [4 + i, 5, 6], a, "generator", "generator")
-               for i, a in enumerate(advantages)]
-    grpo.update_policy(model, samples, optimizers,
+    optimizers = grpo.make_optimizers(model, ["generator"], grpo.UpdateSettings(lr=1e-2, warmup_steps=1), 500)
+    rows = [grpo.Row([1, 2, 3], [4 + i, 5, 6], a, "generator", "generator")
+            for i, a in enumerate(advantages)]
+    grpo.update_policy(model, rows, optimizers,
                        grpo.UpdateSettings(mini_batch_size=4, adv_clip=adv_clip))
     return torch.cat([p.detach().flatten()
                       for p in policies.adapter_parameters(model, "generator")])

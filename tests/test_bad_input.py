@@ -13,6 +13,7 @@ import shutil
 import sys
 
 import pytest
+from test_flags import train_flags
 
 import eval as E
 import train
@@ -250,7 +251,7 @@ def test_eval_out_may_name_a_new_folder(scene):
 
 
 def test_n_1_warns_that_there_is_no_group_baseline(capsys):
-    args = train.parse_args(["--model", "tiny", "--n", "1"])
+    args = train_flags(["--model", "tiny", "--n", "1"])
     assert args.group_size == 1
     assert "warning: --group-size 1: every GRPO group has one member, so there is no group baseline" in \
         capsys.readouterr().err
@@ -311,10 +312,10 @@ def test_resume_with_nothing_to_train_writes_nothing(scene, capsys):
 def test_a_data_config_with_a_local_file_is_named(scene, capsys):
     """--data-config selects a hub dataset's config: with a local --data file it does nothing, and a warning says so
     (a cell's `en` or `primeintellect` with a local copy of its data included); a hub id keeps it silently."""
-    train.parse_args(["--model", "tiny", "--task", "dapo", "--data", "data/one_row.jsonl", "--data-config", "en"])
+    train_flags(["--model", "tiny", "--task", "dapo", "--data", "data/one_row.jsonl", "--data-config", "en"])
     assert "warning: --data-config en is ignored: it names a hub dataset's config, and --data data/one_row.jsonl " \
            "is a local file" in capsys.readouterr().err
-    train.parse_args(["--model", "tiny", "--task", "dapo", "--data", "org/dataset", "--data-config", "en"])
+    train_flags(["--model", "tiny", "--task", "dapo", "--data", "org/dataset", "--data-config", "en"])
     assert "--data-config" not in capsys.readouterr().err
 
 

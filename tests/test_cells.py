@@ -7,11 +7,12 @@ import os
 
 import pytest
 import torch
+from test_flags import train_flags
 
 import policies
 import tasks
 import train
-from grpo import Sample, UpdateSettings, lr_multiplier, make_optimizers, update_policy
+from grpo import Row, UpdateSettings, lr_multiplier, make_optimizers, update_policy
 from infra import cells
 from policies import (
     adapter_parameters,
@@ -30,7 +31,7 @@ ON_CPU = ["--device", "cpu", "--engine", "hf"]  # a cell on this machine: asked 
 
 def test_list_cells_prints_all_48_and_every_name_parses(capsys):
     with pytest.raises(SystemExit) as e:
-        train.parse_args(["--list-cells"])
+        train_flags(["--list-cells"])
     assert e.value.code == 0
     lines = capsys.readouterr().out.strip().splitlines()
     names = [line.split()[0] for line in lines[1:]]
@@ -51,7 +52,7 @@ def test_list_cells_prints_all_48_and_every_name_parses(capsys):
     ("Voting-IP-4B-Code", (10240, 2048), "deepcoder", 40960, 2),  # the reference's 4B code script: 40,960
 ])
 def test_cell_sets_the_papers_settings(cell, lengths, task, budget, iterations):
-    a = train.parse_args(["--cell", cell, *ON_CPU])
+    a = train_flags(["--cell", cell, *ON_CPU])
     assert (a.max_prompt_tokens, a.max_new_tokens, a.task, a.max_tokens_per_micro_batch, a.max_iterations) == \
         (*lengths, task, budget, iterations)
     assert (a.tasks_per_step, a.group_size, a.mini_batch_size, a.lora_rank, a.lora_alpha, a.lr, a.weight_decay,
@@ -76,7 +77,7 @@ def test_a_cell_without_cuda_is_one_line_naming_the_cuda_build(capsys, monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     with pytest.raises(SystemExit) as e:
-        train.parse_args(["--cell", "Voting-IP-0.6B-Math"])
+        train_flags(["--cell", "Voting-IP-0.6B-Math"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--cell Voting-IP-0.6B-Math needs a CUDA GPU" in err and "CUDA 12.8" in err and "--device cpu" in err
@@ -89,12 +90,12 @@ def test_a_cell_that_would_sample_with_hf_says_so_before_loading(capsys, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
     with pytest.raises(SystemExit):
-        train.parse_args(["--cell", "Voting-IP-0.6B-Math"])
+        train_flags(["--cell", "Voting-IP-0.6B-Math"])
     out, err = capsys.readouterr()
     assert "engine: hf (vLLM is not installed)" in out
     assert "would sample with the HF engine" in err and "20480-token prompts, 5120 new tokens" in err
     assert "--engine hf" in err and len(err.strip().splitlines()) == 1
-    args = train.parse_args(["--cell", "Voting-IP-0.6B-Math", "--engine", "hf"])
+    args = train_flags(["--cell", "Voting-IP-0.6B-Math", "--engine", "hf"])
     assert args.engine == "hf" and "warning: --cell Voting-IP-0.6B-Math on the HF engine" in capsys.readouterr().err
 
 
@@ -116,7 +117,7 @@ def test_explicit_flags_win_over_the_cell_and_the_effective_config_is_saved(tmp_
 def test_a_flag_given_at_its_default_value_still_wins_over_the_cell():
     """Which flags were given is read from the command line, not from values: `--lr 5e-4` (train.py's default) and
     `--prompts=small` (the `=` form) beat the cell's 2e-5 and `paper`; a flag not given takes the cell's value."""
-    args = train.parse_args(["--cell", "Voting-IP-0.6B-Math", *ON_CPU, "--lr", "5e-4", "--prompts=small", "--seed",
+    args = train_flags(["--cell", "Voting-IP-0.6B-Math", *ON_CPU, "--lr", "5e-4", "--prompts=small", "--seed",
                              "-1"])
     assert (args.lr, args.prompts, args.seed) == (5e-4, "small", -1)
     assert (args.lr_schedule, args.lora_rank, args.tasks_per_step) == ("verl-constant", 64, 64)
@@ -131,8 +132,8 @@ def test_cosine_schedule_hand_computed():
     assert [lr_multiplier(s, 2, 6, "constant") for s in range(6)] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
     torch.manual_seed(0)
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["shared"], rank=2)
-    opts = make_optimizers(model, ["shared"], lr=0.1, warmup_steps=2, schedule="cosine", total_steps=6)
+    model = add_adapters(model, ["shared"], rank=2, alpha=32)
+    opts = make_optimizers(model, ["shared"], UpdateSettings(lr=0.1, warmup_steps=2, lr_schedule="cosine"), 6)
     used = [update_policy(model, [], opts, UpdateSettings())["lr"] for _ in range(6)]  # no samples: schedule only
     assert used == pytest.approx([0.1 * x for x in expected], abs=1e-8)
 
@@ -145,13 +146,14 @@ def test_the_verl_constant_schedule_of_an_ip_cell_counts_adapter_updates_from_lr
     the schedule: with c idle in step 1, step 2 runs a, b, c at 0.05, 0.075, 0.1."""
     assert [lr_multiplier(s, 4, 100, "verl-constant") for s in range(6)] == [0, 0.25, 0.5, 0.75, 1, 1]
     names = ["a", "b", "c"]
-    cfg = UpdateSettings(temperature=0.7, lr_schedule="verl-constant")
+    cfg = UpdateSettings(mini_batch_size=512, temperature=0.7, lr_schedule="verl-constant")
 
     def lrs(schedule_of_rows):
         torch.manual_seed(0)
-        model = add_adapters(load_model("tiny")[0], names, rank=2)
-        opts = make_optimizers(model, names, lr=0.1, warmup_steps=4, schedule="verl-constant", total_steps=100)
-        metrics = [update_policy(model, [Sample([1, 2, 3], [4, 5], 1.0, a, a) for a in rows], opts, cfg)
+        model = add_adapters(load_model("tiny")[0], names, rank=2, alpha=32)
+        opts = make_optimizers(model, names, UpdateSettings(lr=0.1, warmup_steps=4, lr_schedule="verl-constant"),
+                               100)
+        metrics = [update_policy(model, [Row([1, 2, 3], [4, 5], 1.0, a, a) for a in rows], opts, cfg)
                    for rows in schedule_of_rows]
         return [m[f"{a}/lr"] for m in metrics for a in names]  # step 1's a, b, c, then step 2's
     assert lrs([names, names]) == pytest.approx([0, 0.025, 0.05, 0.075, 0.1, 0.1])
@@ -177,7 +179,7 @@ def _rows(seed=0, n=6):
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 256, (int(torch.randint(5, 30, (1,), generator=g)),), generator=g).tolist()
                for _ in range(n // 2)]
-    return [Sample(prompts[i // 2], torch.randint(0, 256, (int(torch.randint(2, 12, (1,), generator=g)),),
+    return [Row(prompts[i // 2], torch.randint(0, 256, (int(torch.randint(2, 12, (1,), generator=g)),),
                                                   generator=g).tolist(), float(torch.randn(1, generator=g)),
                    "generator", "shared") for i in range(n)]
 
@@ -189,7 +191,7 @@ def _grads(model, samples, **cfg):
     sgd = torch.optim.SGD(params, lr=0.0)
     sgd.register_step_pre_hook(lambda *_: captured.append([p.grad.detach().clone() for p in params]))
     opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}
-    update_policy(model, samples, opts, UpdateSettings(max_grad_norm=1e9, temperature=0.7, **cfg))
+    update_policy(model, samples, opts, UpdateSettings(mini_batch_size=512, max_grad_norm=1e9, temperature=0.7, **cfg))
     return captured[0]
 
 
@@ -267,13 +269,13 @@ def test_the_kl_reference_pass_of_a_checkpointed_model_keeps_its_shared_prompts(
     import grpo
     torch.manual_seed(0)
     model, _ = load_model("tiny-qwen3")
-    model = add_adapters(model, ["shared"], rank=4)  # B = 0: the base
+    model = add_adapters(model, ["shared"], rank=4, alpha=32)  # B = 0: the base
     enable_grad_checkpointing(model)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 200, (40,), generator=g).tolist()] * 3 + \
         [torch.randint(0, 200, (30,), generator=g).tolist()]
     completions = [torch.randint(0, 200, (n,), generator=g).tolist() for n in (5, 9, 13, 7)]
-    micro = [Sample(p, c, 1.0, "generator", "shared") for p, c in zip(prompts, completions)]
+    micro = [Row(p, c, 1.0, "generator", "shared") for p, c in zip(prompts, completions)]
     cfg = UpdateSettings(temperature=0.7, kl_coef={"generator": 0.1})
     with use_adapter(model, "shared"):
         model.train()
@@ -308,23 +310,23 @@ def test_bf16_weights_with_fp32_lora_and_optimizer_state(make_lora_model):
     base = [p for n, p in model.named_parameters() if "lora_" not in n]
     lora = adapter_parameters(model, "shared")
     assert {p.dtype for p in base} == {torch.bfloat16} and {p.dtype for p in lora} == {torch.float32}
-    opts = make_optimizers(model, ["shared"], lr=1e-3, warmup_steps=0)
-    update_policy(model, _rows(), opts, UpdateSettings(temperature=0.7))
+    opts = make_optimizers(model, ["shared"], UpdateSettings(lr=1e-3, warmup_steps=0), 500)
+    update_policy(model, _rows(), opts, UpdateSettings(mini_batch_size=512, temperature=0.7))
     state = opts["shared"][0].state
     assert {v.dtype for p in lora for k, v in state[p].items() if k != "step"} == {torch.float32}
 
 
 def test_engine_and_attention_choices_are_printed(capsys, monkeypatch, tmp_path):
-    args = train.parse_args(["--model", "tiny"])
+    args = train_flags(["--model", "tiny"])
     assert args.engine == "hf" and "engine: hf (no CUDA device)" in capsys.readouterr().out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if vllm were installed
-    assert train.parse_args(["--model", "tiny"]).engine == "vllm"
+    assert train_flags(["--model", "tiny"]).engine == "vllm"
     assert "engine: vllm (CUDA and vLLM found)" in capsys.readouterr().out
     monkeypatch.undo()
-    args = train.parse_args(["--model", "tiny", "--engine", "hf"])
-    train.build_trainer(args)
-    assert args.share_prompts and "attention: sdpa; shared prompt passes on" in capsys.readouterr().out
+    cfg = train.settings_from_flags(train_flags(["--model", "tiny", "--engine", "hf"]))
+    train.build_trainer(cfg)
+    assert cfg.update.share_prompts and "attention: sdpa; shared prompt passes on" in capsys.readouterr().out
     real = train.policies.load_model
 
     def flash(*a, **k):  # a kernel not known to be exact with holes in the mask: sharing goes off
@@ -332,9 +334,9 @@ def test_engine_and_attention_choices_are_printed(capsys, monkeypatch, tmp_path)
         model.config._attn_implementation = "flash_attention_2"
         return model, tok
     monkeypatch.setattr(train.policies, "load_model", flash)
-    args = train.parse_args(["--model", "tiny", "--engine", "hf"])
-    train.build_trainer(args)
-    assert not args.share_prompts
+    cfg = train.settings_from_flags(train_flags(["--model", "tiny", "--engine", "hf"]))
+    train.build_trainer(cfg)
+    assert not cfg.update.share_prompts
     assert "attention: flash_attention_2; shared prompt passes off" in capsys.readouterr().out
 
 

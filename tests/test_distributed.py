@@ -27,13 +27,14 @@ import os, sys, zlib
 sys.path.insert(0, {ROOT!r})
 import torch
 import tasks, train, workflows
+from infra.memory import StepHooks
 from policies import Generation
 workflows.grade_many = lambda ts, outs: [tasks.Grade(float(len(o) % 2 == 0), o[:8], True, "parity") for o in outs]
 rank = int(os.environ.get("RANK", "0"))
 
-class Deterministic:
+class Deterministic(StepHooks):  # the HF engine's hooks around an update
     def __init__(self, model, tokenizer, *a, **k):
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer = model, tokenizer
     def generate(self, prompts, adapters, desc=""):
         seen, out = {{}}, []
         for p, a in zip(prompts, adapters):
@@ -209,7 +210,7 @@ from infra import distributed
 distributed.init_distributed("cpu")
 rank = distributed.world()[0]
 roles = ["generator", "generator", "aggregator", "generator", "aggregator", "generator", "generator"]
-rows = [grpo.Sample([1, 2, k], [7] * (1 + k % 4), 1.0, role, "shared") for k, role in enumerate(roles)]
+rows = [grpo.Row([1, 2, k], [7] * (1 + k % 4), 1.0, role, "shared") for k, role in enumerate(roles)]
 cfg = grpo.UpdateSettings(mini_batch_size=3, role_weights={{"generator": 1, "aggregator": 1}})
 steps = distributed.my_mini_batches(distributed.share(rows), lambda part: grpo.mini_batches(part, cfg),
                                     grpo.without_tokens)
@@ -237,7 +238,7 @@ def test_each_rank_gets_its_rows_of_the_global_mini_batches_and_the_summed_gradi
     assert out.returncode == 0, out.stdout + out.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     roles = ["generator", "generator", "aggregator", "generator", "aggregator", "generator", "generator"]
-    rows = [grpo.Sample([1, 2, k], [7] * (1 + k % 4), 1.0, role, "shared") for k, role in enumerate(roles)]
+    rows = [grpo.Row([1, 2, k], [7] * (1 + k % 4), 1.0, role, "shared") for k, role in enumerate(roles)]
     one = grpo.mini_batches(rows, grpo.UpdateSettings(mini_batch_size=3, role_weights={"generator": 1,
                                                                                        "aggregator": 1}))
     assert [[r.prompt_ids[2] for r in mb.rows] for mb in one] == [[0, 1, 2], [3, 4, 5], [6]]
@@ -344,10 +345,10 @@ def test_resume_reads_onto_the_cpu_and_moves_the_i6_state_to_the_ranks_device(tm
     """A checkpoint that rank 0 saved from its GPU would load back onto cuda:0 on every rank (torch.load's default),
     and I6 would then mix devices. It is read onto the CPU (where the random states must be); the optimizer state
     follows its parameters and the I6 averages are moved to the model's device."""
-    from grpo import make_optimizers
+    from grpo import UpdateSettings, make_optimizers
     from infra import checkpoints
     model = make_lora_model()
-    optimizers = make_optimizers(model, ["shared"], 1e-3, 0.0, 0, "constant", 10)
+    optimizers = make_optimizers(model, ["shared"], UpdateSettings(lr=1e-3, weight_decay=0.0, warmup_steps=0), 10)
     checkpoints.save_checkpoint(str(tmp_path), 1, model, optimizers, {"shared": torch.arange(4.0)})
     seen, load = [], torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **kw: seen.append(kw.get("map_location")) or load(*a, **kw))

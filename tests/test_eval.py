@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from test_flags import train_flags
 from test_workflows import TOK, ScriptedEngine  # the scripted engine: canned outputs per role, no model
 
 import eval as E
@@ -67,7 +68,7 @@ def test_cell_and_dataset_names():
 
 def play(workflow: str, n: int, engine, route, policy: str = "ip") -> list:
     """`n` episodes of TASK with train.py's default options for `workflow`, as evaluation runs them."""
-    args = vars(train.parse_args(["--workflow", workflow, "--policy", policy]))
+    args = vars(train_flags(["--workflow", workflow, "--policy", policy]))
     options = settings_from(WorkflowOptions, args)
     return run_episodes([TASK], n, workflow, options, args["credit"], engine, chat_encoder(TOK), route, None)
 
@@ -283,5 +284,5 @@ def test_a_cells_run_is_evaluated_with_the_papers_evaluation_lengths(cell, lengt
     """Longer responses in evaluation than in training (math 8,192, code 5,120), and the evaluation prompt limits;
     a run that is not a cell keeps its own training lengths."""
     on_cpu = ["--device", "cpu", "--engine", "hf"]  # asked for: a cell on this machine is not refused
-    args = vars(train.parse_args(["--cell", cell, *on_cpu] if cell else ["--model", "tiny"]))
+    args = vars(train_flags(["--cell", cell, *on_cpu] if cell else ["--model", "tiny"]))
     assert E.eval_lengths(args) == lengths

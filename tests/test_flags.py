@@ -2,16 +2,24 @@
 edit, the two lines a run opens with, and an older run folder's `n` read as --group-size."""
 import dataclasses
 import json
+import os
 
 import pytest
 
 import eval as E
 import grpo
 import train
+import workflows
 from infra import flags
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "tiny", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "6", "--n-val", "2",
         "--val-every", "0"]
+
+
+def train_flags(argv: list[str]):
+    """train.py's flags, checked, as its `run` parses them (the Namespace `settings_from_flags` reads)."""
+    return flags.parse_args(train.build_parser(), argv, workflows.ROLES)
 
 
 # ---------------------------------------------------------------- flags made from fields
@@ -19,38 +27,81 @@ TINY = ["--model", "tiny", "--tasks-per-step", "2", "--n", "2", "--max-new-token
 @dataclasses.dataclass
 class Knobs:
     """One field of every kind the flag builder knows, and one without help (not a flag)."""
-    rows: int = dataclasses.field(default=8, metadata=dict(help="rows at most", within="[1, inf)", paper=512))
-    budget: int = dataclasses.field(default=1 << 62, metadata=dict(help="tokens; 0 = none", within="[0, inf)",
-                                                                    flag_default=0))
-    clip: float = dataclasses.field(default=0.2, metadata=dict(help="clip", within="(0, 1)"))
-    mode: str = dataclasses.field(default="a", metadata=dict(help="which", choices=["a", "b"]))
-    merge: bool = dataclasses.field(default=False, metadata=dict(help="merge steps"))
-    share: bool = dataclasses.field(default=True, metadata=dict(help="share prompts"))
+    rows: int = dataclasses.field(default=8, metadata=dict(flag="--rows", help="rows at most", within="[1, inf)",
+                                                            paper=512))
+    budget: int = dataclasses.field(default=0, metadata=dict(flag="--budget", help="tokens; 0 = none",
+                                                              within="[0, inf)", group="limits"))
+    clip: float = dataclasses.field(default=0.2, metadata=dict(flag="--clip", help="clip", within="(0, 1)"))
+    mode: str = dataclasses.field(default="a", metadata=dict(flag="--mode", help="which", choices=["a", "b"]))
+    name: str | None = dataclasses.field(default=None, metadata=dict(flag="--name", help="a name",
+                                                                      metavar="NAME_OF_IT"))
+    merge: bool = dataclasses.field(default=False, metadata=dict(flag="--merge", help="merge steps"))
+    share: bool = dataclasses.field(default=True, metadata=dict(flag="--share", help="share prompts"))
     weights: dict[str, float] = dataclasses.field(default_factory=dict, metadata=dict(
-        help="role=value", within="(0, 1]"))
+        flag=("--weights", "--w"), help="role=value", within="(0, 1]"))  # and another spelling
     length: int = 512  # computed by the caller: no flag
 
 
 def knob_parser() -> flags.Parser:
     p = flags.Parser(allow_abbrev=False, formatter_class=flags.HelpFormatter)
-    p.add_settings(p.add_argument_group("knobs"), Knobs)
+    p.add_settings(Knobs, "knobs")
     return p
 
 
 def test_each_field_with_help_is_one_flag_of_its_kind():
     p = knob_parser()
     assert flags.flag_names(p) == {"help": "-h", "rows": "--rows", "budget": "--budget", "clip": "--clip",
-                                   "mode": "--mode", "merge": "--merge", "share": "--share", "weights": "--weights"}
+                                   "mode": "--mode", "name": "--name", "merge": "--merge", "share": "--share",
+                                   "weights": "--weights"}
     defaults = vars(p.parse_args([]))
-    assert defaults == {"rows": 8, "budget": 0, "clip": 0.2, "mode": "a", "merge": False, "share": True,
-                        "weights": None}  # the flag's default where the field names one (budget: 0)
-    given = vars(p.parse_args(["--rows", "3", "--budget=7", "--clip", "0.5", "--mode", "b", "--merge",
-                               "--no-share", "--weights", "x=0.5"]))
-    assert given == {"rows": 3, "budget": 7, "clip": 0.5, "mode": "b", "merge": True, "share": False,
-                     "weights": "x=0.5"}  # role=value lists are read against the roles in check_args
+    assert defaults == {"rows": 8, "budget": 0, "clip": 0.2, "mode": "a", "name": None, "merge": False,
+                        "share": True, "weights": None}  # the field's default is the flag's
+    given = vars(p.parse_args(["--rows", "3", "--budget=7", "--clip", "0.5", "--mode", "b", "--name", "x y",
+                               "--merge", "--no-share", "--w", "x=0.5"]))
+    assert given == {"rows": 3, "budget": 7, "clip": 0.5, "mode": "b", "name": "x y", "merge": True,
+                     "share": False, "weights": "x=0.5"}  # role=value lists are read against the roles in check_args
     text = " ".join(p.format_help().split())
     assert "--rows ROWS rows at most (paper: 512) (default: 8)" in text
+    assert "--weights WEIGHTS, --w WEIGHTS role=value (default: None)" in text
     assert "--share, --no-share share prompts (default: True)" in text
+    assert "--name NAME_OF_IT a name (default: None)" in text
+    assert text.index("knobs: --rows") < text.index("limits: --budget") < text.index("--weights WEIGHTS,")  # a group
+
+
+def test_a_field_with_help_names_its_flag_as_it_is_written():
+    """A grep for a flag finds its field: a field with help and no `flag`, or another spelling first, is refused
+    when the parser is made."""
+    @dataclasses.dataclass
+    class Unnamed:
+        rows: int = dataclasses.field(default=8, metadata=dict(help="rows at most"))
+
+    @dataclasses.dataclass
+    class Misnamed:
+        rows: int = dataclasses.field(default=8, metadata=dict(flag="--n-rows", help="rows at most"))
+    for settings in (Unnamed, Misnamed):
+        with pytest.raises(ValueError, match=r"rows: a field with help is a flag; .* flag='--rows'"):
+            flags.Parser().add_settings(settings)
+
+
+def test_every_flag_of_train_py_is_written_where_its_field_is():
+    """grep -- --lr finds `lr`'s field: every flag train.py takes is spelled out, quoted, in the file of the field it
+    is made from (train.py, grpo.py or workflows.py), on the line that opens the field or the next."""
+    sources = {}
+    for cls in (train.Settings, grpo.UpdateSettings, workflows.WorkflowOptions):
+        with open(os.path.join(ROOT, f"{cls.__module__}.py")) as f:
+            lines = f.read().split("\n")
+        sources[cls] = lines[lines.index(f"class {cls.__name__}:"):]
+    for cls, lines in sources.items():
+        for f in dataclasses.fields(cls):
+            if "help" not in f.metadata:
+                continue
+            opened = next(i for i, line in enumerate(lines) if line.startswith(f"    {f.name}:"))
+            flag = f'"--{f.name.replace("_", "-")}"'
+            assert flag in lines[opened] + lines[opened + 1], f"{cls.__name__}.{f.name}: {flag} not written there"
+    parser = train.build_parser()
+    made = {a.dest for a in parser._actions if a.option_strings} - {"help"}
+    fields = {f.name for cls in sources for f in dataclasses.fields(cls) if "help" in f.metadata}
+    assert made == fields  # no flag from anywhere else
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -99,7 +150,7 @@ def test_a_new_update_knob_is_one_field(monkeypatch, capsys, tmp_path):
     @dataclasses.dataclass
     class WithKnob(grpo.UpdateSettings):
         entropy_bonus: float = dataclasses.field(default=0.0, metadata=dict(
-            help="weight of an entropy bonus in the loss", within="[0, inf)", paper=0))
+            flag="--entropy-bonus", help="weight of an entropy bonus in the loss", within="[0, inf)", paper=0))
     monkeypatch.setattr(grpo, "UpdateSettings", WithKnob)
 
     with pytest.raises(SystemExit):
@@ -108,7 +159,7 @@ def test_a_new_update_knob_is_one_field(monkeypatch, capsys, tmp_path):
     assert "--entropy-bonus ENTROPY_BONUS weight of an entropy bonus in the loss (paper: 0) (default: 0.0)" in text
 
     with pytest.raises(SystemExit) as e:
-        train.parse_args([*TINY, "--entropy-bonus", "-1"])
+        train_flags([*TINY, "--entropy-bonus", "-1"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "error: argument --entropy-bonus: must be >= 0, got -1"
 
@@ -128,15 +179,21 @@ def test_a_new_update_knob_is_one_field(monkeypatch, capsys, tmp_path):
     assert "--entropy-bonus 0.25" in capsys.readouterr().out  # the run's second line names it
 
 
-def test_the_update_receives_what_build_trainer_computes():
-    """The fields not taken by name: 0 flags resolved, the response budget, the rollout's temperature."""
-    args = train.parse_args(["--model", "tiny", "--tasks-per-step", "3", "--n", "5", "--max-new-tokens", "9",
-                             "--temperature", "0.9", "--kl-coef", "generator=0.1", "--clip-high", "0.3"])
-    s = train.update_settings(args)
-    assert (s.mini_batch_size, s.max_tokens_per_micro_batch, s.norm_len, s.temperature) == (15, 1 << 62, 9, 0.9)
-    assert (s.kl_coef, s.clip_high, s.share_prompts, s.agg) == ({"generator": 0.1}, 0.3, True, "seq-mean-token-mean")
-    args = train.parse_args(["--model", "tiny", "--mini-batch-size", "6", "--max-tokens-per-micro-batch", "500"])
-    s = train.update_settings(args)
+def test_the_settings_resolve_what_a_flags_0_stands_for_in_one_place():
+    """settings_from_flags: the fields not taken by name are computed there (a 0 mini-batch size, the response
+    budget, the rollout's temperature); every other field is its flag's value; a 0 token budget stays 0 (rows
+    only: policies.micro_batches reads it)."""
+    cfg = train.settings_from_flags(train_flags([
+        "--model", "tiny", "--tasks-per-step", "3", "--n", "5", "--max-new-tokens", "9", "--temperature", "0.9",
+        "--kl-coef", "generator=0.1", "--clip-high", "0.3", "--lr", "0.002", "--n-votes", "2"]))
+    s = cfg.update
+    assert (s.mini_batch_size, s.max_tokens_per_micro_batch, s.norm_len, s.temperature) == (15, 0, 9, 0.9)
+    assert (s.kl_coef, s.clip_high, s.share_prompts, s.agg, s.lr) == \
+        ({"generator": 0.1}, 0.3, True, "seq-mean-token-mean", 0.002)
+    assert (cfg.group_size, cfg.tasks_per_step, cfg.temperature, cfg.model) == (5, 3, 0.9, "tiny")
+    assert (cfg.options.n_votes, cfg.options.max_iterations) == (2, None)  # None: the paper's, per task
+    s = train.settings_from_flags(train_flags(["--model", "tiny", "--mini-batch-size", "6",
+                                               "--max-tokens-per-micro-batch", "500"])).update
     assert (s.mini_batch_size, s.max_tokens_per_micro_batch) == (6, 500)
 
 
@@ -181,13 +238,13 @@ def test_a_library_outside_the_tested_versions_is_one_line_at_start_up(tmp_path,
 
 def test_a_cells_values_count_as_its_defaults():
     """A cell run names the cell and what the command line changed; what train.py resolves itself
-    (--engine auto, --max-iterations by task) is not a change."""
+    (--engine auto) is not a change, nor is a flag left at None (--max-iterations: the paper's by task)."""
     parser = train.build_parser()
-    args = train.parse_args(["--cell", "EvalOpt-IP-0.6B-Code", "--device", "cpu", "--engine", "hf", "--lr", "1e-4"])
+    args = train_flags(["--cell", "EvalOpt-IP-0.6B-Code", "--device", "cpu", "--engine", "hf", "--lr", "1e-4"])
     assert flags.changed_flags(args, parser) == ["--device cpu", "--cell EvalOpt-IP-0.6B-Code", "--lr 0.0001"]
-    args = train.parse_args(["--model", "tiny", "--task", "code", "--workflow", "evalopt", "--role-weights", "equal",
-                             "--no-share-prompts", "--run-dir", "my run"])
-    assert args.max_iterations == 2
+    args = train_flags(["--model", "tiny", "--task", "code", "--workflow", "evalopt", "--role-weights", "equal",
+                        "--no-share-prompts", "--run-dir", "my run"])
+    assert args.max_iterations is None  # the paper's for the task, when the workflow runs (paper_iterations)
     assert flags.changed_flags(args, parser) == ["--model tiny", "--task code", "--workflow evalopt",
                                                  "--role-weights generator=1.0,evaluator=1.0", "--no-share-prompts"]
 
@@ -204,7 +261,7 @@ def test_an_old_run_folders_n_is_read_as_group_size(tmp_path, capsys):
     (run_dir / "args.json").write_text(json.dumps(saved))
     (record,) = E.main(["--run-dir", str(run_dir)])
     assert (record["cell"], record["step"]) == ("Single-SP-Tiny-Math", 1)
-    assert train.parse_args(["--resume", str(run_dir)]).group_size == 2
+    assert train_flags(["--resume", str(run_dir)]).group_size == 2
     train.main(["--resume", str(run_dir), "--steps", "2"])
     rewritten = json.loads((run_dir / "args.json").read_text())
     assert rewritten["group_size"] == 2 and "n" not in rewritten

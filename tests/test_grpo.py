@@ -16,7 +16,7 @@ import torch
 import train
 from grpo import (
     AGGREGATIONS,
-    Sample,
+    Row,
     UpdateSettings,
     clipped_token_loss,
     group_advantages,
@@ -24,7 +24,7 @@ from grpo import (
     minibatch_weights,
     role_shares,
     token_weights,
-    training_samples,
+    training_rows,
     update_policy,
 )
 from policies import (
@@ -103,7 +103,7 @@ def test_group_advantages_no_std_scale_is_r_minus_mean():
                                              ("ip", ["generator"] * 3 + ["aggregator"] + ["generator"] * 3
                                               + ["aggregator"])])
 def test_worked_example_voting_to_advantages(policy, adapters):
-    """grpo.training_samples' docstring, kept true. One task (answer 4), n = 2 Voting episodes, outcome credit.
+    """grpo.training_rows' docstring, kept true. One task (answer 4), n = 2 Voting episodes, outcome credit.
     Episode 0: the generators answer 4, 5, 4 and the aggregator picks solution 2 (the 5): wrong, reward 0 for all
     4 calls. Episode 1: 4, 4, 5, and it picks solution 1 (a 4): right, reward 1 for all 4. Each of the 4 groups
     (an instance's call in episode 0 and its call in episode 1) holds rewards {0, 1}: mean 0.5, unbiased std
@@ -122,7 +122,7 @@ def test_worked_example_voting_to_advantages(policy, adapters):
         episodes.append(Episode(task, sample, calls, str(final), correct=final == 4))
     assign_rewards(episodes, "outcome")
     assert [c.reward for e in episodes for c in e.calls] == [0.0] * 4 + [1.0] * 4
-    rows = training_samples(episodes)
+    rows = training_rows(episodes)
     a = 0.5 / (math.sqrt(0.5) + EPS)  # 0.70710578
     assert [s.adapter for s in rows] == adapters
     assert [s.role for s in rows] == ["generator"] * 3 + ["aggregator"] + ["generator"] * 3 + ["aggregator"]
@@ -256,7 +256,7 @@ def test_masked_tokens_contribute_nothing():
 # ---------------------------------------------------------------- role_shares / minibatch_weights
 
 def _s(role, n_tokens, adapter="shared", prompt_len=3, adv=1.0):
-    return Sample(list(range(prompt_len)), [7] * n_tokens, adv, role, adapter)
+    return Row(list(range(prompt_len)), [7] * n_tokens, adv, role, adapter)
 
 
 SHARE_BATCH = [_s("generator", 10), _s("generator", 10), _s("generator", 10), _s("aggregator", 2)]
@@ -325,7 +325,7 @@ def _synthetic_samples(roles=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     roles = roles or ["generator"] * len(PROMPT_LENS)
     advs = torch.randn(len(PROMPT_LENS), generator=g).tolist()
-    return [Sample(torch.randint(0, 256, (lp,), generator=g).tolist(),
+    return [Row(torch.randint(0, 256, (lp,), generator=g).tolist(),
                    torch.randint(0, 256, (lc,), generator=g).tolist(),
                    a, r, "shared") for lp, lc, a, r in zip(PROMPT_LENS, COMPLETION_LENS, advs, roles)]
 
@@ -495,7 +495,7 @@ def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_bat
         with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
-        opts = make_optimizers(lora_model, ["shared"], lr=0.05, warmup_steps=1)
+        opts = make_optimizers(lora_model, ["shared"], UpdateSettings(lr=0.05, warmup_steps=1), 500)
         m = update_policy(lora_model, samples, opts, cfg)
         return m, [p.detach().clone() for p in params]
 
@@ -527,13 +527,13 @@ def test_skip_zero_advantage_is_exact(lora_model, agg):
     first = _synthetic_samples(seed=11)
     for i in (1, 4, 6):
         first[i].advantage = 0.0
-    second = [Sample(s.prompt_ids, s.completion_ids, 0.0, s.role, s.adapter) for s in _synthetic_samples(seed=12)]
+    second = [Row(s.prompt_ids, s.completion_ids, 0.0, s.role, s.adapter) for s in _synthetic_samples(seed=12)]
 
     def run(skip: bool):
         with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
-        opts = make_optimizers(lora_model, ["shared"], lr=0.05, warmup_steps=1)
+        opts = make_optimizers(lora_model, ["shared"], UpdateSettings(lr=0.05, warmup_steps=1), 500)
         cfg = UpdateSettings(mini_batch_size=8, micro_batch_size=1, agg=agg, temperature=0.7, skip_zero_advantage=skip)
         m1 = update_policy(lora_model, first, opts, cfg)
         after_first = [p.detach().clone() for p in params]
@@ -566,7 +566,7 @@ def test_shared_prompt_update_equals_full_passes(lora_model):
     lora_model.double()
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (23, 17, 30)]
-    samples = [Sample(prompts[k], torch.randint(0, 256, (n,), generator=g).tolist(), float(torch.randn(1, generator=g)),
+    samples = [Row(prompts[k], torch.randint(0, 256, (n,), generator=g).tolist(), float(torch.randn(1, generator=g)),
                       "generator", "shared") for k in (0, 1, 2) for n in (3, 5, 2)]
     params = adapter_parameters(lora_model, "shared")
     start = [p.detach().clone() for p in params]
@@ -615,14 +615,14 @@ def test_two_update_steps_change_only_lora():
     torch.manual_seed(0)
     model, tok = load_model("tiny")
     base = {n: p.detach().clone() for n, p in model.named_parameters()}
-    model = add_adapters(model, ["shared"], rank=4)
-    opts = make_optimizers(model, ["shared"], lr=1e-2, warmup_steps=1)
+    model = add_adapters(model, ["shared"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["shared"], UpdateSettings(lr=1e-2, warmup_steps=1), 500)
     engine = HFEngine(model, tok, max_new_tokens=8, temperature=0.7)
     prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("1+1?", "What is 12 * 3?")]
     gens = engine.generate(prompts * 2, ["shared"] * 4)
     assert all(1 <= len(g.completion_ids) <= 8 for g in gens)
     advs = [1.0, -1.0, 0.5, -0.5]
-    samples = [Sample(p, g.completion_ids, a, "generator", "shared") for p, g, a in zip(prompts * 2, gens, advs)]
+    samples = [Row(p, g.completion_ids, a, "generator", "shared") for p, g, a in zip(prompts * 2, gens, advs)]
     cfg = UpdateSettings(mini_batch_size=4, micro_batch_size=2, temperature=0.7)
     for _ in range(2):
         m = update_policy(model, samples, opts, cfg)
@@ -670,17 +670,17 @@ def test_train_main_two_steps(tmp_path):
 
 def test_ip_steps_per_role():
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["generator", "aggregator"], rank=4)
-    opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-3, warmup_steps=1)
+    model = add_adapters(model, ["generator", "aggregator"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["generator", "aggregator"], UpdateSettings(lr=1e-3, warmup_steps=1), 500)
     g = torch.Generator().manual_seed(0)
 
     def sample(role, i):
-        return Sample(torch.randint(0, 256, (4,), generator=g).tolist(),
+        return Row(torch.randint(0, 256, (4,), generator=g).tolist(),
                       torch.randint(0, 256, (2 + i % 3,), generator=g).tolist(),
                       1.0 if i % 2 else -1.0, role, role)
 
     samples = [sample("generator", i) for i in range(6)] + [sample("aggregator", i) for i in range(2)]
-    samples.append(Sample([1, 2, 3], [], 1.0, "generator", "generator"))  # empty completion: skipped
+    samples.append(Row([1, 2, 3], [], 1.0, "generator", "generator"))  # empty completion: skipped
     m = update_policy(model, samples, opts, UpdateSettings(mini_batch_size=2, micro_batch_size=2, temperature=0.7))
     # generator: 6 samples / 2 per mini-batch = 3 steps; aggregator: 2 / 2 = 1 step
     assert m["generator/opt_steps"] == 3
@@ -699,10 +699,10 @@ def test_ip_update_leaves_other_adapter_untouched(merge):
     """An adapter without rows (the aggregator here) takes no step and keeps its weights, with one
     mini-batch per `mini_batch_size` rows or one per adapter (--merge-instance-steps)."""
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["generator", "aggregator"], rank=4)
-    opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-2, warmup_steps=1)
+    model = add_adapters(model, ["generator", "aggregator"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["generator", "aggregator"], UpdateSettings(lr=1e-2, warmup_steps=1), 500)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-    samples = [Sample([5, 6, 7], [8, 9, 10], a, "generator", "generator") for a in (1.0, -1.0)]
+    samples = [Row([5, 6, 7], [8, 9, 10], a, "generator", "generator") for a in (1.0, -1.0)]
     samples[1].completion_ids = [11, 12]
     cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, merge_instance_steps=merge)
     m = update_policy(model, samples, opts, cfg)
@@ -715,15 +715,15 @@ def test_ip_update_leaves_other_adapter_untouched(merge):
 # ---------------------------------------------------------------- learning-rate schedule
 
 def _two_generator_samples():
-    return [Sample([1, 2, 3], [4, 5], 1.0, "generator", "generator"),
-            Sample([1, 2, 3], [6], -1.0, "generator", "generator")]
+    return [Row([1, 2, 3], [4, 5], 1.0, "generator", "generator"),
+            Row([1, 2, 3], [6], -1.0, "generator", "generator")]
 
 
 def test_warmup_lr_applied_on_first_step():
     """lr 1e-2, warmup 4: step 1 uses lr * (0+1)/4 = 2.5e-3; step 4 onward the full 1e-2."""
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["generator"], rank=4)
-    opts = make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=4)
+    model = add_adapters(model, ["generator"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["generator"], UpdateSettings(lr=1e-2, warmup_steps=4), 500)
     assert opts["generator"][0].param_groups[0]["lr"] == pytest.approx(2.5e-3)
     update_policy(model, _two_generator_samples(), opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
     # AdamW's first step moves each weight by lr * g / (|g| + 1e-8) ~= lr (B starts at 0, so decay adds nothing):
@@ -740,8 +740,8 @@ def test_warmup_lr_applied_on_first_step():
 
 def test_logged_lr_is_the_lr_used():
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["generator"], rank=4)
-    opts = make_optimizers(model, ["generator"], lr=1e-2, warmup_steps=4)
+    model = add_adapters(model, ["generator"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["generator"], UpdateSettings(lr=1e-2, warmup_steps=4), 500)
     m = update_policy(model, _two_generator_samples(), opts, UpdateSettings(mini_batch_size=2, temperature=0.7))
     assert m["lr"] == pytest.approx(2.5e-3)  # the step used 1e-2 * 1/4, not the next step's 2/4
     assert m["generator/lr"] == pytest.approx(2.5e-3)  # the same, per adapter
@@ -750,10 +750,10 @@ def test_logged_lr_is_the_lr_used():
 
 def test_role_weights_without_the_batch_role_does_not_crash():
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["aggregator"], rank=4)
-    opts = make_optimizers(model, ["aggregator"], lr=1e-2, warmup_steps=1)
-    samples = [Sample([1, 2, 3], [4, 5], 1.0, "aggregator", "aggregator"),
-               Sample([1, 2, 3], [6], -1.0, "aggregator", "aggregator")]
+    model = add_adapters(model, ["aggregator"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["aggregator"], UpdateSettings(lr=1e-2, warmup_steps=1), 500)
+    samples = [Row([1, 2, 3], [4, 5], 1.0, "aggregator", "aggregator"),
+               Row([1, 2, 3], [6], -1.0, "aggregator", "aggregator")]
     cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, role_weights={"generator": 1})
     m = update_policy(model, samples, opts, cfg)
     assert m["aggregator/opt_steps"] == 0  # nothing to learn from: no optimizer step
@@ -763,12 +763,12 @@ def test_role_weights_zero_mini_batch_under_sp():
     # train.py allows this: --policy sp --role-weights generator=1 --mini-batch-size 2; the second mini-batch
     # holds only aggregator calls, whose target share is 0 -> all its weights are 0 (no division by zero)
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["shared"], rank=4)
-    opts = make_optimizers(model, ["shared"], lr=1e-2, warmup_steps=1)
-    samples = [Sample([1, 2, 3], [4, 5], 1.0, "generator", "shared"),
-               Sample([1, 2, 3], [6], -1.0, "generator", "shared"),
-               Sample([1, 2, 3], [7, 8], 1.0, "aggregator", "shared"),
-               Sample([1, 2, 3], [9], -1.0, "aggregator", "shared")]
+    model = add_adapters(model, ["shared"], rank=4, alpha=32)
+    opts = make_optimizers(model, ["shared"], UpdateSettings(lr=1e-2, warmup_steps=1), 500)
+    samples = [Row([1, 2, 3], [4, 5], 1.0, "generator", "shared"),
+               Row([1, 2, 3], [6], -1.0, "generator", "shared"),
+               Row([1, 2, 3], [7, 8], 1.0, "aggregator", "shared"),
+               Row([1, 2, 3], [9], -1.0, "aggregator", "shared")]
     cfg = UpdateSettings(mini_batch_size=2, temperature=0.7, role_weights={"generator": 1})
     assert minibatch_weights(samples[2:], cfg) == [0.0, 0.0]
     assert minibatch_weights(samples[:2], cfg) == pytest.approx([1 / 4, 1 / 2])  # 1/(2*2), 1/(2*1): one role, unchanged
@@ -814,7 +814,7 @@ def test_a_mini_batch_without_gradient_has_no_gradient_shares(lora_model):
     and cosine are undefined and left out, so the step's shares are the other mini-batch's and still sum to 1
     (they used to be averaged with zeros: 0.5 in all)."""
     live = _synthetic_samples(roles=["generator"] * 3 + ["aggregator"], seed=9)
-    dead = [Sample(s.prompt_ids, s.completion_ids, 0.0, s.role, s.adapter) for s in live]
+    dead = [Row(s.prompt_ids, s.completion_ids, 0.0, s.role, s.adapter) for s in live]
     params = adapter_parameters(lora_model, "shared")
     sgd = torch.optim.SGD(params, lr=0.0)
     opts = {"shared": (sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0))}

@@ -223,7 +223,7 @@ def fake_cuda_vllm(monkeypatch):
 def _engine(make_lora_model):
     from infra.vllm_engine import VLLMEngine
     from policies import to_generation
-    return VLLMEngine("unused-folder", make_lora_model(), None, {0}, to_generation, dtype="float32")
+    return VLLMEngine("unused-folder", make_lora_model(), None, {0}, to_generation, 16, 0.7, dtype="float32")
 
 
 def test_vllm_sleep_resets_the_peak_counters_and_wake_up_empties_the_cache_first(fake_cuda_vllm, make_lora_model):
@@ -276,6 +276,39 @@ def test_asleep_vllm_backs_up_its_cuda_graphs_and_the_step_logs_the_trainers_res
     engine.wake_up()
     engine.sleep()
     assert capsys.readouterr().out.count("vLLM asleep:") == 1
+
+
+def test_a_training_steps_hooks_sleep_and_check_drift_then_read_peaks_then_wake_with_the_new_adapters(
+        fake_cuda_vllm, make_lora_model, monkeypatch):
+    """train.train_step calls the engine around the update. vLLM: before it, asleep (the peaks reset) and the drift
+    check on the step's calls, 0.5 over 10 tokens = 0.05 per token; after it, the peaks read while still asleep,
+    then awake, then the updated adapter saved and registered as its next version. The HF engine samples with the
+    trainer's own weights: it only measures ({} on the CPU)."""
+    import types
+
+    import policies
+    from infra import vllm_engine
+    state, log = fake_cuda_vllm
+    measured = []
+
+    def drift(prompts, completions, adapters, logprobs):
+        measured.append(adapters)
+        return {"shared": (0.5, 10)}
+    engine = vllm_engine.VLLMEngine("unused-folder", make_lora_model(), None, {0}, policies.to_generation, 16, 0.7,
+                                    drift=drift)
+    monkeypatch.setattr(vllm_engine, "step_peaks", lambda model, e: log.append("peaks") or {"memory/peak_gib": 1.0})
+    log.clear()
+    calls = [types.SimpleNamespace(adapter="shared", prompt_ids=[1], completion_ids=[2, 3], sample_logprobs=[0, 0])]
+    tallies = engine.before_update(calls)
+    assert log == ["sleep 1", "reset_peak_memory_stats"] and measured == [["shared"]]
+    assert tallies == {"vllm/logprob_drift/shared": [0.5, 10], "vllm/logprob_drift": [0.5, 10]}
+    version = engine.version
+    assert engine.after_update(["shared"]) == {"memory/peak_gib": 1.0}
+    assert log[2:] == ["peaks", "empty_cache", "wake_up"]
+    assert engine.version == version + 1 and engine.requests["shared"].lora_name == f"shared-v{version + 1}"
+    hf = policies.HFEngine(make_lora_model(), policies.tiny_tokenizer(), 4, 0.7)
+    hf.start_step()
+    assert hf.before_update(calls) == {} and hf.after_update(["shared"]) == {}
 
 
 def test_the_vllm_engine_of_a_model_without_adapters_reserves_no_lora_slots(make_lora_model):

@@ -162,7 +162,7 @@ PROMPT_TEXTS = ["What is 2+2?", "hi", "Compute 17 * 23 and box it.", "½ + ½ = 
 def two_adapter_model():
     torch.manual_seed(0)
     model, tok = load_model("tiny")
-    model = add_adapters(model, ["x", "y"], rank=4)
+    model = add_adapters(model, ["x", "y"], rank=4, alpha=32)
     _randomize_lora(model, seed=1, names=("lora_B",))  # B of x and y random, different from each other and from 0
     return model, tok
 
@@ -222,7 +222,7 @@ def test_generation_stops_at_first_eos_and_keeps_it():
     torch.manual_seed(0)
     base, tok = load_model("tiny")
     base.generation_config.eos_token_id = [198, EOS]  # '\n' counts as a stop token: the base model emits it first
-    model = add_adapters(base, ["x"], rank=4)
+    model = add_adapters(base, ["x"], rank=4, alpha=32)
     _randomize_lora(model, seed=1, names=("lora_B",))
     engine = HFEngine(model, tok, max_new_tokens=12, temperature=0)
     assert engine.eos_ids == {198, EOS}
@@ -259,7 +259,7 @@ def test_greedy_tokens_are_argmax(two_adapter_model):
 def lp_model():
     torch.manual_seed(0)
     model, tok = load_model("tiny")
-    model = add_adapters(model, ["shared"], rank=4)
+    model = add_adapters(model, ["shared"], rank=4, alpha=32)
     _randomize_lora(model, seed=2, scale=0.1, names=("lora_B",))
     return model, tok
 
@@ -444,7 +444,7 @@ def _lora_state(model):
 def test_adapter_save_load_is_exact(tmp_path):
     torch.manual_seed(0)
     base, _ = load_model("tiny")
-    model = add_adapters(base, ["generator", "aggregator"], rank=4)
+    model = add_adapters(base, ["generator", "aggregator"], rank=4, alpha=32)
     _randomize_lora(model, seed=3)
     save_adapters(model, str(tmp_path))
     for name in ("generator", "aggregator"):
@@ -454,7 +454,7 @@ def test_adapter_save_load_is_exact(tmp_path):
 
     torch.manual_seed(123)  # different LoRA init
     fresh, _ = load_model("tiny")
-    fresh = add_adapters(fresh, ["generator", "aggregator"], rank=4)
+    fresh = add_adapters(fresh, ["generator", "aggregator"], rank=4, alpha=32)
     before = _lora_state(fresh)
     assert before.keys() == saved.keys() and len(saved) == 2 * 2 * 14  # 2 adapters x (A, B) x 14 linear layers
     assert not any(torch.equal(before[n], saved[n]) for n in saved)  # nothing matches before loading
@@ -481,10 +481,10 @@ def test_adapter_save_load_is_exact(tmp_path):
 
 def test_load_adapters_missing_adapter_raises(tmp_path):
     model, _ = load_model("tiny")
-    model = add_adapters(model, ["generator"], rank=4)
+    model = add_adapters(model, ["generator"], rank=4, alpha=32)
     save_adapters(model, str(tmp_path))
     other, _ = load_model("tiny")
-    other = add_adapters(other, ["generator", "evaluator"], rank=4)
+    other = add_adapters(other, ["generator", "evaluator"], rank=4, alpha=32)
     with pytest.raises(FileNotFoundError, match="evaluator"):
         load_adapters(other, str(tmp_path))
 
@@ -495,7 +495,7 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed: `import vllm` fails
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine sets it; keep the test's env unchanged
     with pytest.raises(SystemExit) as e:
-        VLLMEngine("unused-folder", None, None, set(), None)  # the import is checked before anything else is touched
+        VLLMEngine("unused-folder", None, None, set(), None, 16, 0.7)  # the import is checked before anything else
     assert str(e.value).startswith("error: --engine vllm needs vLLM") and "pip install vllm" in str(e.value)
     assert "docs/vllm.md" in str(e.value) and "\n" not in str(e.value)
 

@@ -152,7 +152,7 @@ def small_calibration(tmp_path_factory):
     monkeypatch.setattr(eval, "play_every_problem", play)
     out = tmp_path_factory.mktemp("out") / "calibration.jsonl"
     with pytest.raises(SystemExit) as stopped:
-        eval.calibrate_command(seed=5, episodes=1, out=str(out))
+        eval.main(["calibrate", "--seed", "5", "--episodes", "1", "--out", str(out)])
     monkeypatch.undo()
     return stopped.value.code, out
 

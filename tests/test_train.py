@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_flags import train_flags
 
 import grpo
 import train
@@ -121,10 +122,10 @@ def test_nan_loss_skips_the_step_and_repeated_nans_stop_the_run(tmp_path, monkey
 
 def test_resume_of_a_run_saved_before_a_flag_existed_takes_its_default(tmp_path):
     """args.json of an older run lacks later flags (here --no-share-prompts): they take their defaults."""
-    saved = vars(train.parse_args([*TINY, "--no-share-prompts", "--lr", "0.123"]))
+    saved = vars(train_flags([*TINY, "--no-share-prompts", "--lr", "0.123"]))
     del saved["share_prompts"]
     (tmp_path / "args.json").write_text(json.dumps(saved))
-    args = train.parse_args(["--resume", str(tmp_path)])
+    args = train_flags(["--resume", str(tmp_path)])
     assert args.share_prompts is True and args.lr == 0.123 and args.run_dir == str(tmp_path)
 
 

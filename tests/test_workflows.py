@@ -13,22 +13,23 @@ import torch
 
 import train
 from grpo import (
-    Sample,
+    Row,
     UpdateSettings,
     coherence_scale,
     group_advantages,
     make_optimizers,
     minibatch_weights,
     role_shares,
-    training_samples,
+    training_rows,
     update_policy,
 )
+from infra.tallies import rates
 from policies import Generation, add_adapters, chat_prompt_ids, load_model, route_adapter, tiny_tokenizer
 from tasks import Task
 from workflows import (
     WorkflowOptions,
     assign_rewards,
-    episode_metrics,
+    episode_tallies,
     parse_selection,
     parse_strategies,
     parse_verdict,
@@ -38,6 +39,11 @@ from workflows import (
 
 TOK = tiny_tokenizer()
 TASK = Task("t1", "What is 2 + 2?", "4", "math")
+
+
+def episode_metrics(episodes) -> dict:
+    """The rates validation reports of these episodes (train.validate: episode_tallies, then rates)."""
+    return rates(episode_tallies(episodes))
 
 
 def role_of(prompt: str) -> str:
@@ -268,27 +274,27 @@ def tiny():
     return add_adapters(model, ["generator", "aggregator", "shared"], rank=4, alpha=8), tok
 
 
-def voting_samples(n_episodes: int, adapter_of=lambda role: role) -> list[Sample]:
+def voting_samples(n_episodes: int, adapter_of=lambda role: role) -> list[Row]:
     torch.manual_seed(1)
     out = []
     for e in range(n_episodes):
         for i in range(3):
-            out.append(Sample([1, 2, 3, 4 + e], [5 + i, 6, 7], (-1.0) ** (e + i), "generator", adapter_of("generator")))
-        out.append(Sample([1, 2, 3, 4 + e], [8, 9], (-1.0) ** e, "aggregator", adapter_of("aggregator")))
+            out.append(Row([1, 2, 3, 4 + e], [5 + i, 6, 7], (-1.0) ** (e + i), "generator", adapter_of("generator")))
+        out.append(Row([1, 2, 3, 4 + e], [8, 9], (-1.0) ** e, "aggregator", adapter_of("aggregator")))
     return out
 
 
 @pytest.mark.parametrize("merge,expected", [(False, (3, 1)), (True, (1, 1))])
 def test_ip_voting_optimizer_steps(tiny, merge, expected):
     model, _ = tiny
-    opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-3, warmup_steps=1)
+    opts = make_optimizers(model, ["generator", "aggregator"], UpdateSettings(lr=1e-3, warmup_steps=1), 500)
     m = update_policy(model, voting_samples(4), opts, UpdateSettings(mini_batch_size=4, merge_instance_steps=merge))
     assert (m["generator/opt_steps"], m["aggregator/opt_steps"]) == expected
 
 
 def test_sp_shares_hand_computed_and_equal_weights():
     # 2 generator samples of 10 tokens, 1 aggregator sample of 2 tokens
-    s = [Sample([1], [0] * 10, 1.0, "generator", "shared")] * 2 + [Sample([1], [0] * 2, 1.0, "aggregator", "shared")]
+    s = [Row([1], [0] * 10, 1.0, "generator", "shared")] * 2 + [Row([1], [0] * 2, 1.0, "aggregator", "shared")]
     w = minibatch_weights(s, UpdateSettings(agg="seq-mean-token-mean"))
     assert role_shares(s, w) == pytest.approx({"generator": 2 / 3, "aggregator": 1 / 3})  # each sample 1/3
     w = minibatch_weights(s, UpdateSettings(agg="token-mean"))
@@ -300,7 +306,7 @@ def test_sp_shares_hand_computed_and_equal_weights():
 
 def test_sp_update_logs_shares_that_sum_to_one(tiny):
     model, _ = tiny
-    opts = make_optimizers(model, ["shared"], lr=1e-3, warmup_steps=1)
+    opts = make_optimizers(model, ["shared"], UpdateSettings(lr=1e-3, warmup_steps=1), 500)
     m = update_policy(model, voting_samples(2, lambda r: "shared"), opts, UpdateSettings(mini_batch_size=8))
     assert m["generator/loss_share"] + m["aggregator/loss_share"] == pytest.approx(1.0)
     assert m["generator/loss_share"] == pytest.approx(0.75)  # 6 of 8 samples, every sample the same weight
@@ -317,7 +323,7 @@ def test_kl_only_changes_the_named_role(tiny):
     after = {}
     for kl in ({}, {"aggregator": 0.5}):
         model = copy.deepcopy(base)
-        opts = make_optimizers(model, ["generator", "aggregator"], lr=1e-2, warmup_steps=1)
+        opts = make_optimizers(model, ["generator", "aggregator"], UpdateSettings(lr=1e-2, warmup_steps=1), 500)
         m = update_policy(model, samples, opts, UpdateSettings(mini_batch_size=8, kl_coef=kl))
         after[bool(kl)] = (m, {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
     (m0, w0), (m1, w1) = after[False], after[True]
@@ -523,7 +529,7 @@ def test_paper_prompts_ask_what_the_reference_asks():
 
 @pytest.mark.parametrize("policy,rows", [("sp", {"shared": 8}), ("ip", {"generator": 6, "aggregator": 2})])
 def test_worked_example_one_voting_task_becomes_rows(policy, rows):
-    """grpo.training_samples' docstring, kept true: 1 task x n=2 Voting episodes -> 8 calls -> 4 groups -> SP 8
+    """grpo.training_rows' docstring, kept true: 1 task x n=2 Voting episodes -> 8 calls -> 4 groups -> SP 8
     rows on `shared`, IP 6 `generator` + 2 `aggregator` rows. Episode 0's generators answer 4, 5, 4 and its
     aggregator picks solution 2 (wrong); episode 1's answer 4, 4, 5 and its aggregator picks 1 (right). Outcome
     credit: every call of episode 1 has reward 1, of episode 0 reward 0, so each group's two members get
@@ -534,7 +540,7 @@ def test_worked_example_one_voting_task_becomes_rows(policy, rows):
     calls = [c for e in eps for c in e.calls]
     assert [c.name for c in calls] == ["generator0", "generator1", "generator2", "aggregator"] * 2
     assert len({c.group_key(TASK.id) for c in calls}) == 4
-    samples = training_samples(eps)
+    samples = training_rows(eps)
     assert Counter(s.adapter for s in samples) == rows
     assert [s.role for s in samples] == ["generator"] * 3 + ["aggregator"] + ["generator"] * 3 + ["aggregator"]
     assert [round(s.advantage, 4) for s in samples] == [-0.7071] * 4 + [0.7071] * 4
