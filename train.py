@@ -61,9 +61,9 @@ def train_step(batch: list[tasks.Task], cfg: Settings, trainer: Trainer) -> dict
     engine = trainer.engine
     engine.start_step()  # CUDA: the step's memory peaks start here
     t0 = time.time()
-    episodes = run_workflow(batch, cfg.group_size, cfg, trainer, "rollout")  # rewarded calls
+    episodes = run_workflow(batch, cfg.group_size, cfg, trainer, "rollout")  # calls, rewarded
     t_rollout = time.time() - t0
-    rows = grpo.training_rows(episodes, cfg.update.std_scale)  # each call: advantage, adapter
+    rows = grpo.training_rows(episodes, cfg.update.std_scale)  # a row per call: its advantage
     calls = [c for e in episodes for c in e.calls]
     tallies = {**workflows.episode_tallies(episodes),
                "reward": [sum(c.reward for c in calls), len(calls)]}
@@ -72,10 +72,17 @@ def train_step(batch: list[tasks.Task], cfg: Settings, trainer: Trainer) -> dict
     m = grpo.update_policy(trainer.model, rows, trainer.optimizers, cfg.update, trainer.grad_ema)
     t_update = time.time() - t1
     m.update(engine.after_update(sorted({r.adapter for r in rows})))  # peaks; vLLM: new adapters
+    return {**m, **step_metrics(tallies, rows, t_rollout, t_update)}
+
+
+def step_metrics(tallies: dict, rows: list[grpo.Row], t_rollout: float, t_update: float
+                 ) -> dict[str, float]:
+    """The step's counts added over ranks, as rates, its times and its tokens per second."""
     parts = distributed.gather((tallies, sum(len(r.completion_ids) for r in rows),
                                 sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)))
-    m.update(rates(add_tallies([p[0] for p in parts])), time_rollout=t_rollout,
-             time_update=t_update, rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
+    m = rates(add_tallies([p[0] for p in parts]))
+    m.update(time_rollout=t_rollout, time_update=t_update,
+             rollout_tok_s=sum(p[1] for p in parts) / max(t_rollout, 1e-9),
              update_tok_s=sum(p[2] for p in parts) / max(t_update, 1e-9))
     m["reward"] = m["reward"] or 0.0  # None: no calls, every episode ended by an over-long prompt
     return m
@@ -329,7 +336,8 @@ class Settings:
     dtype: str = setting("float32", "--dtype", "weights dtype (GPU: bf16)",
                          choices=["float32", "bfloat16"])
     device: str = setting("auto", "--device", "auto, cpu, cuda or cuda:N")
-    enable_thinking: bool = setting(False, "--enable-thinking", "Qwen3 thinking mode (paper: off)")
+    enable_thinking: bool = setting(False, "--enable-thinking", "Qwen3 thinking mode (paper: off)",
+                                    switch=True)
     chat_template: str = setting("model", "--chat-template", "model: the tokenizer's own; rllm: "
                                  "as the reference's rLLM Qwen parser rendered it (cells)",
                                  choices=["model", "rllm"])
@@ -355,7 +363,7 @@ class Settings:
     cell: str | None = setting(None, "--cell",
                                "a paper cell, e.g. Voting-IP-1.7B-Math: sets all its flags")
     list_cells: bool = setting(False, "--list-cells",
-                               "print the paper's 48 cells and what each sets")
+                               "print the paper's 48 cells and what each sets", switch=True)
     credit: str = setting("outcome", "--credit", "outcome: the final result to every call "
                           "(paper); role: each call its own correctness",
                           choices=["outcome", "role"])
@@ -392,7 +400,7 @@ class Settings:
                                   "runs/<workflow>-<policy>-<time>)",
                                   group="run folder and logging")
     overwrite: bool = setting(False, "--overwrite",
-                              "move a run in --run-dir aside to <run-dir>.old-<time>")
+                              "move a run in --run-dir aside to <run-dir>.old-<time>", switch=True)
     resume: str | None = setting(None, "--resume", "continue a run, with its own flags; only --"
                                  + ", --".join(RESUMABLE).replace("_", "-") + " may change",
                                  metavar="RUN_DIR")
@@ -407,7 +415,8 @@ class Settings:
     keep_last: int = setting(0, "--keep-last", "keep only the newest N checkpoints; 0 = all",
                              within="[0, inf)")
     seed: int = setting(0, "--seed", "seeds data order, sampling and LoRA init")
-    wandb: bool = setting(False, "--wandb", "also log to Weights & Biases (pip install wandb)")
+    wandb: bool = setting(False, "--wandb", "also log to Weights & Biases (pip install wandb)",
+                          switch=True)
     update: grpo.UpdateSettings = field(default_factory=grpo.UpdateSettings)
     options: workflows.WorkflowOptions = field(default_factory=workflows.WorkflowOptions)
 

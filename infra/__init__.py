@@ -2,20 +2,24 @@
 concept files at the top level (they import from here).
 
     flags.py        the command line: flags made from settings' fields, the checks, resume, a run's first lines
+    roles.py        a call's role type: generator0 -> generator
     runfolder.py    one-line errors, args.json, the JSONL files, dumps, stop signals, write errors
     checkpoints.py  seeding and random state, adapters as PEFT folders, atomic checkpoints and resume
     distributed.py  torchrun: the process group, each rank's share, gathering values, summing gradients; the
                     one device a process claims
     tallies.py      metrics as numerator and denominator, added over batches and ranks, divided once
-    update_report.py  what the GRPO update reports: per-role statistics, each role's own gradient (SP)
+    update_report.py  what the GRPO update reports: per-role statistics, each role's own gradient (SP, finding 3)
     models.py       the built-in models (tiny, tiny-qwen3, random-qwen3-0.6b), the packaged SmolLM2, rLLM's Qwen chat,
                     the library-version shims and the versions the tests run
-    vllm_engine.py  the vLLM sampling engine and its log-prob drift check, per adapter
+    vllm_engine.py  the vLLM sampling engine: its log-prob drift check per adapter, its sleep and wake (its hooks)
     memory.py       the one-GPU memory plan's terms, the HF engine's generate() budget, a step's measured peaks
+                    behind an engine's hooks around an update (StepHooks)
     data.py         DAPO, DeepCoder and HumanEval rows, and the reference's train / held-out splits
     cells.py        the paper's 48 cells and the flags each sets
+    commands.py     eval.py's commands besides evaluating: plot, table, report, calibrate
     results.py      `eval.py table`: evaluation records as one markdown table
     plots.py        validation and per-role curves of runs, and the findings' figures (the toy-world study)
+    toy_hooks.py    the toy world's hooks in train.py and eval.py: its model built, its validation tallies, calibrate
     toy.py          the toy world's oracle: each role's careful and hurried habit, and how its outputs are read
     toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up on them
     calibration.py  the toy model at base against targets fixed before any RL run

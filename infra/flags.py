@@ -23,9 +23,10 @@ value: train.py's `settings_from_flags` resolves it). The metadata a field may c
     within    the values it takes, an interval: "[1, inf)", "(0, 1]" (role=value: each value)
     choices   the values it takes, a list
     metavar   the flag's value as --help names it
+    switch    a bool field's flag is one switch, given or not (default: `--x` and `--no-x`)
 
-A bool field is a pair of switches (`--share-prompts`, `--no-share-prompts`); a `dict[str, float]`
-field a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles (`check_args`).
+A bool field is a pair of switches (`--share-prompts`, `--no-share-prompts`) unless it is one; a
+`dict[str, float]` field a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles.
 """
 from __future__ import annotations
 
@@ -132,9 +133,9 @@ class Parser(argparse.ArgumentParser):
                 group = self.add_argument_group(meta["group"])
             help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
             kind, more = optional_of(hints[f.name]), {"metavar": meta["metavar"]} if "metavar" in meta else {}
-            if kind is bool:
-                group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                                   help=help_)
+            if kind is bool:  # a switch (given or not), or a pair --x / --no-x
+                action = "store_true" if meta.get("switch") else argparse.BooleanOptionalAction
+                group.add_argument(*names, dest=f.name, action=action, default=f.default, help=help_)
             elif typing.get_origin(kind) is dict:  # role=value,...: read in check_args
                 group.add_argument(*names, dest=f.name, default=None, help=help_, **more)
             else:

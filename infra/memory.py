@@ -69,11 +69,6 @@ def mask_cell_bytes(kv_length: int) -> int:
     return MASK_BOOL + MASK_COPY + (MASK_COPY if kv_length % MASK_ALIGN else 0)
 
 
-def mask_bytes(rows: int, q_length: int, kv_length: int) -> int:
-    """The mask of one attention call whose rows differ in length, with its copies."""
-    return rows * q_length * kv_length * mask_cell_bytes(kv_length)
-
-
 def widest_mask_cells(budget: int, longest_row: int) -> int:
     """The most mask cells a padded micro-batch within a token budget can have: rows x W x W with rows x W <=
     budget (policies.micro_batches) and W <= the longest row; a row wider than the budget goes alone. For k rows

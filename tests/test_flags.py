@@ -37,6 +37,7 @@ class Knobs:
                                                                       metavar="NAME_OF_IT"))
     merge: bool = dataclasses.field(default=False, metadata=dict(flag="--merge", help="merge steps"))
     share: bool = dataclasses.field(default=True, metadata=dict(flag="--share", help="share prompts"))
+    quiet: bool = dataclasses.field(default=False, metadata=dict(flag="--quiet", help="say less", switch=True))
     weights: dict[str, float] = dataclasses.field(default_factory=dict, metadata=dict(
         flag=("--weights", "--w"), help="role=value", within="(0, 1]"))  # and another spelling
     length: int = 512  # computed by the caller: no flag
@@ -52,19 +53,20 @@ def test_each_field_with_help_is_one_flag_of_its_kind():
     p = knob_parser()
     assert flags.flag_names(p) == {"help": "-h", "rows": "--rows", "budget": "--budget", "clip": "--clip",
                                    "mode": "--mode", "name": "--name", "merge": "--merge", "share": "--share",
-                                   "weights": "--weights"}
+                                   "quiet": "--quiet", "weights": "--weights"}
     defaults = vars(p.parse_args([]))
     assert defaults == {"rows": 8, "budget": 0, "clip": 0.2, "mode": "a", "name": None, "merge": False,
-                        "share": True, "weights": None}  # the field's default is the flag's
+                        "share": True, "quiet": False, "weights": None}  # the field's default is the flag's
     given = vars(p.parse_args(["--rows", "3", "--budget=7", "--clip", "0.5", "--mode", "b", "--name", "x y",
-                               "--merge", "--no-share", "--w", "x=0.5"]))
+                               "--merge", "--no-share", "--quiet", "--w", "x=0.5"]))
     assert given == {"rows": 3, "budget": 7, "clip": 0.5, "mode": "b", "name": "x y", "merge": True,
-                     "share": False, "weights": "x=0.5"}  # role=value lists are read against the roles in check_args
+                     "share": False, "quiet": True, "weights": "x=0.5"}  # role=value: read in check_args
     text = " ".join(p.format_help().split())
     assert "--rows ROWS rows at most (paper: 512) (default: 8)" in text
     assert "--weights WEIGHTS, --w WEIGHTS role=value (default: None)" in text
     assert "--share, --no-share share prompts (default: True)" in text
     assert "--name NAME_OF_IT a name (default: None)" in text
+    assert "--quiet say less (default: False)" in text and "--no-quiet" not in text  # a switch
     assert text.index("knobs: --rows") < text.index("limits: --budget") < text.index("--weights WEIGHTS,")  # a group
 
 

@@ -10,14 +10,19 @@ from infra import memory
 GIB = 2 ** 30
 
 
+def mask_bytes(rows: int, q_length: int, kv_length: int) -> int:
+    """The mask of one attention call whose rows differ in length, with its copies: rows x q x kv cells."""
+    return rows * q_length * kv_length * memory.mask_cell_bytes(kv_length)
+
+
 def test_a_mask_cell_costs_5_bytes_when_the_key_length_is_not_a_multiple_of_8():
     """transformers' bool mask (1 byte), SDPA's additive bf16 copy (2), and the memory-efficient kernel's aligned
     copy (2) when kv % 8 != 0. The GPU check's micro-batch: 4 rows of 12,801 tokens, 4 x 12,801^2 x 5 =
     3,277,312,020 bytes; at 12,800 (a multiple of 8) 4 x 12,800^2 x 3 = 1,966,080,000."""
     assert [memory.mask_cell_bytes(n) for n in (8, 12800, 12801, 35839, 35840)] == [3, 3, 5, 5, 3]
-    assert memory.mask_bytes(4, 12801, 12801) == 3_277_312_020
-    assert memory.mask_bytes(4, 12800, 12800) == 1_966_080_000
-    assert memory.mask_bytes(3, 1, 9) == 3 * 9 * 5  # a decode step: one query row per sequence
+    assert mask_bytes(4, 12801, 12801) == 3_277_312_020
+    assert mask_bytes(4, 12800, 12800) == 1_966_080_000
+    assert mask_bytes(3, 1, 9) == 3 * 9 * 5  # a decode step: one query row per sequence
 
 
 def test_the_widest_mask_within_a_budget_is_found_by_hand_and_by_brute_force():
@@ -137,7 +142,7 @@ def test_the_worked_example_fits_on_80_gb_and_the_old_budget_did_not():
     kv = memory.kv_bytes_per_token(c["layers"], c["kv_heads"], c["head_dim"])
     old = memory.generation_tokens(free, kv)
     assert (kv, old, old // AGGREGATOR_WIDTH) == (114_688, 522_650, 15)
-    assert 15 * 25600 * kv + memory.mask_bytes(15, 25599, 25599) > free
+    assert 15 * 25600 * kv + mask_bytes(15, 25599, 25599) > free
     repeated = memory.repeated_kv_bytes_per_token(c["heads"], c["kv_heads"], c["head_dim"])
     per_token = memory.generation_bytes_per_token(kv, c["layers"], repeated)
     act = memory.prefill_activation_bytes_per_token(c["hidden"], c["intermediate"], c["heads"] * c["head_dim"], 2,
