@@ -263,7 +263,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
     engine = make_engine(args.engine, model, tokenizer, folder, max_new, temp, run_args["top_p"],
                          run_args["gen_batch_size"], run_args["dtype"], args.seed,
-                         args.vllm_gpu_memory, True, 0)  # shared prompt passes; memory's budget
+                         args.vllm_gpu_memory, share_prompts=True, max_tokens=0)
     encode = policies.chat_encoder(tokenizer, run_args["enable_thinking"],
                                    run_args.get("chat_template", "model"))
     options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow

@@ -264,9 +264,10 @@ def step_schedules(optimizers: dict, adapter: str, had_rows: bool, schedule: str
 
 def training_rows(episodes: list, scale_by_std: bool = True) -> list[Row]:
     """Every call of every episode as one GRPO row: its reward compared within its group
-    (`group_advantages`; the key is `Call.group_key`, (task, call name, turn), as below), its
-    tokens, its role type and the adapter it trains (`Call.adapter`, set by the rollout from the
-    policy: the only thing SP and IP change, see "rows" below).
+    (`group_advantages`; `Call.group_key`: task, call name and turn, as below, or a group the
+    workflow names), its tokens, its role type and the adapter it trains (`Call.adapter`, which
+    the rollout set from the policy with policies.route_adapter: the one thing SP and IP change,
+    see "rows" below).
 
     Example: one task (answer 4), n = 2 Voting episodes, 3 generators and an aggregator in each,
     outcome credit (every call gets its episode's final correctness):
@@ -484,17 +485,19 @@ def micro_batch_loss(model, micro: list[Row], micro_old: list, weights: list[flo
         betas = logp.new_tensor([cfg.kl_coef.get(r.role, 0.0) for r in micro])
         token_loss = token_loss + betas[:, None] * kl
     w = logp.new_tensor(weights)[:, None]
-    # The loss, for B rows (`micro`) and T columns (their longest completion); all [B, T] but w:
-    #   token_loss  pg_loss + beta * kl
-    #   pg_loss     PPO's clipped surrogate -adv * ratio (clipped_token_loss), ratio =
-    #               exp(logp - old_logp); adv [B]: each row's group advantage (training_rows)
+    # The loss of B rows (`micro`) over T columns (their longest completion); every term is
+    # [B, T] but adv [B], beta [B] and w [B, 1]:
+    #   token_loss  pg_loss, plus beta * kl for the roles --kl-coef names (beta 0 for the others)
+    #   pg_loss     PPO's clipped surrogate -adv * ratio, ratio = exp(logp - old_logp)
+    #               (clipped_token_loss); adv: each row's group advantage (training_rows)
     #   logp        each completion token's log-prob under the adapter now (completion_logprobs)
     #   old_logp    the same before this training step: logp detached in the first mini-batch
-    #               (ratio 1), the stored ones in later mini-batches (old_logprobs)
-    #   kl, beta    I1: k3 KL(role || base) (kl_to_base), beta [B] from --kl-coef; 0 without
+    #               (ratio 1), stored ones after an optimizer step (old_logprobs)
+    #   kl          I1: KL(role || base) per token, k3 estimator (kl_to_base)
     #   mask        1 on each row's completion tokens (right-aligned), 0 on padding
-    #   w [B, 1]    a token's weight in its mini-batch's loss (token_weights, rescaled to role
-    #               shares by minibatch_weights, to a partial mini-batch by mini_batches)
+    #   w           each row's per-token weight in its mini-batch's loss (role_micro_batches, from
+    #               mini_batches: token_weights' aggregation, minibatch_weights' role shares, a
+    #               partial mini-batch's size), so the micro-batches add up to the mini-batch's loss
     loss = (token_loss * mask * w).sum()
     return loss, (logp, old_logp, mask, entropy, pg_loss, clipped, kl)
 

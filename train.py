@@ -63,7 +63,7 @@ def train_step(batch: list[tasks.Task], cfg: Settings, trainer: Trainer) -> dict
     t0 = time.time()
     episodes = run_workflow(batch, cfg.group_size, cfg, trainer, "rollout")  # calls, rewarded
     t_rollout = time.time() - t0
-    rows = grpo.training_rows(episodes, cfg.update.std_scale)  # a row per call: its advantage
+    rows = grpo.training_rows(episodes, cfg.update.std_scale)  # a row per call: advantage, adapter
     calls = [c for e in episodes for c in e.calls]
     tallies = {**workflows.episode_tallies(episodes),
                "reward": [sum(c.reward for c in calls), len(calls)]}
@@ -265,19 +265,19 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
         base_folder = vllm_engine.vllm_model_folder(cfg.model, model, tokenizer)
     attention = model.config._attn_implementation
     # sharing a prompt's pass leaves holes in the mask: only where the attention is exact with them
-    u = cfg.update
-    u.share_prompts = u.share_prompts and attention in policies.EXACT_WITH_HOLES
-    print(f"attention: {attention}; shared prompt passes {'on' if u.share_prompts else 'off'}")
+    update = cfg.update
+    update.share_prompts = update.share_prompts and attention in policies.EXACT_WITH_HOLES
+    print(f"attention: {attention}; shared prompt passes {'on' if update.share_prompts else 'off'}")
     adapters = sorted({policies.route_adapter(r, cfg.policy) for r in ROLES[cfg.workflow]})
     model = policies.add_adapters(model, adapters, cfg.lora_rank, cfg.lora_alpha)
     if cfg.grad_checkpointing:
         policies.enable_grad_checkpointing(model)
-    optimizers = grpo.make_optimizers(model, adapters, u, cfg.steps)
-    drift = partial(policies.logprob_drift, model, micro_batch=u.micro_batch_size,
-                    max_tokens=u.max_tokens_per_micro_batch)  # vLLM's check, in the update's budget
+    optimizers = grpo.make_optimizers(model, adapters, update, cfg.steps)
+    drift = partial(policies.logprob_drift, model, micro_batch=update.micro_batch_size,
+                    max_tokens=update.max_tokens_per_micro_batch)  # vLLM's, in the update's budget
     engine = make_engine(cfg.engine, model, tokenizer, base_folder, cfg.max_new_tokens,
                          cfg.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
-                         cfg.vllm_gpu_memory, u.share_prompts, cfg.gen_max_tokens, drift)
+                         cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift)
     return Trainer(model, tokenizer, optimizers, engine, {})
 
 
@@ -295,8 +295,9 @@ def load_tasks(cfg: Settings) -> tuple[list[tasks.Task], list[tasks.Task]]:
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:
     """The run's settings from its checked flags (`flags.parse_args`). Every value a flag's 0
-    stands for, and every field without a flag, is computed here and nowhere else; the update's
-    rules for SP and IP (`grpo.policy_problem`) stop a run here, before anything loads."""
+    stands for, and every field without a flag, is computed here and nowhere else (only
+    `build_trainer` may turn shared prompt passes off, for an attention kernel it loads); the
+    update's rules for SP and IP (`grpo.policy_problem`) stop a run here, before anything loads."""
     update = flags.settings_from(
         grpo.UpdateSettings, vars(args),
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.group_size,  # 0: a step

@@ -224,6 +224,8 @@ def test_token_budget_cuts_micro_batches_and_gradients_do_not_depend_on_it(make_
         assert all(len(part) * max(widths[i] for i in part) <= budget or len(part) == 1 for part in cut)
     assert len(micro_batches(prompts, completions, 8, 1)) == 8
     assert len(micro_batches(prompts, completions, 8, 10 ** 9)) == 1
+    assert micro_batches(prompts, completions, 3, 0) == micro_batches(prompts, completions, 3, 10 ** 9)  # 0: rows
+    assert [len(part) for part in micro_batches(prompts, completions, 3, 0)] == [3, 3, 2]
     model = make_lora_model("tiny-qwen3")
     ref = _grads(model, samples, micro_batch_size=8)
     for budget in (1, 60):

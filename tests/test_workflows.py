@@ -184,6 +184,23 @@ def test_evalopt_runs_to_budget_on_incorrect_and_last_attempt_is_final():
     assert "Feedback" in refine[-1]["content"] and "\\boxed{Incorrect}" not in refine[-1]["content"]
 
 
+def test_evalopt_budget_not_given_is_the_papers_for_the_task(monkeypatch):
+    """--max-iterations not given (None): 3 evaluator calls on a math task, 2 on a code task (paper_iterations);
+    given, it wins. (Code answers are graded by a stand-in here: no sandbox.)"""
+    import tasks
+    import workflows
+    monkeypatch.setattr(workflows, "grade_many", lambda ts, outs: [tasks.Grade(0.0, o, True, "wrong") for o in outs])
+    code = Task("c1", "def f():\n    return 1", "", "code")
+    script = {"generator": lambda p: "\\boxed{4}", "refine": lambda p: "\\boxed{5}",
+              "evaluator": lambda p: "\\boxed{Incorrect}"}
+    rounds = {}
+    for name, task, budget in (("math", TASK, None), ("code", code, None), ("code, given", code, 3)):
+        eps, _ = run("evalopt", script, tasks=(task,), max_iterations=budget)
+        rounds[name] = eps[0].metrics["iterations"]
+    assert rounds == {"math": 3, "code": 2, "code, given": 3}
+    assert (workflows.paper_iterations(TASK), workflows.paper_iterations(code)) == (3, 2)
+
+
 def test_evalopt_unparseable_verdict_continues_and_is_counted():
     eps, _ = run("evalopt", {"generator": ["\\boxed{3}"], "refine": ["\\boxed{4}"],
                              "evaluator": ["hmm, not sure", "\\boxed{Correct}"]})
