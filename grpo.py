@@ -149,7 +149,7 @@ class UpdateSettings:
     agg: str = field(default="seq-mean-token-mean", metadata=dict(
         flag="--agg", help="loss aggregation: how much each token counts (grpo.token_weights)",
         choices=AGGREGATIONS, paper="seq-mean-token-mean"))
-    norm_len: int = 512  # seq-mean-token-sum-norm's constant length (train.py: --max-new-tokens)
+    norm_len: int = 64  # seq-mean-token-sum-norm's constant (settings_from_flags: --max-new-tokens)
     clip_low: float = field(default=0.2, metadata=dict(
         flag="--clip-low", help="PPO clip below 1", within="(0, 1)", paper=0.2))
     clip_high: float = field(default=0.28, metadata=dict(
