@@ -135,11 +135,12 @@ def runs(out: str, vllm_python: str, toy_cache: str) -> dict[str, list[tuple[lis
 
 
 def normalized(path: str, out: str) -> bytes:
-    """A file's bytes as compared: text files with `out` as OUT; JSONL records without timing fields; a JSON
-    object with its keys sorted (args.json's key order follows the order flags are made in)."""
+    """A file's bytes as compared: text files with `out` as OUT (an adapter's README names its base model's
+    folder); JSONL records without timing fields; a JSON object with its keys sorted (args.json's key order
+    follows the order flags are made in)."""
     with open(path, "rb") as f:
         data = f.read()
-    if not path.endswith((".json", ".jsonl", ".html", ".txt")):
+    if not path.endswith((".json", ".jsonl", ".html", ".txt", ".md")):
         return data
     text = data.decode("utf-8", "replace").replace(out, "OUT")
     if path.endswith(".jsonl"):
@@ -175,7 +176,8 @@ def run(out: str, names: list[str], vllm_python: str, toy_cache: str) -> None:
     for name in names or list(table):
         start = time.time()
         for i, (argv, extra) in enumerate(table[name]):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
+            # one thread: the same float sums; a fixed hash seed: sets written in one order (adapter_config.json)
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0", **extra}
             log = os.path.join(out, name, "stdout.txt") if name == "table" else \
                 os.path.join(out, "logs", f"{name}.{i}.log")  # the table's printout is what it makes
             os.makedirs(os.path.dirname(log), exist_ok=True)
