@@ -18,13 +18,15 @@ What it is not: a judgement of RL; nothing here changes after a study's comparis
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 from collections import defaultdict
 
-from infra.toy import KNOBS, Oracle, judged, oracle_text
+from infra.toy import KNOBS, REGIME, Oracle, folder, judged, oracle_text
 
-TEMPERATURE, MAX_NEW_TOKENS = 1.0, 32  # the study's sampling settings (infra/study.py): the warm-up's mixture as is
+TEMPERATURE, MAX_NEW_TOKENS = REGIME["temperature"], REGIME["max_new_tokens"]  # the toy world's (infra/toy.py)
 # Episodes per problem: >= 2,000 calls of each habit but the retries' (about 1,500), so that a careful rate's
 # difference from the oracle's has a standard error near 0.012, not the 0.02 of 729 calls (at which a true
 # difference of 0.03 crosses the 0.05 line one time in six)
@@ -176,6 +178,14 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def keep_beside_model(seed: int, record: dict) -> None:
+    """The record, beside the seed's toy model (`toy.calibration_record` reads it): written aside and renamed."""
+    path = os.path.join(folder(seed), "calibration.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def measure(play, engine, tokenizer, encode, seed: int, episodes: int | None,

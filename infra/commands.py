@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from infra import toy_hooks
+from infra import toy_hooks, toy_model
 from infra.flags import number
 from infra.plots import plot_runs
 from infra.report import write_report
@@ -34,6 +34,8 @@ def add_commands(commands) -> None:
                                     "targets (infra/calibration.py; also python -m infra.toy "
                                     "--calibrate)")
     calibrate.add_argument("--seed", type=int, default=0, help="the toy model's seed")
+    calibrate.add_argument("--build-only", action="store_true",
+                           help="build the seed's toy model (once, into the cache) and stop")
     calibrate.add_argument("--episodes", type=number(int, 1), default=None,
                            help="episodes per problem of every measurement (default: "
                            "calibration.EPISODES, >= 500 calls of each habit)")
@@ -55,6 +57,8 @@ def run(args, roles: dict[str, list[str]], play: Callable, toy_engine: Callable)
     `toy_engine` the toy world's rollout and engine (calibrate)."""
     if args.command == "table":
         return results_command(args.results)
+    if args.command == "calibrate" and args.build_only:
+        return toy_model.build(args.seed, play)
     if args.command == "calibrate":
         return toy_hooks.calibrate(args.seed, args.episodes, args.out, args.temperature, play, toy_engine)
     if args.command == "report":

@@ -175,3 +175,61 @@ def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
         f.write(text)
     os.replace(path + ".tmp", path)
     return missing
+
+
+def replication(results: str, seeds: list[int], judged: list[dict]) -> list[dict]:
+    """Comparison by comparison, whether each replication seed repeats the study's verdict: its difference has
+    the sign of the study's mean, and passes the rule's threshold on its own (greater: >= t; matches: >= -t;
+    near: within t of the target)."""
+    rows = []
+    for finding in judged:
+        for c in finding["preconditions"] + finding["comparisons"]:
+            again = compare(results, seeds, c)
+            per_seed = again["per_seed"]
+            if c["rule"] == "near":
+                passes = [abs(x - c["target"]) <= c["threshold"] for x in per_seed]
+                sign = passes
+            else:
+                passes = [x >= (c["threshold"] if c["rule"] == "greater" else -c["threshold"]) for x in per_seed]
+                sign = [math.copysign(1, x) == math.copysign(1, c["mean"]) for x in per_seed]
+            rows.append({"finding": finding["id"], "label": c["label"], "rule": c["rule"], "study": c["verdict"],
+                         "study_mean": c["mean"], "per_seed": per_seed, "same_sign": sum(sign),
+                         "passes": sum(passes), "seeds": len(seeds)})
+    return rows
+
+
+def write_tables(doc: str, study: dict) -> None:
+    """docs/md's tables (between their markers) from study.json: the sweep, the summary, each finding's,
+    and the replication's when there is one."""
+    sweep = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
+    for lr, r in study["sweep"]["rates"].items():
+        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k]) for k in ("base", "peak", "end"))
+        sweep.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {len(study['seeds'])} |")
+    sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
+    summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | verdict |",
+               "|---|---|---|---|"]
+    for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
+        anchor = f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace("/", "-and-")
+        counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
+                            for v in ("shown", "not shown", "the opposite"))
+        summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
+    tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
+              **{f"finding-{f['id']}": finding_table(f) for f in study["findings"]}}
+    if study.get("replication"):
+        tables["replication"] = replication_table(study["replication"])
+    missing = fill_tables(doc, tables)
+    if missing:
+        print(f"warning: {doc} has no markers for the tables {missing}")
+
+
+def replication_table(rep: dict) -> str:
+    rows = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
+            f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
+            "| finding | comparison | rule | study: mean, verdict | per seed | same sign | passes the threshold |",
+            "|---|---|---|---|---|---|---|"]
+    for r in rep["rows"]:
+        label = r["label"].replace("|", "\\|")
+        per_seed = " ".join(fmt(x, 2) for x in r["per_seed"])
+        rows.append(f"| {r['finding']} | {label} | {r['rule']} | {fmt(r['study_mean'])}, {r['study']} | "
+                    f"{per_seed} | {r['same_sign']} of {r['seeds']} | {r['passes']} of {r['seeds']} |")
+    return "\n".join(rows)

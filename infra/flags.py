@@ -1,20 +1,20 @@
 """train.py's command line: flags made from settings' fields, checks, resume, a run's first lines.
 
-What it is for: everything between a command line and a checked set of flags, before anything loads
-or is written. Bad input is one line on stderr, exit status 2 (`usage_error`). What it is not: the
-method; it never imports the concept files, so the settings classes and the roles are passed in.
+What it is for: everything between a command line and a checked set of flags, before anything loads or is
+written; bad input is one line on stderr, exit status 2 (`usage_error`). Not the method: it never imports the
+concept files (the settings classes and the roles are passed in).
 
-One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the
-workflows' options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in
-their metadata, and `Parser.add_settings` makes one flag per field:
+One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the workflows'
+options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in their metadata;
+`Parser.add_settings` makes one flag per field:
 
     clip_high: float = field(default=0.28, metadata=dict(
         flag="--clip-high", help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
 
 becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
-(paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field
-from the parsed flag of its name. The field's default is the flag's (a 0 standing for a computed
-value: train.py's `settings_from_flags` resolves it). The metadata a field may carry:
+(paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field from
+the parsed flag of its name. The field's default is the flag's (0 for a computed value, resolved by
+train.py's `settings_from_flags`; `--model toy` and `--cell` preset some). A field's metadata:
 
     flag      the flag as it is written (a grep finds the field), then any other spelling of it
     help      the flag's help; a field without it is no flag (its caller computes the value)
@@ -194,14 +194,15 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     if args.resume:
         args = resume_args(parser, args, given)
     else:
+        preset = dict(toy.REGIME) if args.model == "toy" else {}  # the regime it is calibrated at
         if args.cell:
             try:
-                cell = cells.cell_defaults(args.cell)
+                preset.update(cells.cell_defaults(args.cell))
             except ValueError as e:
                 usage_error(str(e))
-            for key, value in cell.items():
-                if key not in given:
-                    setattr(args, key, value)
+        for key, value in preset.items():
+            if key not in given:
+                setattr(args, key, value)
         if args.run_dir is None:
             folder = f"{args.workflow}-{args.policy}-{time.strftime('%Y%m%d-%H%M%S')}"
             args.run_dir = os.path.join("runs", folder)
@@ -363,9 +364,10 @@ def resolve_engine(args: argparse.Namespace, cuda: bool, cell: str | None) -> No
 
 def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     """The flags whose value is not the default, as a command line writes them, in --help's order.
-    A cell's values count as defaults (`--cell` names them); what train.py resolves itself
-    (--engine auto) counts as its default; the run folder is not a flag here."""
+    A cell's values and `--model toy`'s regime count as defaults (`--cell` names them), as does what
+    train.py resolves itself (--engine auto); the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
+    defaults.update(toy.REGIME if args.model == "toy" else {})
     if args.cell:
         defaults.update(cells.cell_defaults(args.cell))
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,

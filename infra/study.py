@@ -1,21 +1,28 @@
-"""The toy-world study: the learning-rate sweep, every finding's runs on calibrated toy models over five seeds,
-evaluation on held-out problems, paired statistics, predeclared verdicts, figures and docs/findings.md's tables.
+"""The toy-world study, in one command: each seed's toy model built and calibrated, the learning-rate sweep, every
+finding's runs over five seeds, evaluation on held-out problems, paired statistics, predeclared verdicts, the
+figures, docs/findings.md's tables and the compact results they come from; then, as a second command, the same
+grid on further seeds, to see which verdicts replicate.
 
-What it is for: one command that does what docs/findings.md reports, in this order, each part fixed before the
-next one runs: (0) each seed's toy model calibrated (eval.py calibrate; the study takes the first five seeds
-whose model passes, CANDIDATES); (1) `--sweep`: the single agent at three learning rates, and the rule
-(SWEEP_RULE) that picks the grid's rate; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps
-on 64 problems, then eval.py's four modes on 64 *other* problems (`--split test`); (3) FINDINGS, the
-comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py to per-seed
-paired differences; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`
-page per run, next to it (RUN.html). Each run is an ordinary `python train.py` / `python eval.py` command in its
-own folder under --out: a finished run is skipped, a stopped one resumed. What it is not: the method (it only
-calls train.py and eval.py), nor part of the test suite, nor a place to change a rate, a knob, a step count, a
-seed or a threshold after a comparison has been seen.
+What it is for: what docs/findings.md reports, in this order, each part fixed before the next one runs: (0) the
+instruments: toy models built and calibrated side by side (eval.py calibrate), the study taking the first five
+seeds whose model passes (CANDIDATES); (1) the sweep: the single agent at three learning rates, and the rule
+(SWEEP_RULE) that picks the grid's rate from them; (2) the grid (GRID) at that rate: train.py runs validated
+every 10 steps on 64 problems, then eval.py's four modes on 64 *other* problems (`--split test`); (3) the
+runs' compact results (RESULTS: the validation and role curves, the evaluations) copied beside the page, and
+FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied to them by
+infra/findings.py; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`
+page per run (RUN.html). `--replicate N` then runs the grid on the next N calibrated seeds and says, comparison
+by comparison, whether each seed repeats the study's sign and threshold. Each run is an ordinary `python
+train.py` / `python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one
+resumed. The terminal shows a line per finished build, calibration, run and evaluation, with the minutes since
+the start and an estimate of those left. What it is not: the method (it only calls train.py and eval.py), nor
+part of the test suite, nor a place to change a rate, a knob, a step count, a seed or a threshold after a
+comparison has been seen.
 
-    python -m infra.study --dry-run                            # the sweep, the grid and their commands
-    python -m infra.study --sweep --out runs/study --jobs 2    # the learning-rate sweep on the single agent
-    python -m infra.study --out runs/study --jobs 2 --figures docs/findings --doc docs/findings.md    # the grid
+    python -m infra.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
+    python -m infra.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
+        --doc docs/findings.md                       # the whole study (docs/findings.md says how long it took)
+    python -m infra.study --out runs/study --jobs 2 --replicate 2 --doc docs/findings.md    # two more seeds
 """
 from __future__ import annotations
 
@@ -23,32 +30,29 @@ import argparse
 import json
 import math
 import os
-import subprocess
+import shutil
 import sys
-import time
 
-from infra import findings
+from infra import findings, toy
+from infra.jobs import Clock, kind_of, run_all, run_log
 from infra.runfolder import read_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = 5
 # The study's seeds: the first SEEDS of 0, 1, ..., CANDIDATES-1 whose toy model passes calibration (eval.py
-# calibrate), a rule fixed before any RL run of the v8 world. A build that misses a target is not the instrument
-# docs/toy_world.md describes (v7 missed on four seeds of six, most where a role computes a number), so it is set
-# aside, named in study.json and docs/findings.md, never tuned until it passes.
-CANDIDATES = 10
+# calibrate), a rule fixed before any RL run. A build that misses a target is not the instrument docs/toy_world.md
+# describes, so it is set aside, named in study.json and docs/findings.md, never tuned until it passes. The
+# replication seeds (--replicate) are the next ones by the same rule.
+CANDIDATES = 20
 STEPS = 150
-# The regime, fixed before any run of the grid: 2 tasks x a group of 8 (16 episodes a step), sampled at
-# temperature 1 (the warm-up's mixture as it is; infra/calibration.py measures at the same setting), 32 new
-# tokens (the longest careful habit is 26), 115 training problems, so that 64 validation and 64 test problems
-# of the 243 stay disjoint from them and from each other.
-TRAIN = ["--model", "toy", "--tasks-per-step", "2", "--group-size", "8", "--max-new-tokens", "32",
-         "--temperature", "1.0", "--n-train", "115", "--n-val", "64", "--val-n", "2", "--val-every", "10",
-         "--save-every", "50", "--difficulty", "0", "--micro-batch-size", "16"]
+# The regime, fixed before any run of the grid: the toy world's own (infra/toy.py REGIME: 2 tasks x a group of 8,
+# temperature 1, 32 new tokens, the setting calibration measures at), 115 training problems, so that 64
+# validation and 64 test problems of the 243 stay disjoint from them and from each other.
+TRAIN = ["--model", "toy", *toy.regime_flags(), "--n-train", "115", "--n-val", "64", "--val-n", "2",
+         "--val-every", "10", "--save-every", "50", "--difficulty", "0", "--micro-batch-size", "16"]
 SWEEP = {"single-lr1e-3": "1e-3", "single-lr3e-4": "3e-4", "single-lr1e-4": "1e-4"}
 SWEEP_RULE = "the largest rate whose runs do not decline (end within 0.05 of peak) in at least 4 of 5 seeds"
-LR: str | None = "1e-3"  # the sweep's choice (docs/findings.md: 4 of 5 seeds hold at 1e-3); the grid's rate
-GRID = {  # name -> the flags that make it (on top of TRAIN and --lr LR); the names are the figures' labels
+GRID = {  # name -> the flags that make it (on top of TRAIN and the sweep's rate); the names are the figures' labels
     "single": ["--workflow", "single"],
     "voting-sp": ["--workflow", "voting", "--policy", "sp"],
     "voting-sp-equal": ["--workflow", "voting", "--policy", "sp", "--role-weights", "equal"],
@@ -63,6 +67,10 @@ GRID = {  # name -> the flags that make it (on top of TRAIN and --lr LR); the na
     "orchworkers-ip": ["--workflow", "orchworkers", "--policy", "ip"],
 }
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
+# What the compact results keep of a run (docs/findings/results/RUN/): its validation curves and these training
+# curves, to 4 decimals, and its evaluations: what the tables, the figures and the page's prose read.
+RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/opt_steps", "/kl_base",
+           "/entropy", "/careful", "/own_format", "/foreign_format")
 
 
 def c(label: str, a: tuple, b: tuple | None = None, rule: str = "greater", threshold: float = 0.05,
@@ -116,6 +124,8 @@ FINDINGS = [
 ]
 
 
+# ---------------------------------------------------------------- the commands
+
 def run_dir(out: str, name: str, seed: int) -> str:
     return os.path.join(out, f"{name}-s{seed}")
 
@@ -125,7 +135,7 @@ def flags_of(name: str, lr: str) -> list[str]:
     if name in SWEEP:
         return ["--workflow", "single", "--lr", SWEEP[name]]
     flags = list(GRID[name])
-    if "third" in flags:  # (a dry run before the sweep has chosen shows the rate by name)
+    if "third" in flags:  # (a dry run, before the sweep has chosen, shows the rate by name)
         flags[flags.index("third")] = f"{float(lr) / 3:.3g}" if lr[0].isdigit() else f"{lr}/3"
     return flags if "--lr" in flags else [*flags, "--lr", lr]
 
@@ -152,86 +162,80 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
             for mode in MODES if mode not in done and (mode == "trained" or workflow_first)]
 
 
+def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:
+    """A seed's toy model built (once, into the cache) and calibrated, its record in out/calibration/, both
+    commands' output in out/calibration/seedS.log."""
+    record = os.path.join(out, "calibration", f"seed{seed}.jsonl")
+    return [([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--build-only"], record[:-6] + ".log"),
+            ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", record], record[:-6] + ".log")]
+
+
+def run_chain(*commands: list[str]) -> list[tuple[list[str], str]]:
+    """A run's commands, each with the log next to its folder."""
+    return [(command, run_log(command)) for command in commands]
+
+
 def finished(out: str, name: str, seed: int, steps: int) -> bool:
     metrics = read_results(os.path.join(run_dir(out, name, seed), "metrics.jsonl"), ("step",), warn=False)
     return any(m["step"] == steps for m in metrics)
 
 
-def folder_of(command: list[str]) -> str:
-    """The run folder a train.py or eval.py command writes to."""
-    flag = "--resume" if "--resume" in command else "--run-dir"
-    return command[command.index(flag) + 1]
+# ---------------------------------------------------------------- the phases
+
+def recorded_misses(out: str, seed: int) -> list[str] | None:
+    """The calibration targets the seed's toy model misses, from its record (None: not calibrated yet)."""
+    records = read_results(os.path.join(out, "calibration", f"seed{seed}.jsonl"), ("seed", "missed"), warn=False)
+    return records[-1]["missed"] if records else None
 
 
-def run_all(chains: list[list[list[str]]], dry_run: bool, jobs: int = 1) -> None:
-    """Run each chain's commands in order (one run's, which share its folder), `jobs` chains at a time, from the
-    repository, each command's output appended to the log next to its run folder (RUN.log), with its time. With
-    more than one job each command gets one thread: two torch processes of two threads each on 2 cores slow
-    each other down by 10x or more (the threads spin)."""
-    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if jobs > 1 else {})}
-    waiting, running, failed = [list(chain) for chain in chains if chain], [], []
-    while waiting or running:
-        while waiting and len(running) < jobs:
-            chain = waiting.pop(0)
-            if dry_run:
-                print("\n".join(" ".join(command[1:]) for command in chain), flush=True)
-                continue
-            command = chain.pop(0)
-            print(" ".join(command[1:]), flush=True)
-            with open(folder_of(command) + ".log", "a") as log:
-                process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-            running.append((process, command, chain, time.time()))
-        for entry in [e for e in running if e[0].poll() is not None]:
-            process, command, chain, start = entry
-            running.remove(entry)
-            print(f"  {time.time() - start:.0f} s: {' '.join(command[1:4])}", flush=True)
-            if process.returncode != 0:
-                failed.append(f"{' '.join(command[1:3])}... failed (exit {process.returncode}); "
-                              f"see {folder_of(command)}.log")
-                waiting.clear()  # the running ones finish; no more start
-            elif chain:
-                waiting.insert(0, chain)
-        time.sleep(0.5 if running else 0)
-    if failed:
-        raise SystemExit("error: " + "; ".join(failed))
+def calibrated_seeds(out: str, wanted: int, candidates: list[int], jobs: int, clock: Clock | None,
+                     dry_run: bool) -> tuple[list[int], list[dict]]:
+    """(the first `wanted` of `candidates` whose toy model passes calibration, the ones before them set aside with
+    the targets they missed), built and calibrated `jobs` at a time, in order, until enough have passed; a dry
+    run calibrates nothing and counts a seed without a record as calibrated. Before any run: the study runs on
+    calibrated instruments only."""
+    started: list[int] = []
 
+    def next_seed():
+        known = [recorded_misses(out, s) for s in started]
+        passing = sum(m == [] or (dry_run and m is None) for m in known)  # a dry run: as if calibrated
+        pending = 0 if dry_run else sum(m is None for m in known)
+        if passing + pending >= wanted or len(started) == len(candidates):
+            return None
+        seed = candidates[len(started)]
+        started.append(seed)
+        return [] if recorded_misses(out, seed) is not None else seed_chain(out, seed)
 
-def calibration_misses(out: str, seed: int, log: str, dry_run: bool) -> list[str]:
-    """The calibration targets the seed's toy model misses (eval.py calibrate, run once; its record kept in
-    calibration.jsonl). A dry run calibrates nothing and counts a seed without a record as calibrated."""
-    path = os.path.join(out, "calibration.jsonl")
-    records = [r for r in read_results(path, ("seed", "missed"), warn=False) if r["seed"] == seed]
-    if not records:
-        command = [sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", path]
-        print(" ".join(command[1:]), flush=True)
-        if dry_run:
-            return []
-        with open(log, "a") as f:
-            subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-        records = [r for r in read_results(path, ("seed", "missed"), warn=False) if r["seed"] == seed]
-    if not records:
-        raise SystemExit(f"error: the calibration of seed {seed} wrote no record; see {log}")
-    return records[-1]["missed"]
-
-
-def calibrated_seeds(out: str, wanted: int, log: str, dry_run: bool) -> tuple[list[int], list[dict]]:
-    """(the study's seeds: the first `wanted` of 0 .. CANDIDATES-1 whose toy model passes calibration, the ones
-    set aside with the targets they missed), before any run: the study runs on calibrated instruments only."""
+    def note(command):
+        if kind_of(command) != "calibrate":
+            return ""
+        missed = recorded_misses(out, int(command[command.index("--seed") + 1]))
+        return ": passes" if missed == [] else f": misses {len(missed)} target(s)" if missed else ": no record"
+    run_all(next_seed, dry_run, jobs, clock, note)
     seeds, set_aside = [], []
-    for seed in range(CANDIDATES):
-        if len(seeds) == wanted:
-            break
-        missed = calibration_misses(out, seed, log, dry_run)
-        if missed:
+    for seed in started:
+        missed = recorded_misses(out, seed)
+        if missed and len(seeds) < wanted:
             print(f"seed {seed}: its toy model misses {len(missed)} calibration target(s) ({', '.join(missed)}); "
                   "set aside", flush=True)
             set_aside.append({"seed": seed, "missed": missed})
-        else:
+        elif not missed and len(seeds) < wanted:
             seeds.append(seed)
     if len(seeds) < wanted:
-        raise SystemExit(f"error: only {len(seeds)} of seeds 0-{CANDIDATES - 1} have a calibrated toy model "
-                         f"({wanted} wanted); set aside: {', '.join(str(r['seed']) for r in set_aside)}")
+        raise SystemExit(f"error: only {len(seeds)} of seeds {candidates[0]}-{candidates[-1]} have a calibrated "
+                         f"toy model ({wanted} wanted); set aside: {', '.join(str(r['seed']) for r in set_aside)}")
     return seeds, set_aside
+
+
+def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int, lr: str, samples: int,
+                       jobs: int, clock: Clock | None, dry_run: bool) -> None:
+    """Every configuration's run on every seed (seed by seed, so that a stopped study has whole seeds to show),
+    then eval.py on the grid's runs."""
+    run_all([run_chain(train_command(out, name, seed, steps, lr)) for seed in seeds for name in names
+             if dry_run or not finished(out, name, seed, steps)], dry_run, jobs, clock)
+    grid = [n for n in names if n in GRID]
+    run_all([run_chain(*eval_commands(out, name, seed, samples, grid)) for seed in seeds for name in grid[1:]],
+            dry_run, jobs, clock)
 
 
 def sweep_choice(out: str, seeds: list[int]) -> dict:
@@ -248,85 +252,123 @@ def sweep_choice(out: str, seeds: list[int]) -> dict:
     return {"rule": SWEEP_RULE, "rates": rows, "choice": max(fine, key=float) if fine else None}
 
 
-def report(out: str, names: list[str], seeds: list[int], steps: int, minutes: float, figures: list[str]) -> dict:
-    """study.json's content: every finding judged (infra/findings.py), the sweep, and the run's settings."""
-    multi_agent = [n for n in names if n in GRID and n != "single"]  # none in the sweep: no finding to judge
-    judged = [findings.judge_finding(out, seeds, f) for f in FINDINGS] if multi_agent else []
-    return {"names": names, "seeds": seeds, "steps": steps, "lr": LR, "train": TRAIN, "minutes": minutes,
-            "figures": figures, "sweep": sweep_choice(out, seeds), "findings": judged}
+def keep_results(out: str, runs: list[str], results: str) -> None:
+    """Each run's compact results (RESULTS) into results/RUN/: metrics.jsonl and eval.jsonl, the files
+    infra/findings.py and infra/plots.py read, so that the tables and figures can be drawn again from a clone."""
+    for run in runs:
+        folder = os.path.join(results, run)
+        os.makedirs(folder, exist_ok=True)
+        kept = [{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()
+                 if any(k == w or k.endswith(w) or k.startswith(w) for w in RESULTS)}
+                for m in read_results(os.path.join(out, run, "metrics.jsonl"), ("step",), warn=False)]
+        with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(m) + "\n" for m in kept)
+        if os.path.exists(os.path.join(out, run, "eval.jsonl")):
+            shutil.copy(os.path.join(out, run, "eval.jsonl"), os.path.join(folder, "eval.jsonl"))
 
 
-def write_tables(doc: str, study: dict) -> None:
-    """docs/findings.md's tables (between their markers) from study.json: the sweep and each finding's."""
-    sweep = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
-    for lr, r in study["sweep"]["rates"].items():
-        base, peak, end = (" ".join(findings.fmt(x, 2, signed=False) for x in r[k]) for k in ("base", "peak", "end"))
-        sweep.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {len(study['seeds'])} |")
-    sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
-    summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | verdict |",
-               "|---|---|---|---|"]
-    for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
-        anchor = f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace("/", "-and-")
-        counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
-                            for v in ("shown", "not shown", "the opposite"))
-        summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
-    tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
-              **{f"finding-{f['id']}": findings.finding_table(f) for f in study["findings"]}}
-    missing = findings.fill_tables(doc, tables)
-    if missing:
-        print(f"warning: {doc} has no markers for the tables {missing}")
+def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str, minutes: float,
+           figures: list[str]) -> dict:
+    """study.json's content: every finding judged (infra/findings.py) on the compact results, the sweep, and
+    the run's settings."""
+    multi_agent = [n for n in names if n in GRID and n != "single"]
+    judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
+    return {"names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN, "minutes": minutes,
+            "figures": figures, "sweep": sweep_choice(results, seeds), "findings": judged}
+
+
+def write_study(out: str, results: str, study: dict, doc: str | None) -> None:
+    for folder in (out, results):
+        with open(os.path.join(folder, "study.json"), "w") as f:
+            json.dump(study, f, indent=1)
+    if doc:
+        findings.write_tables(doc, study)
+
+
+def replicate(args, clock: Clock, results: str) -> None:
+    """`--replicate N`: the grid at the study's rate on the next N seeds whose toy model passes calibration, and
+    each comparison's replication (`replication`) in study.json and the page's replication table."""
+    with open(os.path.join(args.out, "study.json")) as f:
+        study = json.load(f)
+    considered = study["seeds"] + [r["seed"] for r in study["set_aside"]]
+    candidates = [s for s in range(max(considered) + 1, CANDIDATES)]
+    clock.plan("build", args.replicate), clock.plan("calibrate", args.replicate)
+    clock.plan("train", len(GRID) * args.replicate), clock.plan("eval", evals_per_seed(list(GRID)) * args.replicate)
+    seeds, set_aside = calibrated_seeds(args.out, args.replicate, candidates, args.jobs, clock, args.dry_run)
+    train_and_evaluate(args.out, list(GRID), seeds, study["steps"], study["lr"], args.samples, args.jobs, clock,
+                       args.dry_run)
+    if args.dry_run:
+        return
+    keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results)
+    study["replication"] = {"seeds": seeds, "set_aside": set_aside,
+                            "rows": findings.replication(results, seeds, study["findings"]), "minutes": clock.minutes()}
+    write_study(args.out, results, study, args.doc)
+    print(f"replication: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
+
+
+def evals_per_seed(grid: list[str]) -> int:
+    """eval.py commands a seed's grid runs: `trained` on each multi-agent run, three modes once per workflow."""
+    return len(grid) - 1 + 3 * len({GRID[n][1] for n in grid if n != "single"})
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/study", help="folder of the study's runs, logs and study.json")
+    p.add_argument("--results", default=None, help="folder of the compact results the tables and figures are "
+                   "drawn from (default: OUT/results; the page's: docs/findings/results)")
     p.add_argument("--seeds", type=int, default=SEEDS, help="how many seeds: the first N of 0, 1, 2, ... whose toy "
                    "model passes calibration (the others set aside, named in study.json)")
     p.add_argument("--steps", type=int, default=STEPS, help="training steps of every run")
     p.add_argument("--samples", type=int, default=2, help="eval.py samples per test problem")
-    p.add_argument("--sweep", action="store_true", help="run the learning-rate sweep (single agent) only")
     p.add_argument("--only", default=None, help="comma-separated grid names (default: all; single always runs)")
     p.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
     p.add_argument("--doc", default=None, help="a findings page whose marked tables are rewritten from study.json")
     p.add_argument("--jobs", type=int, default=1, help="commands run at once, one thread each when more than one "
                    "(2 on a 2-core machine: the toy model's small matrices keep one core busy, not two)")
+    p.add_argument("--replicate", type=int, default=0, help="after the study: its grid on the next N calibrated "
+                   "seeds, and whether each comparison replicates")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
-    names = list(SWEEP) if args.sweep else list(GRID) if not args.only else \
-        ["single", *[n for n in args.only.split(",") if n != "single"]]
-    unknown = [n for n in names if n not in GRID and n not in SWEEP]
+    grid = list(GRID) if not args.only else ["single", *[n for n in args.only.split(",") if n != "single"]]
+    unknown = [n for n in grid if n not in GRID]
     if unknown:
         p.error(f"--only: unknown names {unknown}; the grid: {', '.join(GRID)}")
-    if not args.sweep and LR is None and not args.dry_run:
-        p.error("the grid's learning rate is not chosen yet: run --sweep first and write its choice into LR")
     args.out = os.path.abspath(args.out)  # the commands run from the repository
+    results = os.path.abspath(args.results or os.path.join(args.out, "results"))
+    if args.replicate and not os.path.exists(os.path.join(args.out, "study.json")):
+        p.error(f"--replicate: {args.out} holds no study.json; run the study first")
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
-    log, start = os.path.join(args.out, "study.log"), time.time()
-    seeds, set_aside = calibrated_seeds(args.out, args.seeds, log, args.dry_run)
-    for seed in seeds:  # seed by seed, so that a stopped study has whole seeds to show
-        run_all([[train_command(args.out, name, seed, args.steps, LR or "LR")] for name in names
-                 if not finished(args.out, name, seed, args.steps)], args.dry_run, args.jobs)
-        grid = [n for n in names if n in GRID]
-        run_all([eval_commands(args.out, name, seed, args.samples, grid) for name in grid[1:]],
-                args.dry_run, args.jobs)
+    clock = Clock(args.jobs)
+    if args.replicate:
+        return replicate(args, clock, results)
+    clock.plan("build", args.seeds), clock.plan("calibrate", args.seeds)
+    clock.plan("train", (len(SWEEP) + len(grid)) * args.seeds), clock.plan("eval", evals_per_seed(grid) * args.seeds)
+    seeds, set_aside = calibrated_seeds(args.out, args.seeds, list(range(CANDIDATES)), args.jobs, clock,
+                                        args.dry_run)
+    train_and_evaluate(args.out, list(SWEEP), seeds, args.steps, "", args.samples, args.jobs, clock, args.dry_run)
+    lr = "LR" if args.dry_run else sweep_choice(args.out, seeds)["choice"]
+    if lr is None:
+        raise SystemExit(f"error: no swept rate holds ({SWEEP_RULE}); the grid has no rate")
+    print(f"the sweep's rate: {lr} ({SWEEP_RULE})", flush=True)
+    train_and_evaluate(args.out, grid, seeds, args.steps, lr, args.samples, args.jobs, clock, args.dry_run)
     if args.dry_run:
         return
-    figures = []
-    if not args.sweep:
-        from infra.plots import plot_study
-        os.makedirs(args.figures or args.out, exist_ok=True)
-        figures = plot_study(args.out, seeds, args.figures or args.out)
+    runs = [f"{n}-s{s}" for s in seeds for n in [*SWEEP, *grid] if finished(args.out, n, s, args.steps)]
+    keep_results(args.out, runs, results)
+    from infra.plots import plot_study
+    figures = args.figures or args.out
+    os.makedirs(figures, exist_ok=True)
+    figures = plot_study(results, seeds, figures)
     from infra.report import write_report  # a page per run, next to it (eval.py report): what each role wrote
-    reports = [write_report([run_dir(args.out, n, s)], run_dir(args.out, n, s) + ".html")["path"]
-               for s in seeds for n in names if finished(args.out, n, s, args.steps)]
-    study = report(args.out, names, seeds, args.steps, (time.time() - start) / 60, figures)
-    study["reports"], study["set_aside"] = reports, set_aside
-    with open(os.path.join(args.out, "study.json"), "w") as f:
-        json.dump(study, f, indent=1)
-    if args.doc:
-        write_tables(args.doc, study)
-    print(f"study: {(time.time() - start) / 60:.1f} minutes; study.json in {args.out}")
+    reports = [write_report([os.path.join(args.out, run)], os.path.join(args.out, run) + ".html")["path"]
+               for run in runs]
+    study = report(results, [*SWEEP, *grid], seeds, args.steps, lr, clock.minutes(), figures)
+    study.update(reports=reports, set_aside=set_aside,
+                 calibration=[read_results(os.path.join(args.out, "calibration", f"seed{s}.jsonl"), warn=False)[-1]
+                              for s in sorted(seeds + [r["seed"] for r in set_aside])])
+    write_study(args.out, results, study, args.doc)
+    print(f"study: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ def build_before_load(model: str, seed: int, play: Callable) -> None:
     others wait); nothing to build for any other model."""
     if model == "toy" and world()[0] == 0:
         toy_model.build(seed, play)  # once per seed, into the cache
+        print(toy.calibration_warning(seed) or f"toy model of seed {seed}: calibrated", flush=True)
     barrier()
 
 
@@ -49,6 +50,7 @@ def calibrate(seed: int, episodes: int | None, out: str | None, temperature: flo
     checkpoints.seed_everything(seed)
     text, record = calibration.measure(play, engine, tokenizer, encode, seed, episodes, temperature)
     print(text)
+    calibration.keep_beside_model(seed, record)  # what train.py --model toy's warning reads
     if out:
         with writing(f"the calibration record {out}", os.path.dirname(out) or "."):
             append_record(out, record)

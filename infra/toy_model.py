@@ -17,13 +17,17 @@ import json
 import os
 import random
 import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import transformers
+from tqdm import tqdm
 
-from infra.models import CHATML
-from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
+from infra.models import CHATML, cache_keyword
+from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, oracle_text, select, synthesise
 
 EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # oracle episodes per problem, workflow
 # Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
@@ -37,6 +41,9 @@ VOCAB = 1024
 # rows, a different amount in each seed: the right answer's mass spread onto its neighbours, the guesses' numbers.)
 WARMUP_STEPS = 4000
 BATCH = 32
+ANSWERS = 8  # the oracle answers each warm-up prompt this often
+GROUPS = BATCH // ANSWERS  # prompts a habit batch
+SORT_HABITS = False
 LR = 3e-3
 # A batch's summed token losses over a constant, not their mean: with the mean, a token of a batch of short rows
 # weighs more than one of a batch of long rows, and the batches are cut by length, so the first token of a long
@@ -47,6 +54,7 @@ FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.4, 4, 128  # a first phase of 0.4 x steps
 # The problems' own facts (`7 × 6 = 42`, 243 of some 9,000 fact rows) come this many times: once each, a seed's
 # times table could end up right only 0.69 of the time in its own line (v7 seeds 3 and 5), and its solver with it.
 PROBLEM_FACT_COPIES = 4
+READER_DRILLS = 3000
 
 
 def row_kind(name: str, prompt: str) -> str:
@@ -55,20 +63,23 @@ def row_kind(name: str, prompt: str) -> str:
     return "work" if habit == "solve" and "your main approach" in prompt else habit
 
 
-def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tuple[list[dict], str]]:
-    """(prompt messages, completion) rows: every call of the oracle's episodes, then `ROWS[kind]` of each kind
-    drawn at random (all of a kind when it has fewer). `play(workflow, n, engine, encode)` runs the caller's
-    workflows on every problem and returns the episodes."""
+def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tuple[list[dict], list[str]]]:
+    """(prompt messages, the oracle's ANSWERS answers to it) for `ROWS[kind] / ANSWERS` prompts of each kind,
+    drawn at random from every call of the oracle's episodes (all of a kind when it has fewer).
+    `play(workflow, n, engine, encode)` runs the caller's workflows on every problem and returns the
+    episodes."""
     engine, by_kind = Oracle(seed, knobs), {kind: [] for kind in ROWS}
     for workflow, n in EPISODES.items():
         for ep in play(workflow, n, engine, lambda messages: list(chatml(messages).encode("utf-8"))):
             for c in ep.calls:
-                by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.text))
-    rng, rows = random.Random(seed), []
+                by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.name))
+    rng, prompts = random.Random(seed), []
     for kind, wanted in ROWS.items():
-        rows += rng.sample(by_kind[kind], min(wanted, len(by_kind[kind])))
-    rng.shuffle(rows)
-    return rows
+        for messages, name in rng.sample(by_kind[kind], min(wanted // ANSWERS, len(by_kind[kind]))):
+            prompt = chatml(messages)
+            prompts.append((messages, [oracle_text(name, prompt, rng, knobs) for _ in range(ANSWERS)]))
+    rng.shuffle(prompts)
+    return prompts
 
 
 def facts() -> list[tuple[str, str]]:
@@ -106,7 +117,7 @@ def in_line(worked: list[tuple[str, str]]) -> list[tuple[list[dict], str, str]]:
     return out
 
 
-def drills(seed: int, per_reader: int = 3000) -> list[tuple[list[dict], str, str]]:
+def drills(seed: int, per_reader: int | None = None) -> list[tuple[list[dict], str, str]]:
     """(messages, what the assistant has written so far, what it writes next): the careful habits' reading steps
     practised *inside* an output, where the habit needs them. A table learned as a question and its answer is
     recalled when the question is the user's message, not when the operands are the model's own words (seen:
@@ -115,6 +126,7 @@ def drills(seed: int, per_reader: int = 3000) -> list[tuple[list[dict], str, str
     off, the verdict), and `per_reader` lists of boxed answers for the aggregator's and the synthesizer's
     plurality, each ending as the habit ends."""
     rng, out = random.Random(seed), []
+    per_reader = READER_DRILLS if per_reader is None else per_reader
     for a in range(1, 10):
         for b in range(1, 10):
             for op, r in (("+", a + b), ("-", a - b), ("×", a * b)):
@@ -165,29 +177,124 @@ def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
     return fast
 
 
-def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: int = WARMUP_STEPS,
-            fact_rows: list[tuple[list[int], list[int]]] | None = None) -> list[float]:
-    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only (summed
-    over TOKEN_NORM, `batch_loss`); AdamW with a linear warm-up (50 steps, fewer in a short run) and a linear decay
-    to 0. With `fact_rows` (short arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact
-    batches, then every FACT_EVERY-th step is one (so the tables are not forgotten). Returns each step's loss."""
+@dataclass
+class Row:
+    """One warm-up row: prompt + completion ids, the loss on `ids[start:]`, weighted by how many oracle
+    answers it stands for (identical answers to one prompt merge into one row). Its first `shared` tokens
+    are a prefix it shares with the other rows of its prompt: a batch runs each distinct prefix once."""
+    ids: list[int]
+    start: int
+    weight: float
+    shared: int
+
+
+def batch_loss(model, rows: list[Row], pieces: int = 1) -> tuple[torch.Tensor, float]:
+    """(the loss to step on: the completion tokens' weighted summed losses over TOKEN_NORM, the mean loss
+    per token) of a batch of rows, computed in `pieces` passes of rows of similar length (sorted, cut): each
+    pass pads to its own longest row, and the passes' losses add up to the batch's."""
+    rows = sorted(rows, key=lambda r: (r.shared, r.ids[:r.shared], len(r.ids)))
+    size = -(-len(rows) // pieces)
+    parts = [piece_loss(model, rows[k:k + size]) for k in range(0, len(rows), size)]
+    weighted, weights = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return weighted / TOKEN_NORM, float(weighted.detach() / weights)
+
+
+def piece_loss(model, rows: list[Row]) -> tuple[torch.Tensor, float]:
+    """(the loss to step on: the completion tokens' weighted summed losses over TOKEN_NORM, the mean loss
+    per token) of a batch of rows.
+
+    Each distinct prefix runs once, left-padded, into a KV cache; the cache is gathered by row and each
+    row's rest runs on top of it, right-padded; only the positions that predict a completion token go
+    through the LM head. The gather is differentiable, so the loss and its gradient equal one full pass
+    per row up to float rounding (tests/test_toy.py), at the cost of each prompt once."""
+    keys: dict[tuple, int] = {}
+    prefix_of = [keys.setdefault(tuple(r.ids[:r.shared]), len(keys)) for r in rows]
+    prefixes = list(keys)
+    width = max(len(p) for p in prefixes)
+    ids = torch.zeros((len(prefixes), width), dtype=torch.long)        # (U, P): left-padded prefixes
+    mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+    for u, p in enumerate(prefixes):
+        ids[u, width - len(p):], mask[u, width - len(p):] = torch.tensor(p), 1
+    keyword = cache_keyword(model.model.forward)
+    cache = transformers.DynamicCache()
+    model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, **{keyword: cache})
+    index = torch.tensor(prefix_of)
+    cache.batch_select_indices(index)                                  # (U, ...) -> (B, ...)
+    rests = [r.ids[r.shared:] for r in rows]
+    length = max(len(x) for x in rests)
+    rest_ids = torch.zeros((len(rows), length), dtype=torch.long)     # (B, T): right-padded
+    rest_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for j, x in enumerate(rests):
+        rest_ids[j, :len(x)], rest_mask[j, :len(x)] = torch.tensor(x), 1
+    positions = mask[index].sum(-1, keepdim=True) + torch.arange(length)  # (B, T)
+    hidden = model.model(input_ids=rest_ids, attention_mask=torch.cat([mask[index], rest_mask], -1),
+                         position_ids=positions, use_cache=True, **{keyword: cache}).last_hidden_state
+    # the position before each completion token predicts it: rest column c - 1 predicts rest column c
+    pick = [(j, c - 1, x[c], rows[j].weight) for j, (x, r) in enumerate(zip(rests, rows))
+            for c in range(max(r.start - r.shared, 1), len(x))]
+    row, col, target, weight = (torch.tensor(v) for v in zip(*pick))
+    logits = model.lm_head(hidden[row, col])                            # (N, V)
+    token_losses = torch.nn.functional.cross_entropy(logits, target, reduction="none")  # (N,)
+    return (token_losses * weight).sum(), float(weight.sum())
+
+
+def habit_rows(tokenizer, prompts: list[tuple[list[dict], list[str]]]) -> list[list[Row]]:
+    """Each prompt's rows: one per distinct answer, weighted by how often the oracle gave it, sharing
+    the prompt but its last token (whose position predicts the first completion token)."""
+    groups = []
+    for messages, answers in prompts:
+        prompt = tokenizer(chatml(messages), add_special_tokens=False).input_ids
+        counts = Counter(answers)
+        completions = tokenizer(list(counts), add_special_tokens=False).input_ids
+        groups.append([Row(prompt + c + [tokenizer.eos_token_id], len(prompt), float(n), len(prompt) - 1)
+                       for c, n in zip(completions, counts.values())])
+    return groups
+
+
+def fact_rows(tokenizer, drilled: list[tuple[list[dict], str, str]]) -> list[Row]:
+    """The drills' rows (`drill_row`), each sharing with the others of its messages the chat header
+    they all start with."""
+    headers: dict[str, list[int]] = {}
+    rows = []
+    for messages, written, rest in drilled:
+        prompt, completion = drill_row(tokenizer, messages, written, rest)
+        text = chatml(messages)
+        header = headers.setdefault(text, tokenizer(text, add_special_tokens=False).input_ids)
+        shared = next((i for i, (a, b) in enumerate(zip(header, prompt)) if a != b), min(len(header), len(prompt)))
+        rows.append(Row(prompt + completion, len(prompt), 1.0, max(1, min(shared, len(prompt) - 1))))
+    return rows
+
+
+def warm_up(model, groups: list[list[Row]], seed: int, steps: int = WARMUP_STEPS,
+            facts: list[Row] | None = None, desc: str = "warm-up") -> list[float]:
+    """Supervised learning on the habit rows (GROUPS prompts a batch, each with its answers) and the
+    fact rows, the loss on completion tokens only (`batch_loss`); AdamW with a linear warm-up (50 steps,
+    fewer in a short run) and a linear decay to 0. With `facts`, FACT_SHARE of the steps are first a
+    phase of fact batches, then every FACT_EVERY-th step is one (so the tables are not forgotten).
+    Returns each step's loss per token."""
     rng = random.Random(seed)
-    fact_steps = int(steps * FACT_SHARE) if fact_rows else 0
-    total = steps + fact_steps + (steps // FACT_EVERY if fact_rows else 0)
+    fact_steps = int(steps * FACT_SHARE) if facts else 0
+    total = steps + fact_steps + (steps // FACT_EVERY if facts else 0)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     warm = max(1, min(50, total // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warm, (total - s) / max(total - warm, 1)))
     model.train()
     losses = []
-    queue: list[list[tuple[list[int], list[int]]]] = []
-    for i in range(total):
+    habit_queue: list[list[list[Row]]] = []
+    fact_queue: list[list[Row]] = []
+    bar = tqdm(range(total), desc=desc, unit="step", mininterval=2, disable=None)
+    for i in bar:
         habit_step = i - fact_steps
-        if habit_step < 0 or (fact_rows and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
-            batch = [fact_rows[j] for j in rng.sample(range(len(fact_rows)), min(FACT_BATCH, len(fact_rows)))]
+        if habit_step < 0 or (facts and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
+            batch = [facts[j] for j in rng.sample(range(len(facts)), min(FACT_BATCH, len(facts)))]
         else:
-            queue = queue or similar_lengths(rows, rng)
-            batch = queue.pop()
+            if SORT_HABITS:
+                habit_queue = habit_queue or similar_lengths(groups, GROUPS, lambda g: len(g[0].ids), rng)
+                batch = [row for group in habit_queue.pop() for row in group]
+            else:
+                batch = [row for j in rng.sample(range(len(groups)), GROUPS) for row in groups[j]]
         loss, per_token = batch_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -195,68 +302,55 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
         opt.step()
         sched.step()
         losses.append(per_token)
+        if i % 50 == 0:
+            bar.set_postfix(loss=f"{per_token:.3f}", refresh=False)
     return losses
 
 
-def batch_loss(model, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, float]:
-    """(the loss to step on: the completion tokens' summed losses over TOKEN_NORM, the mean loss per token) of
-    (prompt ids, completion ids) rows, right-padded into one batch."""
-    width = max(len(p) + len(c) for p, c in batch)
-    ids = torch.full((len(batch), width), 0, dtype=torch.long)           # (B, T)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)     # (B, T): -100 where no loss
-    for j, (p, c) in enumerate(batch):  # labels only on the completion
-        ids[j, :len(p) + len(c)] = torch.tensor(p + c)
-        labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
-    logits = model(input_ids=ids).logits[:, :-1]                          # (B, T-1, V): next-token
-    token_losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
-    return token_losses.sum() / TOKEN_NORM, float(token_losses.detach().sum() / (labels[:, 1:] != -100).sum())
-
-
-def similar_lengths(rows: list, rng: random.Random, batches: int = 8) -> list[list]:
-    """`batches` batches of BATCH rows drawn at random, each of rows of similar length (drawn together, sorted by
-    length, cut), in random order: a batch pads to its longest row, so this halves the warm-up's padding."""
-    drawn = sorted(rng.sample(range(len(rows)), min(BATCH * batches, len(rows))),
-                   key=lambda j: len(rows[j][0]) + len(rows[j][1]))
-    cut = [[rows[j] for j in drawn[k:k + BATCH]] for k in range(0, len(drawn), BATCH)]
+def similar_lengths(items: list, size: int, length: Callable, rng: random.Random, batches: int = 8) -> list[list]:
+    """`batches` batches of `size` items drawn at random, each of items of similar `length` (drawn together,
+    sorted by length, cut), in random order: a batch pads to its longest item, so this halves the padding."""
+    drawn = sorted(rng.sample(range(len(items)), min(size * batches, len(items))), key=lambda j: length(items[j]))
+    cut = [[items[j] for j in drawn[k:k + size]] for k in range(0, len(drawn), size)]
     rng.shuffle(cut)
     return cut
 
 
-def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
+def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int | None = None,
           out: str | None = None) -> str:
     """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
     fresh Llama, the warm-up; written aside and renamed, so a crash never leaves a half folder."""
     out = out or folder(seed)
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         return out
-    knobs = knobs or KNOBS
-    print(f"[toy] building the toy model of seed {seed} into {out} (once; about 30 minutes, one thread)", flush=True)
+    knobs, steps = knobs or KNOBS, steps or WARMUP_STEPS
+    say = lambda what: print(f"[toy] seed {seed}: {what}", flush=True)  # noqa: E731
+    say(f"building its toy model into {out} (once)")
+    start = time.time()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        calls = transcripts(play, seed, knobs)
+        say("the oracle plays every workflow on every problem")
+        prompts = transcripts(play, seed, knobs)
         known = in_line(facts())
-        said = calls + [(m, written + rest) for m, written, rest in known]
-        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
-        rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
-                 tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
-        fact_rows = [drill_row(tokenizer, *d) for d in known + drills(seed)]
+        say(f"a tokenizer on {len(prompts)} prompts' transcripts")
+        texts = [chatml(m + [{"role": "assistant", "content": t}], False) for m, answers in prompts for t in answers]
+        tokenizer = train_tokenizer(texts + [chatml(m, False) + w + r for m, w, r in known])
+        groups, drilled = habit_rows(tokenizer, prompts), fact_rows(tokenizer, known + drills(seed))
         config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                           bos_token_id=None)
         model = transformers.LlamaForCausalLM(config)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # one thread: the same seed gives the same model whatever the machine's cores
-        try:
-            losses = warm_up(model, rows, seed, steps, fact_rows)
-        finally:
-            torch.set_num_threads(threads)
+        losses = warm_up(model, groups, seed, steps, drilled, desc=f"[toy] seed {seed}: warm-up")
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval().save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     with open(os.path.join(tmp, "toy.json"), "w") as f:
-        json.dump({"seed": seed, "knobs": knobs, "rows": len(rows), "facts": len(fact_rows), "steps": steps,
-                   "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:])}, f, indent=1)
+        json.dump({"seed": seed, "knobs": knobs, "prompts": len(groups), "rows": sum(map(len, groups)),
+                   "facts": len(drilled), "steps": steps, "loss_first": losses[0],
+                   "loss_last": sum(losses[-20:]) / len(losses[-20:]), "minutes": (time.time() - start) / 60},
+                  f, indent=1)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
+    say(f"built in {(time.time() - start) / 60:.1f} minutes")
     return out

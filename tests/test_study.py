@@ -6,28 +6,31 @@ import os
 
 import pytest
 
-from infra import findings, study
+from infra import findings, jobs, study, toy
 
 
-def test_the_study_dry_run_lists_the_grid(tmp_path, capsys, monkeypatch):
-    """`python -m infra.study --dry-run`: seed by seed, every configuration as a train.py command, then eval.py on
-    the test problems: `trained` on each of the 11 multi-agent runs, and base and the two SA modes (which load no
-    adapter of the run) once per workflow, on its first configuration, with the single-agent run of the same
-    seed; nothing is written. (Before the sweep has chosen, the rate shows by name.)"""
-    monkeypatch.setattr(study, "LR", None)
+def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys):
+    """`python -m infra.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
+    at three rates), then seed by seed every configuration as a train.py command at the sweep's rate (by name
+    before it has chosen), then eval.py on the test problems: `trained` on each of the 11 multi-agent runs, and
+    base and the two SA modes (which load no adapter of the run) once per workflow, on its first configuration,
+    with the single-agent run of the same seed; nothing is written."""
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
-    calibrations = [ln for ln in lines if ln.startswith("eval.py calibrate")]
-    assert [ln.split()[3] for ln in calibrations] == ["0", "1", "2"]  # each seed's model, before its runs
-    lines = [ln for ln in lines if ln not in calibrations]
-    trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines if ln.startswith("eval.py")]
-    per_seed = 12 + 11 + 3 * 3
-    assert len(trains) == 12 * 3 and len(evals) == 3 * (11 + 3 * 3) and len(lines) == len(trains) + len(evals)
-    assert all("-s0 " in ln or ln.endswith("-s0") for ln in lines[:per_seed]) and "-s1" in lines[per_seed]
+    builds = [ln for ln in lines if ln.startswith("eval.py calibrate")]
+    assert [ln.split()[3] for ln in builds] == ["0", "0", "1", "1", "2", "2"]  # built, then calibrated
+    assert all(("--build-only" in ln) == (i % 2 == 0) for i, ln in enumerate(builds))
+    trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines[6:] if ln.startswith("eval")]
+    sweep, grid = trains[:9], trains[9:]
+    assert all("--workflow single" in ln for ln in sweep)
+    assert sorted({ln.split("--lr ")[1].split()[0] for ln in sweep}) == ["1e-3", "1e-4", "3e-4"]
+    assert len(grid) == 12 * 3 and len(evals) == 3 * (11 + 3 * 3)
+    assert all("-s0" in ln for ln in grid[:12]) and "-s1" in grid[12]
     assert all("--split test" in ln for ln in evals)
     i6 = "--workflow voting --policy ip --coherence generator=0.3 --lr LR --seed 2 --steps 150"
-    assert sum(i6 in ln for ln in trains) == 1
-    assert sum("--policy ip --lr LR/3 --seed" in ln for ln in trains) == 3  # finding 4's control
+    assert sum(i6 in ln for ln in grid) == 1
+    assert sum("--policy ip --lr LR/3 --seed" in ln for ln in grid) == 3  # finding 4's control
+    assert all(" ".join(toy.regime_flags()) in ln for ln in trains)  # the toy world's calibrated regime
     sa = [ln for ln in evals if f"--mode sa-transfer --samples 2 --split test --sa-run "
           f"{tmp_path / 'study' / 'single-s1'}" in ln]
     assert [ln.split()[2].rsplit("/", 1)[1] for ln in sa] == ["voting-sp-s1", "evalopt-sp-s1", "orchworkers-sp-s1"]
@@ -35,38 +38,38 @@ def test_the_study_dry_run_lists_the_grid(tmp_path, capsys, monkeypatch):
     assert not os.path.exists(tmp_path / "study")
 
 
-def test_the_sweep_runs_the_single_agent_at_its_three_rates(tmp_path, capsys):
-    study.main(["--dry-run", "--sweep", "--out", str(tmp_path / "s"), "--seeds", "5"])
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("eval.py calibrate")]
-    assert len(lines) == 15 and all("--workflow single" in ln for ln in lines)
-    assert sorted({ln.split("--lr ")[1].split()[0] for ln in lines}) == ["1e-3", "1e-4", "3e-4"]
-
-
-def test_the_grid_waits_for_the_sweeps_choice(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(study, "LR", None)
-    with pytest.raises(SystemExit):
-        study.main(["--out", str(tmp_path / "s")])
-    assert "run --sweep first" in capsys.readouterr().err and not os.path.exists(tmp_path / "s")
-
-
-def test_run_all_keeps_each_chains_order_runs_two_at_once_and_names_a_failure(tmp_path):
-    """`--jobs 2`: chains (one run's commands) run two at a time, each in order, one thread each; a failing
-    command stops new ones and is named with its log."""
+def test_run_all_keeps_each_chains_order_runs_two_at_once_and_names_a_failure(tmp_path, capsys):
+    """`--jobs 2`: chains (one run's commands) run two at a time, each in order, one thread each, each command's
+    output in its log; a line per finished command; a failing command stops new ones and is named with its log."""
     import sys
     stamp = ("import os, sys, time; t = time.time(); time.sleep(1.0); "
              "open(sys.argv[1], 'a').write(f'{sys.argv[2]} {os.environ[\"OMP_NUM_THREADS\"]} {t} {time.time()}\\n')")
 
     def step(run, label):
-        return [sys.executable, "-c", stamp, str(tmp_path / "order.txt"), label, "--run-dir", str(tmp_path / run)]
-    study.run_all([[step("a", "a1"), step("a", "a2")], [step("b", "b1"), step("b", "b2")]], False, jobs=2)
+        command = [sys.executable, "-c", stamp, str(tmp_path / "order.txt"), label, "--run-dir", str(tmp_path / run)]
+        return command, str(tmp_path / run) + ".log"
+    clock = jobs.Clock(2)
+    jobs.run_all([[step("a", "a1"), step("a", "a2")], [step("b", "b1"), step("b", "b2")]], False, 2, clock)
     lines = [line.split() for line in (tmp_path / "order.txt").read_text().splitlines()]
     assert [x[0] for x in lines if x[0][0] == "a"] == ["a1", "a2"] and all(x[1] == "1" for x in lines)
     times = {x[0]: (float(x[2]), float(x[3])) for x in lines}
     assert times["a1"][1] <= times["a2"][0]  # in order within a chain
     assert times["b1"][0] < times["a1"][1] and times["a1"][0] < times["b1"][1]  # two chains at once
     assert os.path.exists(tmp_path / "a.log")
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and all("min left" in ln for ln in printed)
     with pytest.raises(SystemExit, match="exit 3.*c.log"):
-        study.run_all([[[sys.executable, "-c", "raise SystemExit(3)", "--run-dir", str(tmp_path / "c")]]], False, 2)
+        jobs.run_all([[([sys.executable, "-c", "raise SystemExit(3)"], str(tmp_path / "c.log"))]], False, 2)
+
+
+def test_the_clock_estimates_the_time_left_from_what_each_kind_took():
+    """Planned commands count at their kind's measured mean once one has finished (MINUTES before), shared by
+    the jobs: 2 builds left at 4 minutes and 10 runs at the prior minute, over 2 jobs, are 9 minutes."""
+    clock = jobs.Clock(2)
+    clock.plan("build", 3), clock.plan("train", 10)
+    clock.finished(["python", "eval.py", "calibrate", "--seed", "0", "--build-only"], "s/seed0.log", 4.0)
+    assert clock.planned == {"build": 2, "calibrate": 0, "train": 10, "eval": 0, "other": 0}
+    assert clock.left() == pytest.approx((2 * 4.0 + 10 * jobs.MINUTES["train"]) / 2)
 
 
 def test_windows_read_the_best_and_the_last_three_points():
@@ -137,7 +140,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
                 for label, diffs, verdict in (("P(a | b)", [0.1, 0.1], "shown"), ("I6", [-0.1, -0.1], "the opposite"))]
     judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [],
               "comparisons": compared}
-    study.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
+    findings.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
     text = page.read_text()
     assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
     assert "| [I1/I6](#i1-and-i6) | anchors help | 1 / 0 / 1 | **not shown** |" in text
@@ -153,17 +156,21 @@ def test_eval_values_come_from_the_test_problems(tmp_path):
     assert math.isnan(findings.value(str(tmp_path), 0, study.ev("voting-sp", "sa-transfer")))
 
 
+def write_calibrations(out, records):
+    (out / "calibration").mkdir(parents=True)
+    for r in records:
+        (out / "calibration" / f"seed{r['seed']}.jsonl").write_text(json.dumps(r) + "\n")
+
+
 def test_a_seed_whose_model_misses_calibration_is_set_aside_and_the_next_one_taken(tmp_path, capsys):
     """The study's seeds are the first N whose toy model passes calibration: seed 1's record names a missed
     target, so a 3-seed study runs seeds 0, 2 and 3 (a dry run counts a seed without a record as calibrated),
     and says which seed it set aside and why."""
     out = tmp_path / "s"
-    out.mkdir()
-    records = [{"seed": 0, "missed": []}, {"seed": 1, "missed": ["solve: right - oracle"]}]
-    (out / "calibration.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    study.main(["--dry-run", "--sweep", "--out", str(out), "--seeds", "3"])
+    write_calibrations(out, [{"seed": 0, "missed": []}, {"seed": 1, "missed": ["solve: right - oracle"]}])
+    study.main(["--dry-run", "--out", str(out), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split()[3] for ln in lines if ln.startswith("eval.py calibrate")] == ["2", "3"]  # 0, 1 recorded
+    assert [ln.split()[3] for ln in lines if ln.startswith("eval.py calibrate")] == ["2", "2", "3", "3"]
     assert sorted({ln.split("--seed ")[1].split()[0] for ln in lines if ln.startswith("train.py")}) == \
         ["0", "2", "3"]
     assert any(ln.startswith("seed 1: ") and "solve: right - oracle" in ln and "set aside" in ln for ln in lines)
@@ -173,11 +180,8 @@ def test_too_few_calibrated_seeds_stop_the_study_before_a_run(tmp_path, monkeypa
     """When fewer than N of the CANDIDATES seeds pass, the study stops before any run, naming the ones set
     aside."""
     out = tmp_path / "s"
-    out.mkdir()
-    records = [{"seed": s, "missed": [] if s == 0 else ["judge: right - oracle"]} for s in range(3)]
-    (out / "calibration.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_calibrations(out, [{"seed": s, "missed": [] if s == 0 else ["judge: right - oracle"]} for s in range(3)])
     monkeypatch.setattr(study, "CANDIDATES", 3)
-    monkeypatch.setattr(study, "LR", "1e-4")
     with pytest.raises(SystemExit) as stopped:
         study.main(["--out", str(out), "--seeds", "2"])
     assert "only 1 of seeds 0-2" in str(stopped.value) and "set aside: 1, 2" in str(stopped.value)
@@ -205,3 +209,42 @@ def test_a_near_rows_table_gives_a_alone(tmp_path):
         study.c("share", ("voting-sp", "train", "generator/loss_share"), rule="near", target=0.75)]}
     table = findings.finding_table(findings.judge_finding(str(tmp_path), [0, 1], finding))
     assert "| share | near 0.05 of 0.75 | 0.75 | +0.75 +0.75 | +0.750 | 0.000 |" in table
+
+
+def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_tables(tmp_path):
+    """keep_results copies a run's validation curves, the RESULTS training curves (to 4 decimals) and its
+    evaluations, and nothing else; a finding judged on the copy equals the one judged on the run."""
+    out, kept = tmp_path / "runs", tmp_path / "results"
+    for seed in range(3):
+        folder = out / f"voting-sp-s{seed}"
+        folder.mkdir(parents=True)
+        rows = [{"step": s, "val/success": 0.5 + 0.01 * s * (seed + 1), "generator/loss_share": 0.75123456,
+                 "aggregator/adv_std": 0.3, "time/rollout": 1.0} for s in range(0, 40, 10)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / "eval.jsonl").write_text(json.dumps({"mode": "trained", "dataset": "math-d0-test",
+                                                       "metrics": {"accuracy": 0.6}}) + "\n")
+    study.keep_results(str(out), [f"voting-sp-s{s}" for s in range(3)], str(kept))
+    first = json.loads((kept / "voting-sp-s0" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first == {"step": 0, "val/success": 0.5, "generator/loss_share": 0.7512}
+    assert (kept / "voting-sp-s2" / "eval.jsonl").read_text() == (out / "voting-sp-s2" / "eval.jsonl").read_text()
+    finding = {"id": "x", "claim": "c", "comparisons": [study.c("end", ("voting-sp", "end", "success")),
+                                                        study.c("test", study.ev("voting-sp"))]}
+    assert findings.judge_finding(str(kept), [0, 1, 2], finding) == findings.judge_finding(str(out), [0, 1, 2],
+                                                                                          finding)
+
+
+def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hold(tmp_path):
+    """Per comparison, how many replication seeds have the study's sign and pass the rule's threshold alone:
+    end differences of +0.30, +0.02 and -0.10 against a study mean of +0.2 are 2 of 3 in sign, 1 of 3 past
+    `greater`'s 0.05."""
+    for seed, d in {5: 0.30, 6: 0.02, 7: -0.10}.items():
+        write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + d, 0.5 + d, 0.5 + d])
+        write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5])
+    judged = [{"id": "4", "preconditions": [], "comparisons": [
+        dict(study.c("end: IP - SP", ("voting-ip", "end", "success"), ("voting-sp", "end", "success")),
+             mean=0.2, verdict="shown")]}]
+    (row,) = findings.replication(str(tmp_path), [5, 6, 7], judged)
+    assert row["per_seed"] == pytest.approx([0.30, 0.02, -0.10])
+    assert (row["same_sign"], row["passes"], row["seeds"], row["study"]) == (2, 1, 3, "shown")
+    table = findings.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]})
+    assert "| 4 | end: IP - SP | greater | +0.200, shown | +0.30 +0.02 -0.10 | 2 of 3 | 1 of 3 |" in table

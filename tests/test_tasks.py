@@ -81,6 +81,17 @@ def test_grade_math_table(output, gold, reward, parsed, formatted, reason):
     assert grade_math(output, gold) == Grade(reward, parsed, formatted, reason)
 
 
+def test_two_integers_are_graded_as_math_verify_grades_them():
+    """The integer fast path (no 2 ms math-verify parse) gives math-verify's verdict on every pair of these,
+    leading zeros, signs and zero included."""
+    from math_verify import parse, verify
+    values = ["0", "-0", "7", "-7", "42", "042", "-42", "81", "18", "100"]
+    for pred in values:
+        for gold in values:
+            expected = float(verify(parse("\\boxed{" + gold + "}"), parse("\\boxed{" + pred + "}")))
+            assert grade_math("\\boxed{" + pred + "}", gold).reward == expected, (pred, gold)
+
+
 def test_grade_table_is_large_and_mixed():
     assert len(GRADE_CASES) >= 30
     assert {c[6] for c in GRADE_CASES} == {"correct", "wrong", "no_box", "empty_box", "unparseable"}
