@@ -27,7 +27,7 @@ import transformers
 from tqdm import tqdm
 
 from infra.models import CHATML, cache_keyword
-from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, oracle_text, select, synthesise
+from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, oracle_texts, select, synthesise
 
 EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # oracle episodes per problem, workflow
 # Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
@@ -41,9 +41,10 @@ VOCAB = 1024
 # rows, a different amount in each seed: the right answer's mass spread onto its neighbours, the guesses' numbers.)
 WARMUP_STEPS = 4000
 BATCH = 32
-ANSWERS = 8  # the oracle answers each warm-up prompt this often
-GROUPS = BATCH // ANSWERS  # prompts a habit batch
-SORT_HABITS = False
+PROMPT_ROWS = 4  # the rows a warm-up prompt stands for: a habit batch is BATCH / PROMPT_ROWS prompts
+ANSWERS = 32  # the oracle answers each prompt this often; a distinct answer weighs its share of PROMPT_ROWS
+GROUPS = BATCH // PROMPT_ROWS  # prompts a habit batch
+HABIT_PIECES, FACT_PIECES = 2, 4
 LR = 3e-3
 # A batch's summed token losses over a constant, not their mean: with the mean, a token of a batch of short rows
 # weighs more than one of a batch of long rows, and the batches are cut by length, so the first token of a long
@@ -75,9 +76,8 @@ def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tupl
                 by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.name))
     rng, prompts = random.Random(seed), []
     for kind, wanted in ROWS.items():
-        for messages, name in rng.sample(by_kind[kind], min(wanted // ANSWERS, len(by_kind[kind]))):
-            prompt = chatml(messages)
-            prompts.append((messages, [oracle_text(name, prompt, rng, knobs) for _ in range(ANSWERS)]))
+        for messages, name in rng.sample(by_kind[kind], min(wanted // PROMPT_ROWS, len(by_kind[kind]))):
+            prompts.append((messages, oracle_texts(name, chatml(messages), rng, knobs, ANSWERS)))
     rng.shuffle(prompts)
     return prompts
 
@@ -247,7 +247,8 @@ def habit_rows(tokenizer, prompts: list[tuple[list[dict], list[str]]]) -> list[l
         prompt = tokenizer(chatml(messages), add_special_tokens=False).input_ids
         counts = Counter(answers)
         completions = tokenizer(list(counts), add_special_tokens=False).input_ids
-        groups.append([Row(prompt + c + [tokenizer.eos_token_id], len(prompt), float(n), len(prompt) - 1)
+        groups.append([Row(prompt + c + [tokenizer.eos_token_id], len(prompt), n * PROMPT_ROWS / len(answers),
+                           len(prompt) - 1)
                        for c, n in zip(completions, counts.values())])
     return groups
 
@@ -268,11 +269,11 @@ def fact_rows(tokenizer, drilled: list[tuple[list[dict], str, str]]) -> list[Row
 
 def warm_up(model, groups: list[list[Row]], seed: int, steps: int = WARMUP_STEPS,
             facts: list[Row] | None = None, desc: str = "warm-up") -> list[float]:
-    """Supervised learning on the habit rows (GROUPS prompts a batch, each with its answers) and the
-    fact rows, the loss on completion tokens only (`batch_loss`); AdamW with a linear warm-up (50 steps,
-    fewer in a short run) and a linear decay to 0. With `facts`, FACT_SHARE of the steps are first a
-    phase of fact batches, then every FACT_EVERY-th step is one (so the tables are not forgotten).
-    Returns each step's loss per token."""
+    """Supervised learning on the habit rows (GROUPS prompts a batch, each with its answers) and the fact
+    rows (FACT_BATCH a batch), both drawn at random, the loss on completion tokens only (`batch_loss`); AdamW
+    with a linear warm-up (50 steps, fewer in a short run) and a linear decay to 0. With `facts`, FACT_SHARE
+    of the steps are first a phase of fact batches, then every FACT_EVERY-th step is one (so the tables are
+    not forgotten). Returns each step's loss per token."""
     rng = random.Random(seed)
     fact_steps = int(steps * FACT_SHARE) if facts else 0
     total = steps + fact_steps + (steps // FACT_EVERY if facts else 0)
@@ -282,20 +283,16 @@ def warm_up(model, groups: list[list[Row]], seed: int, steps: int = WARMUP_STEPS
         opt, lambda s: min((s + 1) / warm, (total - s) / max(total - warm, 1)))
     model.train()
     losses = []
-    habit_queue: list[list[list[Row]]] = []
-    fact_queue: list[list[Row]] = []
     bar = tqdm(range(total), desc=desc, unit="step", mininterval=2, disable=None)
     for i in bar:
         habit_step = i - fact_steps
         if habit_step < 0 or (facts and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
-            batch = [facts[j] for j in rng.sample(range(len(facts)), min(FACT_BATCH, len(facts)))]
+            # a batch of one kind of drill (sorted by length) learns the tables several times slower
+            batch, pieces = rng.sample(facts, min(FACT_BATCH, len(facts))), FACT_PIECES
         else:
-            if SORT_HABITS:
-                habit_queue = habit_queue or similar_lengths(groups, GROUPS, lambda g: len(g[0].ids), rng)
-                batch = [row for group in habit_queue.pop() for row in group]
-            else:
-                batch = [row for j in rng.sample(range(len(groups)), GROUPS) for row in groups[j]]
-        loss, per_token = batch_loss(model, batch)
+            batch = [row for group in rng.sample(groups, GROUPS) for row in group]
+            pieces = HABIT_PIECES
+        loss, per_token = batch_loss(model, batch, pieces)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -305,15 +302,6 @@ def warm_up(model, groups: list[list[Row]], seed: int, steps: int = WARMUP_STEPS
         if i % 50 == 0:
             bar.set_postfix(loss=f"{per_token:.3f}", refresh=False)
     return losses
-
-
-def similar_lengths(items: list, size: int, length: Callable, rng: random.Random, batches: int = 8) -> list[list]:
-    """`batches` batches of `size` items drawn at random, each of items of similar `length` (drawn together,
-    sorted by length, cut), in random order: a batch pads to its longest item, so this halves the padding."""
-    drawn = sorted(rng.sample(range(len(items)), min(size * batches, len(items))), key=lambda j: length(items[j]))
-    cut = [[items[j] for j in drawn[k:k + size]] for k in range(0, len(drawn), size)]
-    rng.shuffle(cut)
-    return cut
 
 
 def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int | None = None,
