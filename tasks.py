@@ -222,14 +222,14 @@ def grade_math(output: str, gold: str, timeout_s: float = 2.0) -> Grade:
     gold = gold.strip()
     if pred == gold:  # fast path: most correct answers are verbatim
         return Grade(1.0, pred, True, "correct")
-    if _INTEGER.fullmatch(pred) and _INTEGER.fullmatch(gold):  # math-verify agrees, 200x slower
-        return Grade(float(int(pred) == int(gold)), pred, True,
-                     "correct" if int(pred) == int(gold) else "wrong")
     if _PLAIN_NUMBER.fullmatch(gold) and _UNEVALUATED.search(pred):
         # math-verify would accept "47 + 38" for 85: copying the question is not solving it.
         return Grade(0.0, pred, True, "wrong")
     if len(pred) > _MAX_ANSWER_CHARS:
         return Grade(0.0, pred, True, "unparseable")
+    if _INTEGER.fullmatch(pred) and _INTEGER.fullmatch(gold):  # math-verify agrees, 200x slower
+        return Grade(float(int(pred) == int(gold)), pred, True,
+                     "correct" if int(pred) == int(gold) else "wrong")
     # math-verify's own time limits use signal.alarm: main thread only.
     in_main = threading.current_thread() is threading.main_thread()
     seconds = max(1, math.ceil(timeout_s)) if in_main else None

@@ -1,22 +1,25 @@
-"""Where a toy model's build spends its time, and what bounds it.
+"""Where a toy model's build spends its time, what bounds it, and that its thread count changes no bit.
 
-Times each phase of a build of seed S as infra/toy_model.py runs it (the oracle's transcripts, the tokenizer,
-the rows, the warm-up's habit and fact steps), and on batches drawn as the warm-up draws them, one training step
-three ways:
-- warm-up: `batch_loss` as the build runs it: each prompt's shared prefix once, pieces of similar length, the LM
-  head on completion tokens only;
-- per row: the v8 warm-up's way: every row its own padded pass over prompt and completion, the LM head on every
-  position;
-- bare: one forward and backward of the same rows' tokens packed end to end (no padding, no repeated work on a
-  shared prompt avoided either): what touching every row once costs at this model's tokens per second.
-It prints the build's minutes by phase (the warm-up projected from the measured steps) and each step's time with
-its ratio to the bare pass. Time it alone: another torch process on the 2 cores distorts every number.
+Runs the stages of a build of seed S as infra/toy_model.py runs them (the oracle's transcripts, the tokenizer,
+the rows), then times the warm-up's two kinds of step (a habit batch of BATCH rows, a fact batch of FACT_BATCH) on
+batches drawn as the warm-up draws them, and takes each step apart:
+- tokens: the batch's prompt, completion and padding tokens (the loss is on completion tokens only);
+- warm-up step: `batch_loss`, backward and AdamW, as the build runs it;
+- Python: building the batch's tensors alone;
+- LM head: the same step with the LM head and loss on completion positions only (a speed-up that changes the
+  floating-point sums, so not the build's);
+- bare: a forward and backward of the same padded rows and nothing else (no loss, no clipping, no AdamW): the
+  floor of a step that runs these rows through this model; the warm-up step over it is how far the build is from
+  that floor.
+Then checks the claim the build rests on: `warm_up` from one initial model gives the same parameters, bit for bit,
+on one thread and on two. Time it alone: another torch process on the 2 cores distorts every number.
 
-    python bench/bench_toy_build.py --seed 0 --threads 1     # about 2 minutes
+    python bench/bench_toy_build.py --seed 0      # about 3 minutes
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import statistics
@@ -37,8 +40,9 @@ def timed(fn, *args):
     return out, time.perf_counter() - start
 
 
-def step_time(model, opt, loss_of, batches) -> float:
+def step_time(model, loss_of, batches) -> float:
     """The median seconds of a forward, backward and AdamW step over `batches`."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
     for batch in batches:
         start = time.perf_counter()
@@ -50,75 +54,102 @@ def step_time(model, opt, loss_of, batches) -> float:
     return statistics.median(times)
 
 
-def per_row_loss(model, rows):
-    """The v8 warm-up's pass: rows right-padded, logits at every position, the loss on completion tokens."""
-    width = max(len(r.ids) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for j, r in enumerate(rows):
-        ids[j, :len(r.ids)] = torch.tensor(r.ids)
-        labels[j, r.start:len(r.ids)] = torch.tensor(r.ids[r.start:])
-    logits = model(input_ids=ids).logits[:, :-1]
-    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="sum")
+def tensors(batch):
+    """The warm-up's padded ids and labels of a batch (as toy_model.batch_loss builds them)."""
+    width = max(len(p) + len(c) for p, c in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for j, (p, c) in enumerate(batch):
+        ids[j, :len(p) + len(c)] = torch.tensor(p + c)
+        labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
+    return ids, labels
 
 
-def bare_loss(model, rows, width: int = 512):
-    """Every row's tokens packed end to end into rows of `width`, one causal pass, the loss on every token."""
-    flat = [t for r in rows for t in r.ids]
-    flat += [0] * (-len(flat) % width)
-    ids = torch.tensor(flat).view(-1, width)
-    logits = model(input_ids=ids).logits[:, :-1]
-    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="sum")
+def head_on_completions_loss(model, batch):
+    """The warm-up's loss with the LM head (and its softmax) on the completion positions only."""
+    ids, labels = tensors(batch)
+    hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+    where = labels[:, 1:] != -100
+    logits = model.lm_head(hidden[where])
+    return torch.nn.functional.cross_entropy(logits, labels[:, 1:][where], reduction="sum") / toy_model.TOKEN_NORM
+
+
+def bare_time(model, batches) -> float:
+    """The median seconds of a forward and backward of a batch's padded rows, nothing else."""
+    times = []
+    for batch in batches:
+        ids, _ = tensors(batch)
+        start = time.perf_counter()
+        model(input_ids=ids).logits.sum().backward()
+        times.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def same_on_two_threads(model, rows, fact_rows, seed: int, steps: int) -> bool:
+    """`warm_up` of `steps` steps from the same model on one thread and on two: the same parameters, bit for bit."""
+    trained = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        copy_ = copy.deepcopy(model)
+        toy_model.warm_up(copy_, rows, seed, steps, fact_rows, desc=f"{threads} thread(s)")
+        trained.append(copy_.state_dict())
+    return all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2, help="threads of the timed steps")
     p.add_argument("--batches", type=int, default=20, help="measured batches of each kind")
+    p.add_argument("--check-steps", type=int, default=60, help="warm-up steps of the thread check")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     phases = {}
-    prompts, phases["transcripts"] = timed(toy_model.transcripts, ev.play_every_problem, args.seed, toy.KNOBS)
+    calls, phases["transcripts"] = timed(toy_model.transcripts, ev.play_every_problem, args.seed, toy.KNOBS)
     known = toy_model.in_line(toy_model.facts())
-    texts = [toy.chatml(m + [{"role": "assistant", "content": t}], False) for m, answers in prompts for t in answers]
+    said = calls + [(m, written + rest) for m, written, rest in known]
     tok, phases["tokenizer"] = timed(toy_model.train_tokenizer,
-                                     texts + [toy.chatml(m, False) + w + r for m, w, r in known])
+                                     [toy.chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
     start = time.perf_counter()
-    groups = toy_model.habit_rows(tok, prompts)
-    facts = toy_model.fact_rows(tok, known + toy_model.drills(args.seed))
+    rows = [(tok(toy.chatml(m), add_special_tokens=False).input_ids,
+             tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id]) for m, t in calls]
+    fact_rows = [toy_model.drill_row(tok, *d) for d in known + toy_model.drills(args.seed)]
     phases["rows"] = time.perf_counter() - start
     config = transformers.LlamaConfig(vocab_size=len(tok), tie_word_embeddings=True, **toy_model.SHAPE,
                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                       bos_token_id=None)
     model = transformers.LlamaForCausalLM(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = random.Random(args.seed)
-    kinds = {"habit": ([[r for j in rng.sample(range(len(groups)), toy_model.GROUPS) for r in groups[j]]
-                        for _ in range(args.batches)], toy_model.HABIT_PIECES),
-             "fact": ([rng.sample(facts, toy_model.FACT_BATCH) for _ in range(args.batches)], toy_model.FACT_PIECES)}
+    habit = [b for _ in range(-(-args.batches // 8)) for b in toy_model.similar_lengths(rows, rng)][:args.batches]
+    fact = [rng.sample(fact_rows, toy_model.FACT_BATCH) for _ in range(args.batches)]
     steps = toy_model.WARMUP_STEPS
     counts = {"habit": steps, "fact": int(steps * toy_model.FACT_SHARE) + steps // toy_model.FACT_EVERY}
-    print(f"toy model of seed {args.seed}, {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{args.threads} thread(s)")
-    print(f"{'step':<7}{'rows':>6}{'tokens':>8}{'distinct':>10}{'warm-up':>10}{'per row':>10}{'bare':>8}"
-          f"{'warm-up / bare':>16}")
-    for kind, (batches, pieces) in kinds.items():
-        warm = step_time(model, opt, lambda b: toy_model.batch_loss(model, b, pieces)[0], batches)
-        row = step_time(model, opt, lambda b: per_row_loss(model, b), batches)
-        bare = step_time(model, opt, lambda b: bare_loss(model, b), batches)
-        tokens = statistics.mean(sum(len(r.ids) for r in b) for b in batches)
-        distinct = statistics.mean(len({tuple(r.ids[:i + 1]) for r in b for i in range(len(r.ids))}) for b in batches)
-        rows = statistics.mean(len(b) for b in batches)
-        print(f"{kind:<7}{rows:>6.0f}{tokens:>8.0f}{distinct:>10.0f}{warm * 1e3:>8.0f}ms{row * 1e3:>8.0f}ms"
-              f"{bare * 1e3:>6.0f}ms{warm / bare:>16.2f}")
+    torch.set_num_threads(args.threads)
+    print(f"toy model of seed {args.seed}: {sum(q.numel() for q in model.parameters()):,} parameters, "
+          f"{len(rows):,} habit rows, {len(fact_rows):,} fact rows; steps timed on {args.threads} thread(s)")
+    print(f"{'step':<7}{'prompt':>8}{'compl.':>8}{'padding':>9}{'warm-up':>10}{'Python':>9}{'head on compl.':>16}"
+          f"{'bare':>8}{'warm-up / bare':>16}")
+    for kind, batches in (("habit", habit), ("fact", fact)):
+        prompt = statistics.mean(sum(len(q) for q, _ in b) for b in batches)
+        completion = statistics.mean(sum(len(c) for _, c in b) for b in batches)
+        padded = statistics.mean(len(b) * max(len(q) + len(c) for q, c in b) for b in batches)
+        warm = step_time(model, lambda b: toy_model.batch_loss(model, b)[0], batches)
+        python = statistics.median(timed(tensors, b)[1] for b in batches)
+        head = step_time(model, lambda b: head_on_completions_loss(model, b), batches)
+        bare = bare_time(model, batches)
+        print(f"{kind:<7}{prompt:>8.0f}{completion:>8.0f}{(padded - prompt - completion) / padded:>9.0%}"
+              f"{warm * 1e3:>8.0f}ms{python * 1e3:>7.1f}ms{head * 1e3:>14.0f}ms{bare * 1e3:>6.0f}ms"
+              f"{warm / bare:>16.2f}")
         phases[f"{kind} steps ({counts[kind]})"] = warm * counts[kind]
     total = sum(phases.values())
-    print("the build, by phase (the warm-up's steps projected from the medians above):")
+    print(f"the build, by stage (the warm-up's steps projected from the medians above, {args.threads} thread(s)):")
     for name, seconds in phases.items():
         print(f"  {name:<22}{seconds / 60:>6.2f} min  {seconds / total:>5.0%}")
     print(f"  {'total':<22}{total / 60:>6.2f} min")
+    same = same_on_two_threads(model, rows, fact_rows, args.seed, args.check_steps)
+    print(f"warm_up, {args.check_steps} steps on 1 thread and on 2: {'the same' if same else 'DIFFERENT'} parameters")
+    raise SystemExit(0 if same else 1)
 
 
 if __name__ == "__main__":

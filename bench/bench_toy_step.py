@@ -48,10 +48,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6, help="measured steps")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lr", default="1e-3", help="the rate the study's sweep chose (docs/findings.md)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    flags = [*study.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", study.LR, "--val-every", "0"]
+    flags = [*study.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", args.lr, "--val-every", "0"]
     run_args = train.settings_from_flags(train.flags.parse_args(train.build_parser(), flags, train.ROLES))
     train.checkpoints.seed_everything(0)
     trainer = train.build_trainer(run_args, "cpu")

@@ -45,7 +45,7 @@ from typing import NoReturn
 
 import torch
 
-from infra import cells, checkpoints, distributed, models, vllm_engine
+from infra import cells, checkpoints, distributed, models, toy, vllm_engine
 from infra.runfolder import read_results, read_run_args, usage_error, write_args
 
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.

@@ -273,8 +273,8 @@ def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str
     the run's settings."""
     multi_agent = [n for n in names if n in GRID and n != "single"]
     judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
-    return {"names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN, "minutes": minutes,
-            "figures": figures, "sweep": sweep_choice(results, seeds), "findings": judged}
+    return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN,
+            "minutes": minutes, "figures": figures, "sweep": sweep_choice(results, seeds), "findings": judged}
 
 
 def write_study(out: str, results: str, study: dict, doc: str | None) -> None:

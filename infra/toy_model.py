@@ -3,11 +3,11 @@
 What it does: plays the oracle (infra/toy.py) through the real workflows on all 243 one-digit problems (the caller
 passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
 share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
-supervised learning. Built once per seed into the cache, in about 30 minutes: the warm-up runs on one thread,
-since floating-point sums differ with the thread count, so that a seed gives the same model whatever the
-machine's cores (and two seeds build side by side in the time of one). What it is not: calibrated by
-construction; `python -m infra.toy --calibrate` checks that the warmed-up model reproduces each habit
-(infra/calibration.py).
+supervised learning. Built once per seed into the cache (BUILD_MINUTES, below), with a line per stage and a
+progress bar over the warm-up's steps. The warm-up gives the same model, bit for bit, on one thread or two
+(bench/bench_toy_build.py checks it), so a build takes both cores and the study builds two seeds side by side, one
+thread each. What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks that the
+warmed-up model reproduces each habit (infra/calibration.py).
 
     python train.py --model toy --workflow voting --policy ip     # builds the toy model of --seed on first use
 """
@@ -18,16 +18,15 @@ import os
 import random
 import shutil
 import time
-from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import transformers
 from tqdm import tqdm
 
-from infra.models import CHATML, cache_keyword
-from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, oracle_texts, select, synthesise
+from infra.models import CHATML
+from infra.roles import role_type
+from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
 
 EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # oracle episodes per problem, workflow
 # Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
@@ -35,16 +34,13 @@ EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # ora
 ROWS = {"solve": 8000, "work": 10000, "retry": 8000, "select": 6000, "judge": 8000, "plan": 6000,
         "synthesise": 6000}
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=4, max_position_embeddings=1024)  # 0.76M parameters with its ~1,000-token vocabulary
+             num_key_value_heads=4, max_position_embeddings=1024)  # 770,944 parameters with its 1,024-token vocabulary
 VOCAB = 1024
 # Supervised steps of BATCH rows. (v7's 2,000 on half the rows left a solver right 0.01-0.135 less often than its
 # rows, a different amount in each seed: the right answer's mass spread onto its neighbours, the guesses' numbers.)
 WARMUP_STEPS = 4000
 BATCH = 32
-PROMPT_ROWS = 4  # the rows a warm-up prompt stands for: a habit batch is BATCH / PROMPT_ROWS prompts
-ANSWERS = 32  # the oracle answers each prompt this often; a distinct answer weighs its share of PROMPT_ROWS
-GROUPS = BATCH // PROMPT_ROWS  # prompts a habit batch
-HABIT_PIECES, FACT_PIECES = 2, 4
+BUILD_MINUTES = 17  # a build on the 2-core machine, measured (bench/times.json; tests/test_docs.py holds them equal)
 LR = 3e-3
 # A batch's summed token losses over a constant, not their mean: with the mean, a token of a batch of short rows
 # weighs more than one of a batch of long rows, and the batches are cut by length, so the first token of a long
@@ -55,31 +51,28 @@ FACT_SHARE, FACT_EVERY, FACT_BATCH = 0.4, 4, 128  # a first phase of 0.4 x steps
 # The problems' own facts (`7 × 6 = 42`, 243 of some 9,000 fact rows) come this many times: once each, a seed's
 # times table could end up right only 0.69 of the time in its own line (v7 seeds 3 and 5), and its solver with it.
 PROBLEM_FACT_COPIES = 4
-READER_DRILLS = 3000
 
 
 def row_kind(name: str, prompt: str) -> str:
     """The habit a warm-up row teaches; a worker (a solver with a strategy) is its own kind."""
-    habit = habit_of(name.rstrip("0123456789"), prompt)
+    habit = habit_of(role_type(name), prompt)
     return "work" if habit == "solve" and "your main approach" in prompt else habit
 
 
-def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tuple[list[dict], list[str]]]:
-    """(prompt messages, the oracle's ANSWERS answers to it) for `ROWS[kind] / ANSWERS` prompts of each kind,
-    drawn at random from every call of the oracle's episodes (all of a kind when it has fewer).
-    `play(workflow, n, engine, encode)` runs the caller's workflows on every problem and returns the
-    episodes."""
+def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tuple[list[dict], str]]:
+    """(prompt messages, completion) rows: every call of the oracle's episodes, then `ROWS[kind]` of each kind
+    drawn at random (all of a kind when it has fewer). `play(workflow, n, engine, encode)` runs the caller's
+    workflows on every problem and returns the episodes."""
     engine, by_kind = Oracle(seed, knobs), {kind: [] for kind in ROWS}
     for workflow, n in EPISODES.items():
         for ep in play(workflow, n, engine, lambda messages: list(chatml(messages).encode("utf-8"))):
             for c in ep.calls:
-                by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.name))
-    rng, prompts = random.Random(seed), []
+                by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.text))
+    rng, rows = random.Random(seed), []
     for kind, wanted in ROWS.items():
-        for messages, name in rng.sample(by_kind[kind], min(wanted // PROMPT_ROWS, len(by_kind[kind]))):
-            prompts.append((messages, oracle_texts(name, chatml(messages), rng, knobs, ANSWERS)))
-    rng.shuffle(prompts)
-    return prompts
+        rows += rng.sample(by_kind[kind], min(wanted, len(by_kind[kind])))
+    rng.shuffle(rows)
+    return rows
 
 
 def facts() -> list[tuple[str, str]]:
@@ -117,7 +110,7 @@ def in_line(worked: list[tuple[str, str]]) -> list[tuple[list[dict], str, str]]:
     return out
 
 
-def drills(seed: int, per_reader: int | None = None) -> list[tuple[list[dict], str, str]]:
+def drills(seed: int, per_reader: int = 3000) -> list[tuple[list[dict], str, str]]:
     """(messages, what the assistant has written so far, what it writes next): the careful habits' reading steps
     practised *inside* an output, where the habit needs them. A table learned as a question and its answer is
     recalled when the question is the user's message, not when the operands are the model's own words (seen:
@@ -126,7 +119,6 @@ def drills(seed: int, per_reader: int | None = None) -> list[tuple[list[dict], s
     off, the verdict), and `per_reader` lists of boxed answers for the aggregator's and the synthesizer's
     plurality, each ending as the habit ends."""
     rng, out = random.Random(seed), []
-    per_reader = READER_DRILLS if per_reader is None else per_reader
     for a in range(1, 10):
         for b in range(1, 10):
             for op, r in (("+", a + b), ("-", a - b), ("×", a * b)):
@@ -177,122 +169,32 @@ def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
     return fast
 
 
-@dataclass
-class Row:
-    """One warm-up row: prompt + completion ids, the loss on `ids[start:]`, weighted by how many oracle
-    answers it stands for (identical answers to one prompt merge into one row). Its first `shared` tokens
-    are a prefix it shares with the other rows of its prompt: a batch runs each distinct prefix once."""
-    ids: list[int]
-    start: int
-    weight: float
-    shared: int
-
-
-def batch_loss(model, rows: list[Row], pieces: int = 1) -> tuple[torch.Tensor, float]:
-    """(the loss to step on: the completion tokens' weighted summed losses over TOKEN_NORM, the mean loss
-    per token) of a batch of rows, computed in `pieces` passes of rows of similar length (sorted, cut): each
-    pass pads to its own longest row, and the passes' losses add up to the batch's."""
-    rows = sorted(rows, key=lambda r: (r.shared, r.ids[:r.shared], len(r.ids)))
-    size = -(-len(rows) // pieces)
-    parts = [piece_loss(model, rows[k:k + size]) for k in range(0, len(rows), size)]
-    weighted, weights = sum(p[0] for p in parts), sum(p[1] for p in parts)
-    return weighted / TOKEN_NORM, float(weighted.detach() / weights)
-
-
-def piece_loss(model, rows: list[Row]) -> tuple[torch.Tensor, float]:
-    """(the loss to step on: the completion tokens' weighted summed losses over TOKEN_NORM, the mean loss
-    per token) of a batch of rows.
-
-    Each distinct prefix runs once, left-padded, into a KV cache; the cache is gathered by row and each
-    row's rest runs on top of it, right-padded; only the positions that predict a completion token go
-    through the LM head. The gather is differentiable, so the loss and its gradient equal one full pass
-    per row up to float rounding (tests/test_toy.py), at the cost of each prompt once."""
-    keys: dict[tuple, int] = {}
-    prefix_of = [keys.setdefault(tuple(r.ids[:r.shared]), len(keys)) for r in rows]
-    prefixes = list(keys)
-    width = max(len(p) for p in prefixes)
-    ids = torch.zeros((len(prefixes), width), dtype=torch.long)        # (U, P): left-padded prefixes
-    mask = torch.zeros((len(prefixes), width), dtype=torch.long)
-    for u, p in enumerate(prefixes):
-        ids[u, width - len(p):], mask[u, width - len(p):] = torch.tensor(p), 1
-    keyword = cache_keyword(model.model.forward)
-    cache = transformers.DynamicCache()
-    model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, **{keyword: cache})
-    index = torch.tensor(prefix_of)
-    cache.batch_select_indices(index)                                  # (U, ...) -> (B, ...)
-    rests = [r.ids[r.shared:] for r in rows]
-    length = max(len(x) for x in rests)
-    rest_ids = torch.zeros((len(rows), length), dtype=torch.long)     # (B, T): right-padded
-    rest_mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for j, x in enumerate(rests):
-        rest_ids[j, :len(x)], rest_mask[j, :len(x)] = torch.tensor(x), 1
-    positions = mask[index].sum(-1, keepdim=True) + torch.arange(length)  # (B, T)
-    hidden = model.model(input_ids=rest_ids, attention_mask=torch.cat([mask[index], rest_mask], -1),
-                         position_ids=positions, use_cache=True, **{keyword: cache}).last_hidden_state
-    # the position before each completion token predicts it: rest column c - 1 predicts rest column c
-    pick = [(j, c - 1, x[c], rows[j].weight) for j, (x, r) in enumerate(zip(rests, rows))
-            for c in range(max(r.start - r.shared, 1), len(x))]
-    row, col, target, weight = (torch.tensor(v) for v in zip(*pick))
-    logits = model.lm_head(hidden[row, col])                            # (N, V)
-    token_losses = torch.nn.functional.cross_entropy(logits, target, reduction="none")  # (N,)
-    return (token_losses * weight).sum(), float(weight.sum())
-
-
-def habit_rows(tokenizer, prompts: list[tuple[list[dict], list[str]]]) -> list[list[Row]]:
-    """Each prompt's rows: one per distinct answer, weighted by how often the oracle gave it, sharing
-    the prompt but its last token (whose position predicts the first completion token)."""
-    groups = []
-    for messages, answers in prompts:
-        prompt = tokenizer(chatml(messages), add_special_tokens=False).input_ids
-        counts = Counter(answers)
-        completions = tokenizer(list(counts), add_special_tokens=False).input_ids
-        groups.append([Row(prompt + c + [tokenizer.eos_token_id], len(prompt), n * PROMPT_ROWS / len(answers),
-                           len(prompt) - 1)
-                       for c, n in zip(completions, counts.values())])
-    return groups
-
-
-def fact_rows(tokenizer, drilled: list[tuple[list[dict], str, str]]) -> list[Row]:
-    """The drills' rows (`drill_row`), each sharing with the others of its messages the chat header
-    they all start with."""
-    headers: dict[str, list[int]] = {}
-    rows = []
-    for messages, written, rest in drilled:
-        prompt, completion = drill_row(tokenizer, messages, written, rest)
-        text = chatml(messages)
-        header = headers.setdefault(text, tokenizer(text, add_special_tokens=False).input_ids)
-        shared = next((i for i, (a, b) in enumerate(zip(header, prompt)) if a != b), min(len(header), len(prompt)))
-        rows.append(Row(prompt + completion, len(prompt), 1.0, max(1, min(shared, len(prompt) - 1))))
-    return rows
-
-
-def warm_up(model, groups: list[list[Row]], seed: int, steps: int = WARMUP_STEPS,
-            facts: list[Row] | None = None, desc: str = "warm-up") -> list[float]:
-    """Supervised learning on the habit rows (GROUPS prompts a batch, each with its answers) and the fact
-    rows (FACT_BATCH a batch), both drawn at random, the loss on completion tokens only (`batch_loss`); AdamW
-    with a linear warm-up (50 steps, fewer in a short run) and a linear decay to 0. With `facts`, FACT_SHARE
-    of the steps are first a phase of fact batches, then every FACT_EVERY-th step is one (so the tables are
-    not forgotten). Returns each step's loss per token."""
+def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: int = WARMUP_STEPS,
+            fact_rows: list[tuple[list[int], list[int]]] | None = None, desc: str = "warm-up") -> list[float]:
+    """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only (summed
+    over TOKEN_NORM, `batch_loss`); AdamW with a linear warm-up (50 steps, fewer in a short run) and a linear decay
+    to 0. With `fact_rows` (short arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact
+    batches, then every FACT_EVERY-th step is one (so the tables are not forgotten). A tqdm bar (`desc`, on a
+    terminal only) shows the steps, the loss and the time left. Returns each step's loss."""
     rng = random.Random(seed)
-    fact_steps = int(steps * FACT_SHARE) if facts else 0
-    total = steps + fact_steps + (steps // FACT_EVERY if facts else 0)
+    fact_steps = int(steps * FACT_SHARE) if fact_rows else 0
+    total = steps + fact_steps + (steps // FACT_EVERY if fact_rows else 0)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     warm = max(1, min(50, total // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warm, (total - s) / max(total - warm, 1)))
     model.train()
     losses = []
+    queue: list[list[tuple[list[int], list[int]]]] = []
     bar = tqdm(range(total), desc=desc, unit="step", mininterval=2, disable=None)
     for i in bar:
         habit_step = i - fact_steps
-        if habit_step < 0 or (facts and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
-            # a batch of one kind of drill (sorted by length) learns the tables several times slower
-            batch, pieces = rng.sample(facts, min(FACT_BATCH, len(facts))), FACT_PIECES
+        if habit_step < 0 or (fact_rows and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
+            batch = [fact_rows[j] for j in rng.sample(range(len(fact_rows)), min(FACT_BATCH, len(fact_rows)))]
         else:
-            batch = [row for group in rng.sample(groups, GROUPS) for row in group]
-            pieces = HABIT_PIECES
-        loss, per_token = batch_loss(model, batch, pieces)
+            queue = queue or similar_lengths(rows, rng)
+            batch = queue.pop()
+        loss, per_token = batch_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -304,40 +206,66 @@ def warm_up(model, groups: list[list[Row]], seed: int, steps: int = WARMUP_STEPS
     return losses
 
 
-def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int | None = None,
+def batch_loss(model, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, float]:
+    """(the loss to step on: the completion tokens' summed losses over TOKEN_NORM, the mean loss per token) of
+    (prompt ids, completion ids) rows, right-padded into one batch."""
+    width = max(len(p) + len(c) for p, c in batch)
+    ids = torch.full((len(batch), width), 0, dtype=torch.long)           # (B, T)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)     # (B, T): -100 where no loss
+    for j, (p, c) in enumerate(batch):  # labels only on the completion
+        ids[j, :len(p) + len(c)] = torch.tensor(p + c)
+        labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
+    logits = model(input_ids=ids).logits[:, :-1]                          # (B, T-1, V): next-token
+    token_losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
+    return token_losses.sum() / TOKEN_NORM, float(token_losses.detach().sum() / (labels[:, 1:] != -100).sum())
+
+
+def similar_lengths(rows: list, rng: random.Random, batches: int = 8) -> list[list]:
+    """`batches` batches of BATCH rows drawn at random, each of rows of similar length (drawn together, sorted by
+    length, cut), in random order: a batch pads to its longest row, so this halves the warm-up's padding."""
+    drawn = sorted(rng.sample(range(len(rows)), min(BATCH * batches, len(rows))),
+                   key=lambda j: len(rows[j][0]) + len(rows[j][1]))
+    cut = [[rows[j] for j in drawn[k:k + BATCH]] for k in range(0, len(drawn), BATCH)]
+    rng.shuffle(cut)
+    return cut
+
+
+def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
           out: str | None = None) -> str:
     """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
     fresh Llama, the warm-up; written aside and renamed, so a crash never leaves a half folder."""
     out = out or folder(seed)
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         return out
-    knobs, steps = knobs or KNOBS, steps or WARMUP_STEPS
-    say = lambda what: print(f"[toy] seed {seed}: {what}", flush=True)  # noqa: E731
-    say(f"building its toy model into {out} (once)")
-    start = time.time()
+    knobs, start = knobs or KNOBS, time.time()
+    say = lambda what: print(f"[toy] seed {seed}: {what}", flush=True)  # noqa: E731 (a stage's one line)
+    say(f"building the toy model into {out} (once; about {BUILD_MINUTES} minutes on 2 cores)")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        say("the oracle plays every workflow on every problem")
-        prompts = transcripts(play, seed, knobs)
+        say("playing the oracle through every workflow on all 243 problems (the transcripts)")
+        calls = transcripts(play, seed, knobs)
         known = in_line(facts())
-        say(f"a tokenizer on {len(prompts)} prompts' transcripts")
-        texts = [chatml(m + [{"role": "assistant", "content": t}], False) for m, answers in prompts for t in answers]
-        tokenizer = train_tokenizer(texts + [chatml(m, False) + w + r for m, w, r in known])
-        groups, drilled = habit_rows(tokenizer, prompts), fact_rows(tokenizer, known + drills(seed))
+        said = calls + [(m, written + rest) for m, written, rest in known]
+        say(f"training the tokenizer on {len(said):,} texts")
+        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
+        rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
+                 tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
+        fact_rows = [drill_row(tokenizer, *d) for d in known + drills(seed)]
         config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                           bos_token_id=None)
         model = transformers.LlamaForCausalLM(config)
-        losses = warm_up(model, groups, seed, steps, drilled, desc=f"[toy] seed {seed}: warm-up")
+        say(f"warming up a {sum(p.numel() for p in model.parameters()):,}-parameter Llama on {len(rows):,} habit "
+            f"rows and {len(fact_rows):,} fact rows, {torch.get_num_threads()} thread(s)")
+        losses = warm_up(model, rows, seed, steps, fact_rows, desc=f"[toy] seed {seed} warm-up")
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval().save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     with open(os.path.join(tmp, "toy.json"), "w") as f:
-        json.dump({"seed": seed, "knobs": knobs, "prompts": len(groups), "rows": sum(map(len, groups)),
-                   "facts": len(drilled), "steps": steps, "loss_first": losses[0],
-                   "loss_last": sum(losses[-20:]) / len(losses[-20:]), "minutes": (time.time() - start) / 60},
-                  f, indent=1)
+        json.dump({"seed": seed, "knobs": knobs, "rows": len(rows), "facts": len(fact_rows), "steps": steps,
+                   "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
+                   "minutes": round((time.time() - start) / 60, 1), "threads": torch.get_num_threads()}, f, indent=1)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     say(f"built in {(time.time() - start) / 60:.1f} minutes")

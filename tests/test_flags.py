@@ -243,13 +243,13 @@ def test_the_toy_model_runs_its_calibrated_regime_unless_a_flag_says_otherwise()
     counts them as defaults in the run's first lines; a flag given on the command line wins."""
     from infra import toy
     parser = train.build_parser()
-    args = train.parse_args(["--model", "toy", "--workflow", "voting", "--policy", "ip"])
+    args = train_flags(["--model", "toy", "--workflow", "voting", "--policy", "ip"])
     assert (args.tasks_per_step, args.group_size, args.max_new_tokens, args.temperature) == (2, 8, 32, 1.0)
     assert {k: getattr(args, k) for k in toy.REGIME} == toy.REGIME
     assert flags.changed_flags(args, parser) == ["--model toy", "--workflow voting", "--policy ip"]
-    args = train.parse_args(["--model", "toy", "--temperature", "0.7", "--n", "4"])
+    args = train_flags(["--model", "toy", "--temperature", "0.7", "--n", "4"])
     assert (args.temperature, args.group_size, args.max_new_tokens) == (0.7, 4, 32)
-    assert train.parse_args(["--model", "tiny"]).temperature == 0.7  # other models: train.py's defaults
+    assert train_flags(["--model", "tiny"]).temperature == 0.7  # other models: train.py's defaults
 
 
 def test_a_cells_values_count_as_its_defaults():

@@ -6,6 +6,7 @@ Adapter names avoid single letters such as "a": PEFT warns that a name contained
 re-initialised on loading.
 """
 
+import json
 import os
 import sys
 
@@ -517,21 +518,33 @@ def small_toy(tmp_path_factory):
                                out=str(tmp_path_factory.mktemp("toy") / "m"))
 
 
-def test_two_toy_builds_with_one_seed_are_identical(tmp_path, monkeypatch):
-    """Transcripts, tokenizer, initial weights and the warm-up's batches all follow the seed (8 steps and one
-    oracle episode a problem suffice to show it: every step depends on all the ones before); another seed gives
-    another model."""
+def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_path, monkeypatch, capsys):
+    """Transcripts, tokenizer, initial weights and the warm-up's batches all follow the seed, and the thread count
+    changes no bit (8 steps and one oracle episode a problem suffice to show it: every step depends on all the
+    ones before, fact batches and habit batches both); another seed gives another model. The build says what it
+    does, stage by stage."""
     from safetensors.torch import load_file
 
     import eval
     from infra import toy_model
     monkeypatch.setattr(toy_model, "EPISODES", {w: 1 for w in toy_model.EPISODES})
-    folders = [toy_model.build(3, eval.play_every_problem, steps=8, out=str(tmp_path / f"build{i}")) for i in range(2)]
+    threads, folders = torch.get_num_threads(), []
+    try:
+        for i in (1, 2):
+            torch.set_num_threads(i)
+            folders.append(toy_model.build(3, eval.play_every_problem, steps=8, out=str(tmp_path / f"build{i}")))
+    finally:
+        torch.set_num_threads(threads)
     a, b = (load_file(os.path.join(f, "model.safetensors")) for f in folders)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    for name in ("tokenizer.json", "toy.json"):
-        with open(os.path.join(folders[0], name)) as f, open(os.path.join(folders[1], name)) as g:
-            assert f.read() == g.read()
+    with open(os.path.join(folders[0], "tokenizer.json")) as f, open(os.path.join(folders[1], "tokenizer.json")) as g:
+        assert f.read() == g.read()
+    (one, two) = (json.load(open(os.path.join(f, "toy.json"))) for f in folders)
+    assert (one.pop("threads"), two.pop("threads")) == (1, 2) and one.pop("minutes") >= 0 and two.pop("minutes") >= 0
+    assert one == two
+    said = [line.split(": ", 1)[1].split(" ")[0] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("[toy] seed 3: ")]
+    assert said == ["building", "playing", "training", "warming", "built"] * 2
     other = toy_model.build(4, eval.play_every_problem, steps=8, out=str(tmp_path / "seed4"))
     c = load_file(os.path.join(other, "model.safetensors"))
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])

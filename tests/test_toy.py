@@ -195,25 +195,19 @@ def test_a_drill_row_puts_the_loss_on_what_follows_the_written_part():
     assert tok.decode(completion).lstrip().startswith("7 r 2; ok.") and completion[-1] == tok.eos_token_id
 
 
-def tiny_llama(seed: int = 0, vocab: int = 16):
-    import torch
-    import transformers
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=32))
-
-
 def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
     """The warm-up's loss sums token losses over a constant: a row's gradient is the same alone or batched with a
     long row. (With the batch's mean, the short row's gradient shrank 11x beside a 10-token row, and the model
     chose the short hurried outputs more often than its rows did.)"""
     import torch
+    import transformers
 
     from infra import toy_model
-    model = tiny_llama()
-    short = toy_model.Row([1, 2, 3], start=2, weight=1.0, shared=1)
-    long = toy_model.Row([4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], start=2, weight=1.0, shared=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32))
+    short, long = ([1, 2], [3]), ([4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 
     def grad(batch):
         model.zero_grad()
@@ -223,40 +217,3 @@ def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
     alone, both, only_long = grad([short]), grad([short, long]), grad([long])
     assert torch.allclose(both[0] - only_long[0], alone[0], atol=1e-6)  # float32 sums of a few dozen terms
     assert abs(float(both[1].detach()) * toy_model.TOKEN_NORM / 11 - both[2]) < 1e-5  # per token: the 11 tokens' mean
-
-
-def test_a_batch_of_rows_sharing_prompts_has_the_loss_and_gradient_of_one_pass_per_row():
-    """batch_loss runs each shared prefix once and the rows' rests on its KV cache: its loss and gradient are a
-    plain forward and backward of every row on its own, token losses weighted by the row's weight (rows of one
-    prompt, rows of another prompt of a different length, and a row sharing only its first token)."""
-    import torch
-
-    from infra import toy_model
-    model = tiny_llama(seed=1)
-    rows = [toy_model.Row([1, 2, 3, 4, 5, 6], 4, 2.0, 3), toy_model.Row([1, 2, 3, 4, 7], 4, 1.0, 3),
-            toy_model.Row([9, 8, 3, 4, 5, 6, 7, 8], 5, 1.0, 4), toy_model.Row([1, 2, 5], 2, 3.0, 1)]
-    model.zero_grad()
-    loss, _ = toy_model.batch_loss(model, rows)
-    loss.backward()
-    shared = torch.cat([p.grad.flatten() for p in model.parameters()])
-    model.zero_grad()
-    plain = sum(r.weight * torch.nn.functional.cross_entropy(model(input_ids=torch.tensor([r.ids])).logits[0][
-        r.start - 1:-1], torch.tensor(r.ids[r.start:]), reduction="sum") for r in rows) / toy_model.TOKEN_NORM
-    plain.backward()
-    assert float(loss.detach()) == pytest.approx(float(plain.detach()), rel=1e-6)
-    assert torch.allclose(shared, torch.cat([p.grad.flatten() for p in model.parameters()]), atol=1e-7)
-
-
-def test_identical_oracle_answers_to_a_prompt_merge_into_one_weighted_row():
-    """habit_rows: a prompt's answers counted, one row per distinct answer with its count as weight, all sharing
-    the prompt but its last token; the loss is on the answer and the end of the turn."""
-    from infra import toy_model
-    messages = [{"role": "user", "content": "What is 7 × 6?"}]
-    answers = ["7 × 6 = 42.", "7 × 6 = 41.", "7 × 6 = 42.", "7 × 6 = 42."]
-    tok = toy_model.train_tokenizer([chatml(messages + [{"role": "assistant", "content": a}], False) for a in answers])
-    (rows,) = toy_model.habit_rows(tok, [(messages, answers)])
-    prompt = tok(chatml(messages), add_special_tokens=False).input_ids
-    assert sorted(r.weight for r in rows) == [1.0, 3.0]
-    for r in rows:
-        assert r.ids[:r.start] == prompt and r.shared == len(prompt) - 1 and r.ids[-1] == tok.eos_token_id
-        assert tok.decode(r.ids[r.start:-1]) == ("7 × 6 = 42." if r.weight == 3.0 else "7 × 6 = 41.")
