@@ -24,9 +24,13 @@ import os
 import random
 from collections import defaultdict
 
-from infra.toy import KNOBS, REGIME, Oracle, folder, judged, oracle_text
+from infra.toy import KNOBS, VERSION, Oracle, folder, judged, oracle_text
 
-TEMPERATURE, MAX_NEW_TOKENS = REGIME["temperature"], REGIME["max_new_tokens"]  # the toy world's (infra/toy.py)
+# The regime the toy model is calibrated at (`measure`) and the study runs (infra/study.py): sampled at temperature
+# 1 (the warm-up's mixture as it is), 32 new tokens (the longest careful habit is 26), 2 tasks x a group of 8.
+# `train.py --model toy` takes these as its defaults; a flag given on the command line wins.
+REGIME = {"tasks_per_step": 2, "group_size": 8, "max_new_tokens": 32, "temperature": 1.0}
+TEMPERATURE, MAX_NEW_TOKENS = REGIME["temperature"], REGIME["max_new_tokens"]  # the regime's
 # Episodes per problem: >= 2,000 calls of each habit but the retries' (about 1,500), so that a careful rate's
 # difference from the oracle's has a standard error near 0.012, not the 0.02 of 729 calls (at which a true
 # difference of 0.03 crosses the 0.05 line one time in six)
@@ -188,6 +192,40 @@ def keep_beside_model(seed: int, record: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+# The study's compact results, committed: its calibration records say which seeds' models pass (infra/study.py)
+STUDY_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings",
+                             "results", "study.json")
+
+
+def calibration_record(seed: int) -> dict | None:
+    """The calibration record of the seed's toy model: the one `eval.py calibrate` wrote beside it, else the
+    study's (STUDY_RESULTS, the seeds it calibrated at this VERSION); None when there is none."""
+    try:
+        with open(os.path.join(folder(seed), "calibration.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(STUDY_RESULTS) as f:
+            study = json.load(f)
+    except (OSError, ValueError):
+        return None
+    records = study.get("calibration", []) if study.get("toy_version") == VERSION else []
+    return next((r for r in records if r.get("seed") == seed), None)
+
+
+def calibration_warning(seed: int) -> str | None:
+    """One line when the seed's toy model misses a calibration target, or has no record; None when it passes."""
+    record = calibration_record(seed)
+    if record is None:
+        return (f"note: no calibration record for the toy model of seed {seed} here "
+                f"(python -m infra.toy --calibrate --seed {seed}, about 2 minutes)")
+    if record["missed"]:
+        return (f"warning: the toy model of seed {seed} misses {len(record['missed'])} calibration target(s) "
+                f"({', '.join(record['missed'])}); the study sets such a seed aside (docs/toy_world.md)")
+    return None
+
+
 def measure(play, engine, tokenizer, encode, seed: int, episodes: int | None,
             temperature: float) -> tuple[str, dict]:
     """Every workflow played by the model (`engine`) alone, by the oracle alone, and with one habit
@@ -195,10 +233,15 @@ def measure(play, engine, tokenizer, encode, seed: int, episodes: int | None,
     eval.play_every_problem. Returns `report`'s table and record."""
     def route(name: str) -> str:  # a plain model: names pick no adapter
         return name
+    say = lambda what: print(f"[toy] seed {seed} calibration: {what}", flush=True)  # noqa: E731
+    say(f"the model plays every workflow on all 243 problems ({', '.join(map(str, EPISODES.values()))} episodes "
+        "a problem)")
     runs = {w: play(w, episodes or n, engine, encode, route) for w, n in EPISODES.items()}
+    say("the oracle plays the same")
     oracle = Oracle(seed, KNOBS, tokenizer)
     by_oracle = {w: play(w, episodes or n, oracle, encode) for w, n in EPISODES.items()}
     swaps = {}
+    say(f"{len(SWAPS)} roles, each played by an always-careful and an always-hurried oracle")
     for workflow, habit, name in SWAPS:
         accuracy = []
         for careful in (True, False):

@@ -7,8 +7,9 @@ is the maximum of noisy points), of eval.py's accuracy on the held-out test prob
 averaged over the last steps; pairs two quantities seed by seed; and applies a comparison's rule:
 - `greater` (A beats B by at least t): shown when the mean paired difference is >= t and all seeds but one
   agree in sign; the opposite when it is <= -t and all seeds but one have B ahead; otherwise not shown;
-- `matches` (A at least as good as B, within t): shown when the mean difference is >= -t and all seeds but one
-  are within t; the opposite when B is ahead by more than t on average and in all seeds but one;
+- `matches` (A at least as good as B, give or take t; one-sided): shown when the mean difference is >= -t and
+  in all seeds but one A is behind by at most t (ahead by any amount counts); the opposite when the mean is
+  <= -t and B is ahead in all seeds but one; otherwise not shown;
 - `near` (A equal to a value within t): shown or not shown.
 A finding is not testable here when one of its preconditions is not shown. What it is not: the method, or a
 place to change a threshold after a comparison has been seen.

@@ -45,7 +45,7 @@ from typing import NoReturn
 
 import torch
 
-from infra import cells, checkpoints, distributed, models, toy, vllm_engine
+from infra import calibration, cells, checkpoints, distributed, models, vllm_engine
 from infra.runfolder import read_results, read_run_args, usage_error, write_args
 
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
@@ -194,7 +194,7 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     if args.resume:
         args = resume_args(parser, args, given)
     else:
-        preset = dict(toy.REGIME) if args.model == "toy" else {}  # the regime it is calibrated at
+        preset = dict(calibration.REGIME) if args.model == "toy" else {}  # the regime it is calibrated at
         if args.cell:
             try:
                 preset.update(cells.cell_defaults(args.cell))
@@ -367,7 +367,7 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     A cell's values and `--model toy`'s regime count as defaults (`--cell` names them), as does what
     train.py resolves itself (--engine auto); the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
-    defaults.update(toy.REGIME if args.model == "toy" else {})
+    defaults.update(calibration.REGIME if args.model == "toy" else {})
     if args.cell:
         defaults.update(cells.cell_defaults(args.cell))
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,

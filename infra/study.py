@@ -33,7 +33,7 @@ import os
 import shutil
 import sys
 
-from infra import findings, toy
+from infra import calibration, findings, toy
 from infra.jobs import Clock, kind_of, run_all, run_log
 from infra.runfolder import read_results
 
@@ -45,11 +45,13 @@ SEEDS = 5
 # replication seeds (--replicate) are the next ones by the same rule.
 CANDIDATES = 20
 STEPS = 150
-# The regime, fixed before any run of the grid: the toy world's own (infra/toy.py REGIME: 2 tasks x a group of 8,
+# The regime, fixed before any run of the grid: the toy world's own (calibration.REGIME: 2 tasks x a group of 8,
 # temperature 1, 32 new tokens, the setting calibration measures at), 115 training problems, so that 64
 # validation and 64 test problems of the 243 stay disjoint from them and from each other.
-TRAIN = ["--model", "toy", *toy.regime_flags(), "--n-train", "115", "--n-val", "64", "--val-n", "2",
-         "--val-every", "10", "--save-every", "50", "--difficulty", "0", "--micro-batch-size", "16"]
+REGIME_FLAGS = [word for key, value in calibration.REGIME.items()
+                for word in (f"--{key.replace('_', '-')}", str(value))]
+TRAIN = ["--model", "toy", *REGIME_FLAGS, "--n-train", "115", "--n-val", "64", "--val-n", "2", "--val-every", "10",
+         "--save-every", "50", "--difficulty", "0", "--micro-batch-size", "16"]
 SWEEP = {"single-lr1e-3": "1e-3", "single-lr3e-4": "3e-4", "single-lr1e-4": "1e-4"}
 SWEEP_RULE = "the largest rate whose runs do not decline (end within 0.05 of peak) in at least 4 of 5 seeds"
 GRID = {  # name -> the flags that make it (on top of TRAIN and the sweep's rate); the names are the figures' labels

@@ -1,4 +1,4 @@
-"""The toy world (`--model toy`): a 0.76M-parameter model that plays every role of every workflow, built in minutes.
+"""The toy world (`--model toy`): a 0.77M-parameter model that plays every role of every workflow.
 
 What it is for: watching the paper's mechanisms play out on a laptop (docs/toy_world.md). A noisy scripted oracle
 plays the real workflows (the caller passes its rollout in) on every one-digit arithmetic problem; a small BPE
@@ -23,12 +23,11 @@ habits; GRPO then has, in every role, a skill to reinforce that carries over to 
 (infra/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
 world can and cannot show).
 
-    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~30 min)
+    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~18 min)
     python -m infra.toy --calibrate --seed 0                      # the base model against its targets
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -40,10 +39,6 @@ from dataclasses import dataclass
 from infra.models import CACHE_DIR
 from infra.roles import role_type
 from infra.tallies import add_mean
-
-# The study's compact results, committed: its calibration records say which seeds' models pass (infra/study.py)
-STUDY_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings",
-                             "results", "study.json")
 
 VERSION = 8  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
@@ -57,10 +52,6 @@ KNOBS = {  # how often each habit is careful; the rest of the time the role is h
     "synthesise": 0.5,  # the synthesizer
 }
 LUCKY = 0.2  # a hurried guess is right this often; otherwise it is off by 1, 2 or 3, either way
-# The regime the toy model is calibrated at (infra/calibration.py) and the study runs (infra/study.py): sampled at
-# temperature 1 (the warm-up's mixture as it is), 32 new tokens (the longest careful habit is 26), 2 tasks x a group
-# of 8. `train.py --model toy` takes these as its defaults; a flag given on the command line wins.
-REGIME = {"tasks_per_step": 2, "group_size": 8, "max_new_tokens": 32, "temperature": 1.0}
 STRATEGIES = {  # three suited to each operation; the orchestrator's skill is to propose the suited ones
     "+": ["Count on from the larger number.", "Make a ten first.", "Add the ones one by one."],
     "-": ["Count back from the first number.", "Count up from the smaller number.", "Check with addition."],
@@ -69,46 +60,12 @@ STRATEGIES = {  # three suited to each operation; the orchestrator's skill is to
 SUITED = {s: op for op, strategies in STRATEGIES.items() for s in strategies}
 
 
-def regime_flags() -> list[str]:
-    """REGIME as flags: `--tasks-per-step 2 --group-size 8 ...`."""
-    return [word for key, value in REGIME.items() for word in (f"--{key.replace('_', '-')}", str(value))]
-
-
 def folder(seed: int) -> str:
     return os.path.join(CACHE_DIR, f"toy-v{VERSION}-seed{seed}")
 
 
 def ready(seed: int) -> bool:
     return os.path.isfile(os.path.join(folder(seed), "model.safetensors"))
-
-
-def calibration_record(seed: int) -> dict | None:
-    """The calibration record of the seed's toy model: the one `eval.py calibrate` wrote beside it, else the
-    study's (STUDY_RESULTS, the seeds it calibrated at this VERSION); None when there is none."""
-    try:
-        with open(os.path.join(folder(seed), "calibration.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        pass
-    try:
-        with open(STUDY_RESULTS) as f:
-            study = json.load(f)
-    except (OSError, ValueError):
-        return None
-    records = study.get("calibration", []) if study.get("toy_version") == VERSION else []
-    return next((r for r in records if r.get("seed") == seed), None)
-
-
-def calibration_warning(seed: int) -> str | None:
-    """One line when the seed's toy model misses a calibration target, or has no record; None when it passes."""
-    record = calibration_record(seed)
-    if record is None:
-        return (f"note: the toy model of seed {seed} has not been calibrated "
-                f"(python -m infra.toy --calibrate --seed {seed})")
-    if record["missed"]:
-        return (f"warning: the toy model of seed {seed} misses {len(record['missed'])} calibration target(s) "
-                f"({', '.join(record['missed'])}); the study sets such a seed aside (docs/toy_world.md)")
-    return None
 
 
 # ---------------------------------------------------------------- reading a prompt
@@ -432,12 +389,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not (args.build or args.calibrate):
         p.error("nothing to do: give --build or --calibrate")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    extra = ["--episodes", str(args.episodes)] if args.episodes else []
-    extra += ["--temperature", str(args.temperature)] if args.temperature is not None else []
-    extra += [] if args.calibrate else ["--build-only"]
+    extra = [] if args.calibrate else ["--build-only"]
+    for flag, value in (("--episodes", args.episodes), ("--temperature", args.temperature)):
+        extra += [flag, str(value)] if value is not None else []
     raise SystemExit(subprocess.run([sys.executable, "eval.py", "calibrate", "--seed", str(args.seed), *extra],
-                                    cwd=root).returncode)
+                                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).returncode)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def build_before_load(model: str, seed: int, play: Callable) -> None:
     others wait); nothing to build for any other model."""
     if model == "toy" and world()[0] == 0:
         toy_model.build(seed, play)  # once per seed, into the cache
-        print(toy.calibration_warning(seed) or f"toy model of seed {seed}: calibrated", flush=True)
+        print(calibration.calibration_warning(seed) or f"toy model of seed {seed}: calibrated", flush=True)
     barrier()
 
 

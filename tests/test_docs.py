@@ -146,3 +146,42 @@ def test_the_readme_test_command_is_what_ci_runs():
         readme = [line.strip() for line in f if line.startswith("python -m pytest")]
     assert ci == ["python3 -m pytest -q"]
     assert readme == [ci[0].replace("python3", "python", 1)]
+
+
+# ---------------------------------------------------------------- measured times, stated in one place
+
+TIMES = os.path.join(ROOT, "bench", "times.json")
+# Where a page states a toy-world time or the toy model's size, it writes it with one of these phrases, filled in
+# from bench/times.json (the measurements, with how each was taken): a new measurement changes every page or fails.
+STATED = {
+    "README.md": ["a {toy_parameters_m}M model", "built once per seed in about {build_minutes} minutes"],
+    "docs/toy_world.md": ["a {toy_parameters_m}M-parameter Llama", "in about {build_minutes} minutes on 2 CPU cores",
+                          "{first_toy_run_minutes} minutes"],
+    "docs/ablations.md": ["a {toy_parameters_m}M-parameter model", "about {build_minutes} minutes"],
+    "bench/README.md": ["{build_minutes} minutes", "{first_toy_run_minutes} minutes"],
+    "docs/findings.md": ["about {build_minutes} minutes on 2 cores"],
+}
+
+
+def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
+    """Every page in STATED writes the build's minutes, the first toy run's and the model's size as bench/times.json
+    has them; the build's own message (toy_model.BUILD_MINUTES) says the same; the size is the model's: a Llama of
+    toy_model.SHAPE with its 1,024-token vocabulary, counted."""
+    import json
+
+    import transformers
+
+    from infra import toy_model
+    with open(TIMES) as f:
+        times = json.load(f)
+    times["toy_parameters_m"] = f"{times['toy_parameters'] / 1e6:.2f}"
+    for page, phrases in STATED.items():
+        with open(os.path.join(ROOT, page)) as f:
+            text = " ".join(f.read().split())  # a phrase may wrap
+        for phrase in phrases:
+            assert phrase.format(**times) in text, f"{page}: no {phrase.format(**times)!r}"
+        assert "0.76M" not in text and "about 30 minutes" not in text, page  # what the pages said before v8
+    assert toy_model.BUILD_MINUTES == times["build_minutes"]
+    config = transformers.LlamaConfig(vocab_size=toy_model.VOCAB, tie_word_embeddings=True, **toy_model.SHAPE)
+    model = transformers.LlamaForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == times["toy_parameters"]

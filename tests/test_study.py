@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from infra import findings, jobs, study, toy
+from infra import findings, jobs, study
 
 
 def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys):
@@ -30,7 +30,8 @@ def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, cap
     i6 = "--workflow voting --policy ip --coherence generator=0.3 --lr LR --seed 2 --steps 150"
     assert sum(i6 in ln for ln in grid) == 1
     assert sum("--policy ip --lr LR/3 --seed" in ln for ln in grid) == 3  # finding 4's control
-    assert all(" ".join(toy.regime_flags()) in ln for ln in trains)  # the toy world's calibrated regime
+    regime = "--tasks-per-step 2 --group-size 8 --max-new-tokens 32 --temperature 1.0"  # calibration.REGIME
+    assert all(regime in ln for ln in trains)
     sa = [ln for ln in evals if f"--mode sa-transfer --samples 2 --split test --sa-run "
           f"{tmp_path / 'study' / 'single-s1'}" in ln]
     assert [ln.split()[2].rsplit("/", 1)[1] for ln in sa] == ["voting-sp-s1", "evalopt-sp-s1", "orchworkers-sp-s1"]

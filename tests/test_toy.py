@@ -2,6 +2,7 @@
 does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
 target with its measured value."""
 import functools
+import os
 import random
 from collections import Counter
 
@@ -217,3 +218,29 @@ def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
     alone, both, only_long = grad([short]), grad([short, long]), grad([long])
     assert torch.allclose(both[0] - only_long[0], alone[0], atol=1e-6)  # float32 sums of a few dozen terms
     assert abs(float(both[1].detach()) * toy_model.TOKEN_NORM / 11 - both[2]) < 1e-5  # per token: the 11 tokens' mean
+
+
+def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_path, monkeypatch, capsys):
+    """calibration.calibration_warning: the record `eval.py calibrate` keeps beside the model, else the committed
+    study's record of that seed at this VERSION (another version's is not this model's); one line when the record
+    misses a target or there is none, nothing when it passes. build_before_load prints it after the build."""
+    import json
+
+    from infra import calibration, toy, toy_hooks, toy_model
+    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibration, "STUDY_RESULTS", str(tmp_path / "study.json"))
+    warning = calibration.calibration_warning
+    assert warning(3) == ("note: no calibration record for the toy model of seed 3 here "
+                          "(python -m infra.toy --calibrate --seed 3, about 2 minutes)")
+    study = {"toy_version": toy.VERSION, "calibration": [{"seed": 3, "missed": ["retry: right - oracle"]}]}
+    (tmp_path / "study.json").write_text(json.dumps(study))
+    assert warning(3) == ("warning: the toy model of seed 3 misses 1 calibration target(s) (retry: right - oracle); "
+                          "the study sets such a seed aside (docs/toy_world.md)")
+    (tmp_path / "study.json").write_text(json.dumps({**study, "toy_version": toy.VERSION - 1}))
+    assert warning(3).startswith("note: no calibration record")
+    os.makedirs(toy.folder(3))
+    calibration.keep_beside_model(3, {"seed": 3, "missed": []})  # what `eval.py calibrate --seed 3` writes
+    assert warning(3) is None
+    monkeypatch.setattr(toy_model, "build", lambda seed, play: None)
+    toy_hooks.build_before_load("toy", 3, play=None)
+    assert capsys.readouterr().out == "toy model of seed 3: calibrated\n"
