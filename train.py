@@ -190,7 +190,7 @@ def train_loop(cfg: Settings, start: int, train_tasks, val_tasks, trainer: Train
     save."""
     order = list(range(len(train_tasks)))
     random.Random(cfg.seed).shuffle(order)  # the data order is a function of the seed
-    stop, bad_steps, size = GracefulStop(), 0, distributed.world()[1]
+    stop, bad_steps = GracefulStop(), 0
     try:
         if cfg.val_every and start == 0:
             m = validate(val_tasks, cfg, trainer, 0)
@@ -208,11 +208,10 @@ def train_loop(cfg: Settings, start: int, train_tasks, val_tasks, trainer: Train
             log(cfg, metrics_file, m)
             if logger:
                 logger.log(m, step=step)
-            if size > 1:  # a stop request that reached one rank stops them all after the same step
-                stop.signum = next((s for s in distributed.gather(stop.signum) if s is not None),
-                                   None)
+            # a stop request that reached one rank stops them all after the same step
+            stop_signal = stop.agreed(distributed.gather)
             saving = cfg.save_every and step % cfg.save_every == 0
-            if saving or step == cfg.steps or stop.requested:
+            if saving or step == cfg.steps or stop_signal:
                 checkpoints.save_checkpoint(cfg.run_dir, step, trainer.model, trainer.optimizers,
                                             trainer.grad_ema, cfg.keep_last)
             bad_steps = bad_steps + 1 if m["nonfinite_steps"] else 0
@@ -220,11 +219,11 @@ def train_loop(cfg: Settings, start: int, train_tasks, val_tasks, trainer: Train
                 raise SystemExit(f"error: {bad_steps} training steps in a row had a non-finite "
                                  f"loss or gradient (their optimizer steps were skipped); stopping "
                                  f"at step {step}. Lower --lr or check the data.")
-            if stop.requested:
+            if stop_signal:
                 print(f"stopped after step {step}; "
                       f"continue with: python train.py --resume {cfg.run_dir}")
-                if stop.signum != signal.SIGINT:  # a scheduler's stop: non-zero, so it can requeue
-                    raise SystemExit(128 + stop.signum)
+                if stop_signal != signal.SIGINT:  # a scheduler's stop: non-zero, so it can requeue
+                    raise SystemExit(128 + stop_signal)
                 break
     finally:
         stop.restore()

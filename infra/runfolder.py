@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 # ---------------------------------------------------------------- bad input
@@ -266,6 +267,12 @@ class GracefulStop:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+    def agreed(self, gather: Callable[[int | None], list]) -> int | None:
+        """The stop every rank acts on after this step: the first request any rank had when they met in
+        `gather` (`distributed.gather`). A signal that lands during the gather is kept, not overwritten:
+        it is in this rank's next gather, so no rank stops alone and none loses its request."""
+        return next((s for s in gather(self.signum) if s is not None), None)
 
     def restore(self) -> None:
         for s, handler in self.previous.items():

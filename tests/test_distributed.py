@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_train import signal_after_first_step
 
-from infra import samples
+from infra import runfolder, samples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -180,6 +180,23 @@ def test_the_readme_torchrun_commands_run_as_written(tmp_path):
     with open(os.path.join(run_dir, "eval.jsonl")) as f:
         (record,) = [json.loads(line) for line in f]  # written once, by rank 0
     assert (record["n"], record["tasks"], record["step"]) == (2, 4, 1)
+
+
+def test_a_signal_landing_during_the_ranks_gather_is_acted_on_at_the_next_step_by_every_rank():
+    """The ranks meet once a step to agree on a stop. A SIGTERM that lands while they wait in that gather
+    (torchrun signals every rank at once, so it often does) must not be lost: this step goes on everywhere
+    (the gather carried no request), and the next gather carries it, so all ranks stop together."""
+    stop = runfolder.GracefulStop()
+    try:
+        def gather_hit_by_signal(value):  # rank 0's view: both ranks had no request when they met
+            stop._handle(signal.SIGTERM, None)  # the signal arrives before the gather returns
+            return [value, None]
+
+        assert stop.agreed(gather_hit_by_signal) is None  # nobody stops after this step ...
+        assert stop.agreed(lambda value: [value, None]) == signal.SIGTERM  # ... and everyone after the next
+        assert stop.agreed(lambda value: [value, signal.SIGUSR1]) == signal.SIGTERM  # rank 0 first
+    finally:
+        stop.restore()
 
 
 def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves_once(tmp_path):
