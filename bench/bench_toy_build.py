@@ -27,7 +27,6 @@ import sys
 import time
 
 import torch
-import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import eval as ev  # noqa: E402 (the repository root, above)
@@ -54,20 +53,9 @@ def step_time(model, loss_of, batches) -> float:
     return statistics.median(times)
 
 
-def tensors(batch):
-    """The warm-up's padded ids and labels of a batch (as toy_model.batch_loss builds them)."""
-    width = max(len(p) + len(c) for p, c in batch)
-    ids = torch.zeros((len(batch), width), dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for j, (p, c) in enumerate(batch):
-        ids[j, :len(p) + len(c)] = torch.tensor(p + c)
-        labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
-    return ids, labels
-
-
 def head_on_completions_loss(model, batch):
     """The warm-up's loss with the LM head (and its softmax) on the completion positions only."""
-    ids, labels = tensors(batch)
+    ids, labels = toy_model.padded(batch)
     hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
     where = labels[:, 1:] != -100
     logits = model.lm_head(hidden[where])
@@ -78,7 +66,7 @@ def bare_time(model, batches) -> float:
     """The median seconds of a forward and backward of a batch's padded rows, nothing else."""
     times = []
     for batch in batches:
-        ids, _ = tensors(batch)
+        ids, _ = toy_model.padded(batch)
         start = time.perf_counter()
         model(input_ids=ids).logits.sum().backward()
         times.append(time.perf_counter() - start)
@@ -108,18 +96,9 @@ def main() -> None:
     phases = {}
     calls, phases["transcripts"] = timed(toy_model.transcripts, ev.play_every_problem, args.seed, toy.KNOBS)
     known = toy_model.in_line(toy_model.facts())
-    said = calls + [(m, written + rest) for m, written, rest in known]
-    tok, phases["tokenizer"] = timed(toy_model.train_tokenizer,
-                                     [toy.chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
-    start = time.perf_counter()
-    rows = [(tok(toy.chatml(m), add_special_tokens=False).input_ids,
-             tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id]) for m, t in calls]
-    fact_rows = [toy_model.drill_row(tok, *d) for d in known + toy_model.drills(args.seed)]
-    phases["rows"] = time.perf_counter() - start
-    config = transformers.LlamaConfig(vocab_size=len(tok), tie_word_embeddings=True, **toy_model.SHAPE,
-                                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                      bos_token_id=None)
-    model = transformers.LlamaForCausalLM(config)
+    tok, phases["tokenizer"] = timed(toy_model.tokenizer_for, calls, known)
+    (rows, fact_rows), phases["rows"] = timed(toy_model.encoded_rows, tok, calls, known, args.seed)
+    model = toy_model.fresh_model(tok)
     rng = random.Random(args.seed)
     habit = [b for _ in range(-(-args.batches // 8)) for b in toy_model.similar_lengths(rows, rng)][:args.batches]
     fact = [rng.sample(fact_rows, toy_model.FACT_BATCH) for _ in range(args.batches)]
@@ -135,7 +114,7 @@ def main() -> None:
         completion = statistics.mean(sum(len(c) for _, c in b) for b in batches)
         padded = statistics.mean(len(b) * max(len(q) + len(c) for q, c in b) for b in batches)
         warm = step_time(model, lambda b: toy_model.batch_loss(model, b)[0], batches)
-        python = statistics.median(timed(tensors, b)[1] for b in batches)
+        python = statistics.median(timed(toy_model.padded, b)[1] for b in batches)
         head = step_time(model, lambda b: head_on_completions_loss(model, b), batches)
         bare = bare_time(model, batches)
         print(f"{kind:<7}{prompt:>8.0f}{completion:>8.0f}{(padded - prompt - completion) / padded:>9.0%}"

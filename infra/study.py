@@ -165,10 +165,13 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
 
 
 def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:
-    """A seed's toy model built (once, into the cache) and calibrated, its record in out/calibration/, both
-    commands' output in out/calibration/seedS.log."""
+    """A seed's toy model built (unless the cache has it) and calibrated, its record in out/calibration/, both
+    commands' output in out/calibration/seedS.log. (A cached model has no build command, so that the clock's
+    estimate of a build stays a build's.)"""
     record = os.path.join(out, "calibration", f"seed{seed}.jsonl")
-    return [([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--build-only"], record[:-6] + ".log"),
+    build = [] if toy.ready(seed) else [
+        ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--build-only"], record[:-6] + ".log")]
+    return [*build,
             ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", record], record[:-6] + ".log")]
 
 

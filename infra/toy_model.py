@@ -206,15 +206,22 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
     return losses
 
 
-def batch_loss(model, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, float]:
-    """(the loss to step on: the completion tokens' summed losses over TOKEN_NORM, the mean loss per token) of
-    (prompt ids, completion ids) rows, right-padded into one batch."""
+def padded(batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels) of (prompt ids, completion ids) rows, right-padded into one batch; labels only on the
+    completion."""
     width = max(len(p) + len(c) for p, c in batch)
     ids = torch.full((len(batch), width), 0, dtype=torch.long)           # (B, T)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)     # (B, T): -100 where no loss
-    for j, (p, c) in enumerate(batch):  # labels only on the completion
+    for j, (p, c) in enumerate(batch):
         ids[j, :len(p) + len(c)] = torch.tensor(p + c)
         labels[j, len(p):len(p) + len(c)] = torch.tensor(c)
+    return ids, labels
+
+
+def batch_loss(model, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, float]:
+    """(the loss to step on: the completion tokens' summed losses over TOKEN_NORM, the mean loss per token) of
+    (prompt ids, completion ids) rows, right-padded into one batch."""
+    ids, labels = padded(batch)
     logits = model(input_ids=ids).logits[:, :-1]                          # (B, T-1, V): next-token
     token_losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
     return token_losses.sum() / TOKEN_NORM, float(token_losses.detach().sum() / (labels[:, 1:] != -100).sum())
@@ -230,6 +237,28 @@ def similar_lengths(rows: list, rng: random.Random, batches: int = 8) -> list[li
     return cut
 
 
+def tokenizer_for(calls: list, known: list):
+    """The tokenizer trained on every text a build teaches: the habits' calls and the facts in line."""
+    said = calls + [(m, written + rest) for m, written, rest in known]
+    return train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
+
+
+def encoded_rows(tokenizer, calls: list, known: list, seed: int) -> tuple[list, list]:
+    """(habit rows, fact rows) as (prompt ids, completion ids + EOS): each call's chat and answer; the facts in
+    line and the seed's drills."""
+    rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
+             tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
+    return rows, [drill_row(tokenizer, *d) for d in known + drills(seed)]
+
+
+def fresh_model(tokenizer) -> transformers.LlamaForCausalLM:
+    """A randomly initialised Llama of SHAPE over the tokenizer's vocabulary (from torch's generator)."""
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
+                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                      bos_token_id=None)
+    return transformers.LlamaForCausalLM(config)
+
+
 def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
           out: str | None = None) -> str:
     """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
@@ -243,18 +272,11 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         say("playing the oracle through every workflow on all 243 problems (the transcripts)")
-        calls = transcripts(play, seed, knobs)
-        known = in_line(facts())
-        said = calls + [(m, written + rest) for m, written, rest in known]
-        say(f"training the tokenizer on {len(said):,} texts")
-        tokenizer = train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m, t in said])
-        rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
-                 tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m, t in calls]
-        fact_rows = [drill_row(tokenizer, *d) for d in known + drills(seed)]
-        config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
-                                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                          bos_token_id=None)
-        model = transformers.LlamaForCausalLM(config)
+        calls, known = transcripts(play, seed, knobs), in_line(facts())
+        say(f"training the tokenizer on {len(calls) + len(known):,} texts")
+        tokenizer = tokenizer_for(calls, known)
+        rows, fact_rows = encoded_rows(tokenizer, calls, known, seed)
+        model = fresh_model(tokenizer)
         say(f"warming up a {sum(p.numel() for p in model.parameters()):,}-parameter Llama on {len(rows):,} habit "
             f"rows and {len(fact_rows):,} fact rows, {torch.get_num_threads()} thread(s)")
         losses = warm_up(model, rows, seed, steps, fact_rows, desc=f"[toy] seed {seed} warm-up")

@@ -163,15 +163,19 @@ def write_calibrations(out, records):
         (out / "calibration" / f"seed{r['seed']}.jsonl").write_text(json.dumps(r) + "\n")
 
 
-def test_a_seed_whose_model_misses_calibration_is_set_aside_and_the_next_one_taken(tmp_path, capsys):
+def test_a_seed_whose_model_misses_calibration_is_set_aside_and_the_next_one_taken(tmp_path, capsys,
+                                                                                   monkeypatch):
     """The study's seeds are the first N whose toy model passes calibration: seed 1's record names a missed
     target, so a 3-seed study runs seeds 0, 2 and 3 (a dry run counts a seed without a record as calibrated),
-    and says which seed it set aside and why."""
+    and says which seed it set aside and why. Seed 2 is built then calibrated; seed 3's model is in the
+    cache, so it is only calibrated."""
     out = tmp_path / "s"
     write_calibrations(out, [{"seed": 0, "missed": []}, {"seed": 1, "missed": ["solve: right - oracle"]}])
+    monkeypatch.setattr(study.toy, "ready", lambda seed: seed == 3)
     study.main(["--dry-run", "--out", str(out), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split()[3] for ln in lines if ln.startswith("eval.py calibrate")] == ["2", "2", "3", "3"]
+    assert [ln.split()[3] for ln in lines if ln.startswith("eval.py calibrate")] == ["2", "2", "3"]
+    assert [ln.split()[3] for ln in lines if ln.endswith("--build-only")] == ["2"]
     assert sorted({ln.split("--seed ")[1].split()[0] for ln in lines if ln.startswith("train.py")}) == \
         ["0", "2", "3"]
     assert any(ln.startswith("seed 1: ") and "solve: right - oracle" in ln and "set aside" in ln for ln in lines)
