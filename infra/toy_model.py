@@ -259,6 +259,14 @@ def fresh_model(tokenizer) -> transformers.LlamaForCausalLM:
     return transformers.LlamaForCausalLM(config)
 
 
+def library_versions() -> dict[str, str]:
+    """The libraries a build's bits depend on (the tokenizer's merges, the initialisation, the kernels), kept in
+    toy.json: two builds of one seed are comparable only under the same ones."""
+    import tokenizers
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__}
+
+
 def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
           out: str | None = None) -> str:
     """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
@@ -287,7 +295,8 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, step
     with open(os.path.join(tmp, "toy.json"), "w") as f:
         json.dump({"seed": seed, "knobs": knobs, "rows": len(rows), "facts": len(fact_rows), "steps": steps,
                    "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
-                   "minutes": round((time.time() - start) / 60, 1), "threads": torch.get_num_threads()}, f, indent=1)
+                   "minutes": round((time.time() - start) / 60, 1), "threads": torch.get_num_threads(),
+                   "versions": library_versions()}, f, indent=1)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     say(f"built in {(time.time() - start) / 60:.1f} minutes")
