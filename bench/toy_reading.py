@@ -4,7 +4,9 @@ Plays Eval-Opt (2 episodes a problem), Voting and Orch-Workers (1 each) on all 2
 toy model at the calibration's sampling settings, and counts, for the careful outputs: the evaluator's check line
 part by part (the attempt, operand and problem's number copied, the arithmetic, the direction, the verdict), the
 aggregator's and synthesizer's written-down lists and their picks, the orchestrator's plans, and the workers' right
-answers under a suited and an unsuited strategy. About 20 s on one core once the model is built.
+answers under a suited and an unsuited strategy. Then where the single agent's answer goes: the model's probability,
+teacher-forced after `a op b = `, of the right answer and of each answer off by 1, 2 or 3 (the oracle's: 0.52, and
+0.08 each). About a minute on one core once the model is built.
 
     python bench/toy_reading.py --seed 0
 """
@@ -82,3 +84,33 @@ for wf, n in (("evalopt", 2), ("voting", 1), ("orchworkers", 1)):
                 c[f"work/{'suited' if suited else 'unsuited'}_right"] += right
 for k in sorted(c):
     print(f"{k:32s} {c[k]}")
+
+
+def answer_mass(head: str, x: int, rest: str | None = None) -> float:
+    """The model's probability of writing `x` after `head` (a prompt ending in `a op b = `), up to the token that
+    ends the line (`rest` follows, as the habit writes it), under the tokenizer's own split of the whole line (`= -`
+    is one token)."""
+    hid = tok(head, add_special_tokens=False).input_ids
+    rest = f".\n\n\\boxed{{{x}}}" if rest is None else rest  # the solver's line as it goes on
+    full = tok(head + f"{x}{rest}", add_special_tokens=False).input_ids
+    k = next((i for i, (a, b) in enumerate(zip(hid, full)) if a != b), len(hid))
+    names = tok.convert_ids_to_tokens(full)
+    end = next(i for i in range(k, len(full)) if "." in names[i]) + 1
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([full[:end]])).logits[0, k - 1:end - 1], -1)  # (end-k, V)
+    return float(logp[torch.arange(end - k), torch.tensor(full[k:end])].sum().exp())
+
+
+mass = [0.0] * 7  # offsets -3..3 from the answer
+episodes = ev.play_every_problem("single", 1, toy.Oracle(seed), lambda m: list(toy.chatml(m).encode("utf-8")))
+for e in episodes:
+    s = toy.read_prompt(toy.chatml(e.calls[0].messages))
+    head = toy.chatml(e.calls[0].messages) + f"{s.a} {s.op} {s.b} = "
+    for i in range(7):
+        mass[i] += answer_mass(head, s.answer + i - 3) / len(episodes)
+print("single agent's answer, by offset from the right one (oracle: 0.08 each, 0.52 at 0):")
+print("  ".join(f"{i - 3:+d}: {m:.3f}" for i, m in enumerate(mass)))
+drill = toy.chatml([{"role": "user", "content": "Work it out."}])  # the facts as the warm-up drills them
+known = [answer_mass(drill + f"{s.a} {s.op} {s.b} = ", s.answer, ".")
+         for s in (toy.read_prompt(toy.chatml(e.calls[0].messages)) for e in episodes)]
+print(f"the same facts as a drill (`Work it out.`), right: {sum(known) / len(known):.3f}")

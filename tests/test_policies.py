@@ -504,7 +504,7 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
 
 # ---------------------------------------------------------------- the toy model (infra/toy_model.py)
 
-TOY_TEST_STEPS = 250  # habit steps of the format test's toy model (about a minute; the full warm-up has 4,000)
+TOY_TEST_STEPS = 150  # habit steps of the format test's toy model (the full warm-up has 4,000): formats 0.91-1.0
 
 
 @pytest.fixture(scope="module")
@@ -514,8 +514,13 @@ def small_toy(tmp_path_factory):
     from infra import toy_model
     with pytest.MonkeyPatch.context() as patch:  # a quarter of the oracle's episodes: rows enough for 250 steps
         patch.setattr(toy_model, "EPISODES", {w: n // 4 for w, n in toy_model.EPISODES.items()})
-        return toy_model.build(0, eval.play_every_problem, steps=TOY_TEST_STEPS,
-                               out=str(tmp_path_factory.mktemp("toy") / "m"))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)  # the suite's one thread (conftest.py) would take twice as long; same bits
+        try:
+            return toy_model.build(0, eval.play_every_problem, steps=TOY_TEST_STEPS,
+                                   out=str(tmp_path_factory.mktemp("toy") / "m"))
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_path, monkeypatch, capsys):
