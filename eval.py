@@ -1,21 +1,24 @@
 """Evaluate a workflow (base model, trained checkpoints, or a single-agent adapter dropped into it).
 
 Evaluation (docs/method.md, "Evaluation" and finding 1) reports accuracy, unbiased pass@k and
-per-role statistics per checkpoint, in four modes: `base` (adapters off, recorded as step 0),
+per-role statistics per checkpoint, in five modes: `base` (adapters off, recorded as step 0),
 `trained` (the run's checkpoint, each role on its own adapter as in training), `sa-transfer` (a
-single-agent run's adapter, `--sa-run`, for every role) and `sa-generator-transfer` (that adapter
+single-agent run's adapter, `--sa-run`, for every role), `sa-generator-transfer` (that adapter
 for the solving roles only, generators and workers; the aggregator, evaluator, orchestrator and
-synthesizer on the base model). The workflow, split and sampling settings come from the run folder's
-args.json; `--data FILE` evaluates another set in the run's task format (AIME 2025 for math,
-DeepCoder's test split for code). A paper cell's run is evaluated with the paper's evaluation
-lengths. To drop an SA adapter into a workflow you have not trained, make an untrained run folder
-for it first (`python train.py --workflow voting --steps 0 --val-every 0 --run-dir
-runs/voting-untrained`). Its other commands (plot, table, report, calibrate) are infra/commands.py.
+synthesizer on the base model) and `swapped` (beside `trained`, an IP run's checkpoint with two
+role types' adapters exchanged, `--swap`: has each role learned something of its own?). The
+workflow, split and sampling settings come from the run folder's args.json; `--data FILE`
+evaluates another set in the run's task format (AIME 2025 for math, DeepCoder's test split for
+code). A paper cell's run is evaluated with the paper's evaluation lengths. To drop an SA adapter
+into a workflow you have not trained, make an untrained run folder for it first (`python train.py
+--workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its other commands
+(plot, table, report, calibrate) are infra/commands.py.
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
     python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
     python eval.py --run-dir runs/voting-ip --every-checkpoint       # every saved checkpoint
     python eval.py --run-dir runs/voting-ip --mode sa-transfer --sa-run runs/single-sp --samples 4
+    python eval.py --run-dir runs/voting-ip --mode swapped           # generator <-> aggregator
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
     python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
     python eval.py --run-dir runs/toy-voting --split test --samples 2  # held-out synthetic math
@@ -66,10 +69,13 @@ from infra.tallies import Tallies, add_mean, add_tallies, rates
 from policies import BASE, route_adapter
 from workflows import ROLES, Episode, episode_tallies, role_type, task_outcomes
 
-MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
+MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer", "swapped")
 SA_MODES = ("sa-transfer", "sa-generator-transfer")  # they load a single-agent run's adapter
 SA_ADAPTER = "sa"  # the name that adapter takes here (it shows in dumps)
 SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: the SA adapter; the rest: base
+# swapped's role types (unless --swap): if a role's adapter is its own, swapping it costs accuracy
+SWAPS = {"voting": ("generator", "aggregator"), "evalopt": ("generator", "evaluator"),
+         "orchworkers": ("worker", "synthesizer")}
 
 
 # What evaluation reads of a run's args.json (an older train.py's run may lack some)
@@ -138,14 +144,17 @@ def evaluation_metrics(tallies: Tallies | list[Episode]) -> dict[str, float | No
 
 # ---------------------------------------------------------------- model and episodes per mode
 
-def mode_route(mode: str, policy: str) -> Callable[[str], str]:
-    """Call name -> adapter under each mode: adapters off (base), the run's own SP/IP routing
-    (trained), the SA adapter for every role (sa-transfer), or for the solving roles only, the rest
-    on the base model."""
+def mode_route(mode: str, policy: str, swap: tuple | None = None) -> Callable[[str], str]:
+    """Call name -> adapter: adapters off (base), the run's SP/IP routing (trained; swapped: the two
+    role types of `swap` on each other's adapter), the SA adapter for every role (sa-transfer) or
+    for the solving roles only, the rest on the base model."""
     if mode == "base":
         return lambda name: BASE
     if mode == "trained":
         return lambda name: route_adapter(name, policy)
+    if mode == "swapped":
+        other = {swap[0]: swap[1], swap[1]: swap[0]}
+        return lambda name: other.get(role_type(name), route_adapter(name, policy))
     if mode == "sa-transfer":
         return lambda name: SA_ADAPTER
     return lambda name: SA_ADAPTER if role_type(name) in SOLVING_ROLES else BASE
@@ -159,7 +168,7 @@ def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str, en
                                            device, run_args["seed"])
     folder = vllm_engine.vllm_model_folder(run_args["model"], model, tokenizer) \
         if engine == "vllm" else None  # before adapters wrap the model
-    if mode == "trained":
+    if mode in ("trained", "swapped"):
         roles = ROLES[run_args["workflow"]]
         adapters = sorted({route_adapter(r, run_args["policy"]) for r in roles})
         model = policies.add_adapters(model, adapters, run_args["lora_rank"],
@@ -195,7 +204,7 @@ def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict 
     source = sa_run if mode in SA_MODES else run_dir
     folder = os.path.join(checkpoints.checkpoint_folder(source, step), "adapters")
     try:
-        if mode == "trained":
+        if mode in ("trained", "swapped"):
             checkpoints.load_adapters(model, folder)
         elif mode in SA_MODES:  # the SA run's one adapter (SP: `shared`, IP: `generator`), as `sa`
             saved = route_adapter("generator", sa_args["policy"])
@@ -251,6 +260,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     each rank runs a share."""
     run_args = read_run_args(run_dir, keys=EVAL_RUN_KEYS)
     sa_run = args.sa_run if mode in SA_MODES else None
+    swap = swap_pair(run_args, args.swap) if mode == "swapped" else None  # before the model loads
     sa_args = None
     if mode in SA_MODES:
         sa_args = check_sa_run(run_args, checkpoint_source(run_dir, mode, sa_run))
@@ -268,30 +278,58 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
                                    run_args.get("chat_template", "model"))
     options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow
     dataset = dataset_name(run_args, args.data) + ("-test" if args.split == "test" else "")
+    shown = ("trained", "swapped") if swap else (mode,)  # swapped: beside trained, paired
     records = []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, sa_run, sa_args, step)
         if args.engine == "vllm":  # the step's adapters, as new versions in vLLM
             engine.sync_adapters(model)
-        checkpoints.seed_everything(args.seed)  # the same at every step: differences are weights'
-        memory.reset_peaks(model)  # CUDA: the record carries the step's memory/... peaks
-        start = time.time()
-        episodes = workflows.run_episodes(distributed.share(eval_set), args.samples,
-                                          run_args["workflow"], options, run_args["credit"],
-                                          engine, encode, mode_route(mode, run_args["policy"]),
-                                          max_prompt, f"eval {mode} step {step}")
-        tallies = add_tallies(distributed.gather(evaluation_tallies(episodes)))
-        r = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
-             "mode": mode, "workflow": run_args["workflow"], "policy": run_args["policy"],
-             "n": args.samples, "tasks": len(eval_set), "temperature": temp,
-             "max_new_tokens": max_new, "seed": args.seed,
-             "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(tallies)}
-        r.update(memory.step_peaks(model, engine))
-        if sa_run:
-            r.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
-        save_record(r, episodes, run_dir, args)
-        records.append(r)
+        for each in shown:
+            checkpoints.seed_everything(args.seed)  # the same every time: differences are weights'
+            memory.reset_peaks(model)  # CUDA: the record carries the step's memory/... peaks
+            start = time.time()
+            episodes = workflows.run_episodes(distributed.share(eval_set), args.samples,
+                                              run_args["workflow"], options, run_args["credit"],
+                                              engine, encode,
+                                              mode_route(each, run_args["policy"], swap),
+                                              max_prompt, f"eval {each} step {step}")
+            tallies = add_tallies(distributed.gather(evaluation_tallies(episodes)))
+            r = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
+                 "mode": each, "workflow": run_args["workflow"], "policy": run_args["policy"],
+                 "n": args.samples, "tasks": len(eval_set), "temperature": temp,
+                 "max_new_tokens": max_new, "seed": args.seed,
+                 "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(tallies)}
+            r.update(memory.step_peaks(model, engine))
+            if sa_run:
+                r.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
+            if each == "swapped":
+                r["swap"] = list(swap)
+            save_record(r, episodes, run_dir, args)
+            records.append(r)
+        if swap:
+            tqdm.write(swap_line(records[-2], records[-1], ROLES[run_args["workflow"]]))
     return records
+
+
+def swap_pair(run_args: dict, swap: str | None) -> tuple[str, str]:
+    """The two role types `--mode swapped` exchanges (`--swap A,B`, else SWAPS), or one line."""
+    workflow, roles = run_args["workflow"], ROLES[run_args["workflow"]]
+    if run_args["policy"] != "ip" or len(roles) < 2:
+        usage_error(f"--mode swapped needs a multi-agent IP run, not {cell_name(run_args)}")
+    pair = tuple(swap.split(",")) if swap else SWAPS[workflow]
+    if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(roles):
+        usage_error(f"--swap {swap}: expected two of {workflow}'s role types: {', '.join(roles)}")
+    return pair
+
+
+def swap_line(trained: dict, swapped: dict, roles: list[str]) -> str:
+    """One line: accuracy and each role's own format, swapped against trained."""
+    a, b = (r["metrics"] for r in (trained, swapped))
+    formats = ", ".join(f"{role} {b.get(f'{role}/format_ok') or 0:.2f} "
+                        f"({a.get(f'{role}/format_ok') or 0:.2f})" for role in roles)
+    return (f"{swapped['cell']} swapped {' <-> '.join(swapped['swap'])}, step {swapped['step']}: "
+            f"accuracy {b['accuracy']:.3f} (trained {a['accuracy']:.3f}); own format, swapped "
+            f"(trained): {formats}")
 
 
 def save_record(r: dict, episodes: list[Episode], run_dir: str, args: argparse.Namespace) -> None:
@@ -351,9 +389,12 @@ def add_evaluate_flags(p: Parser) -> None:
     g.add_argument("--mode", default="trained", choices=MODES,
                    help="base: adapters off; trained: the run's adapters as in training; "
                    "sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
-                   "generators and workers only")
+                   "generators and workers only; swapped: an IP run's adapters with two roles' "
+                   "exchanged (--swap), beside trained")
     g.add_argument("--sa-run", default=None,
                    help="SA modes: a single-agent run folder (same model and task)")
+    g.add_argument("--swap", default=None, metavar="ROLE,ROLE",
+                   help="swapped: the two role types whose adapters change places (default: SWAPS)")
     g.add_argument("--step", type=int, default=None,
                    help="checkpoint step (SA modes: of --sa-run); default: latest")
     g.add_argument("--every-checkpoint", action="store_true",
@@ -410,6 +451,8 @@ def check_eval_args(args: argparse.Namespace) -> None:
         usage_error(problem)
     if args.split == "test" and (args.data or run_args["task"] != "math"):
         usage_error("--split test: synthetic math runs only, without --data")
+    if args.swap and args.mode != "swapped":
+        usage_error("--swap is for --mode swapped")
     if args.every_checkpoint and args.mode == "base":
         usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
 

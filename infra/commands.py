@@ -1,7 +1,7 @@
 """eval.py's commands besides evaluating a run: plot, table, report and calibrate, their flags and what each runs.
 
 What it is for: eval.py adds these commands to its command line (`add_commands`) and hands a parsed one to `run`,
-so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py: the four modes, pass@k,
+so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py: the five modes, pass@k,
 per-role statistics) or the figures, tables and pages themselves (plots.py, results.py, report.py; calibrate is
 the toy world's, toy_hooks.py).
 

@@ -7,7 +7,7 @@ What it is for: what docs/findings.md reports, in this order, each part fixed be
 instruments: toy models built and calibrated side by side (eval.py calibrate), the study taking the first five
 seeds whose model passes (CANDIDATES); (1) the sweep: the single agent at three learning rates, and the rule
 (SWEEP_RULE) that picks the grid's rate from them; (2) the grid (GRID) at that rate: train.py runs validated
-every 10 steps on 64 problems, then eval.py's four modes on 64 *other* problems (`--split test`); (3) the
+every 10 steps on 64 problems, then four of eval.py's modes on 64 *other* problems (`--split test`); (3) the
 runs' compact results (RESULTS: the validation and role curves, the evaluations) copied beside the page, and
 FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied to them by
 infra/findings.py; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`

@@ -86,11 +86,14 @@ SCRIPTS = {
 @pytest.mark.parametrize("policy", ["sp", "ip"])
 def test_modes_route_adapters(workflow, policy):
     routed = {}
-    for mode in E.MODES:
+    for mode in E.MODES if policy == "ip" else [m for m in E.MODES if m != "swapped"]:  # swapped: IP only
         engine = ScriptedEngine(SCRIPTS[workflow])
-        eps = play(workflow, 2, engine, E.mode_route(mode, policy), policy)
+        eps = play(workflow, 2, engine, E.mode_route(mode, policy, E.SWAPS[workflow]), policy)
         routed[mode] = {(c.role, c.adapter) for e in eps for c in e.calls}
         assert {a for _, a in routed[mode]} == {a for _, a in engine.calls}
+    if policy == "ip":  # the pair's roles on each other's adapter, any third role (orchestrator) on its own
+        a, b = E.SWAPS[workflow]
+        assert routed["swapped"] == {(r, {a: b, b: a}.get(r, r)) for r, _ in routed["trained"]}
     assert {a for _, a in routed["sa-transfer"]} == {"sa"}    # one adapter for every role of the workflow
     solving = {"generator", "worker"}                           # the SA adapter only where the task is solved
     assert routed["sa-generator-transfer"] == {(r, "sa" if r in solving else "__base__") for r, _ in routed["base"]}
@@ -230,6 +233,34 @@ def test_sa_transfer_loads_the_sa_adapter_into_every_role(runs, tmp_path, capsys
     with pytest.raises(SystemExit) as e:
         E.main(["--run", runs["voting_ip"], "--mode", "sa-transfer", "--sa-run", runs["voting_sp"]])
     assert e.value.code == 2 and "trained workflow 'voting', not 'single'" in capsys.readouterr().err
+
+
+def test_swapped_mode_puts_each_role_on_the_others_adapter_beside_trained(runs, capsys):
+    """`--mode swapped` on an IP run: the trained checkpoint evaluated twice on the same tasks and seed, as trained
+    and with the generator and the aggregator on each other's adapter; a line sets them side by side. Not an IP
+    run, a role the workflow lacks, or --swap without the mode: one line each."""
+    trained, swapped = E.main(["--run", runs["voting_ip"], "--mode", "swapped", "--n", "2", "--dump"])
+    assert [(r["mode"], r["step"], r.get("swap")) for r in (trained, swapped)] == \
+        [("trained", 2, None), ("swapped", 2, ["generator", "aggregator"])]
+    for record, want in ((trained, {"generator": "generator", "aggregator": "aggregator"}),
+                         (swapped, {"generator": "aggregator", "aggregator": "generator"})):
+        for name in os.listdir(record["trajectories"]):
+            with open(os.path.join(record["trajectories"], name)) as f:
+                assert all(want[c["role"]] == c["adapter"] for c in json.load(f)["calls"])
+    a, b = trained["metrics"], swapped["metrics"]
+    line = (f"Voting-IP-Tiny-Math swapped generator <-> aggregator, step 2: accuracy {b['accuracy']:.3f} (trained "
+            f"{a['accuracy']:.3f}); own format, swapped (trained): generator {b['generator/format_ok']:.2f} "
+            f"({a['generator/format_ok']:.2f}), aggregator {b['aggregator/format_ok']:.2f} "
+            f"({a['aggregator/format_ok']:.2f})")
+    assert line in capsys.readouterr().out
+    for argv, says in (([runs["voting_sp"], "--mode", "swapped"], "needs a multi-agent IP run, not Voting-SP-Tiny"),
+                       ([runs["voting_ip"], "--mode", "swapped", "--swap", "generator,worker"],
+                        "--swap generator,worker: expected two of voting's role types"),
+                       ([runs["voting_ip"], "--swap", "generator,aggregator"], "--swap is for --mode swapped")):
+        with pytest.raises(SystemExit) as e:
+            E.main(["--run", *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):
