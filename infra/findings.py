@@ -120,9 +120,11 @@ def compare(out: str, seeds: list[int], comparison: dict) -> dict:
 
 def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
     """Every comparison of a finding, then its verdict: not testable here (a precondition not shown), shown (every
-    main comparison shown), the opposite (every main comparison the opposite), or not shown."""
+    main comparison shown), the opposite (every main comparison the opposite), or not shown. Comparisons `beside`
+    the main ones (an earlier metric kept for reference) are reported and take no part in the verdict."""
     pre = [dict(c, **compare(out, seeds, c)) for c in finding.get("preconditions", [])]
     main = [dict(c, **compare(out, seeds, c)) for c in finding["comparisons"]]
+    beside = [dict(c, **compare(out, seeds, c)) for c in finding.get("beside", [])]
     verdicts = {c["verdict"] for c in main}
     if any(c["verdict"] != "shown" for c in pre):
         overall = "not testable here"
@@ -133,7 +135,7 @@ def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
     else:
         overall = "not shown"
     return {"id": finding["id"], "claim": finding["claim"], "preconditions": pre, "comparisons": main,
-            "verdict": overall}
+            "beside": beside, "verdict": overall}
 
 
 def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
@@ -147,7 +149,8 @@ def finding_table(result: dict) -> str:
     per-seed differences, their mean, SE, bootstrap interval, the seeds agreeing in sign, and the verdict."""
     rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% interval | seeds + / - | verdict |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for kind, comparisons in (("precondition: ", result["preconditions"]), ("", result["comparisons"])):
+    for kind, comparisons in (("precondition: ", result["preconditions"]), ("", result["comparisons"]),
+                              ("beside, not in the verdict: ", result.get("beside", []))):
         for c in comparisons:
             rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near" else "")
             means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]  # near: A alone

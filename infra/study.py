@@ -4,20 +4,19 @@ figures, docs/findings.md's tables and the compact results they come from; then,
 grid on further seeds, to see which verdicts replicate.
 
 What it is for: what docs/findings.md reports, in this order, each part fixed before the next one runs: (0) the
-instruments: toy models built and calibrated side by side (eval.py calibrate), the study taking the first five
-seeds whose model passes (CANDIDATES); (1) the sweep: the single agent at three learning rates, and the rule
-(SWEEP_RULE) that picks the grid's rate from them; (2) the grid (GRID) at that rate: train.py runs validated
-every 10 steps on 64 problems, then four of eval.py's modes on 64 *other* problems (`--split test`); (3) the
+instruments: toy models built and calibrated side by side (eval.py calibrate), the study taking the first five seeds
+whose model passes (CANDIDATES); (1) the sweep: the single agent at three learning rates, and the rule (SWEEP_RULE)
+that picks the grid's rate from them; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64
+problems, then eval.py on 64 *other* problems (`--split test`; MODES, and swapped on the IP runs, SWAPPED); (3) the
 runs' compact results (RESULTS: the validation and role curves, the evaluations) copied beside the page, and
 FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied to them by
 infra/findings.py; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`
-page per run (RUN.html). `--replicate N` then runs the grid on the next N calibrated seeds and says, comparison
-by comparison, whether each seed repeats the study's sign and threshold. Each run is an ordinary `python
-train.py` / `python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one
-resumed. The terminal shows a line per finished build, calibration, run and evaluation, with the minutes since
-the start and an estimate of those left. What it is not: the method (it only calls train.py and eval.py), nor
-part of the test suite, nor a place to change a rate, a knob, a step count, a seed or a threshold after a
-comparison has been seen.
+page per run (RUN.html). `--replicate N` then runs the grid on the next N calibrated seeds and says, comparison by
+comparison, whether each seed repeats the study's sign and threshold. Each run is an ordinary `python train.py` /
+`python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one resumed. The
+terminal shows a line per finished build, calibration, run and evaluation, with the minutes since the start and an
+estimate of those left. What it is not: the method (it only calls train.py and eval.py), nor part of the test suite,
+nor a place to change a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
 
     python -m infra.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
     python -m infra.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
@@ -72,7 +71,7 @@ MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
 # What the compact results keep of a run (docs/findings/results/RUN/): its validation curves and these training
 # curves, to 4 decimals, and its evaluations: what the tables, the figures and the page's prose read.
 RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/opt_steps", "/kl_base",
-           "/entropy", "/careful", "/own_format", "/foreign_format")
+           "/entropy", "/careful", "/own_format", "/foreign_format", "/foreign_box")
 
 
 def c(label: str, a: tuple, b: tuple | None = None, rule: str = "greater", threshold: float = 0.05,
@@ -80,6 +79,11 @@ def c(label: str, a: tuple, b: tuple | None = None, rule: str = "greater", thres
     """One comparison: A (minus B), a rule of infra/findings.py, its threshold (and target for `near`)."""
     return {"label": label, "a": a, **({"b": b} if b else {}), "rule": rule, "threshold": threshold,
             **({"target": target} if target is not None else {})}
+
+
+SWAPPED = {"voting-ip": ("Voting IP", ("generator", "aggregator")),  # eval.py's SWAPS (infra/ never imports it)
+           "evalopt-ip": ("Eval-Opt IP", ("generator", "evaluator")),
+           "orchworkers-ip": ("Orch-Workers IP", ("worker", "synthesizer"))}
 
 
 def ev(name: str, mode: str = "trained", key: str = "accuracy") -> tuple:
@@ -114,8 +118,14 @@ FINDINGS = [
            ("voting-ip-merged", "decline", "success")),
          c("decline: IP - IP at a third of the rate (the control)", ("voting-ip", "decline", "success"),
            ("voting-ip-third-lr", "decline", "success"))]},
+    # 5 reads the box since 2026-12-03, before the re-run (the line counted none of the capture: docs/findings.md)
     {"id": "5", "claim": "SP fails by role capture: the dominant role's format leaks into the others",
      "comparisons": [
+         c("Voting aggregator boxes another role's kind, end: SP - IP",
+           ("voting-sp", "end", "aggregator/foreign_box"), ("voting-ip", "end", "aggregator/foreign_box")),
+         c("Eval-Opt evaluator boxes another role's kind, end: SP - IP",
+           ("evalopt-sp", "end", "evaluator/foreign_box"), ("evalopt-ip", "end", "evaluator/foreign_box"))],
+     "beside": [
          c("Voting aggregator writes another role's format, end: SP - IP",
            ("voting-sp", "end", "aggregator/foreign_format"), ("voting-ip", "end", "aggregator/foreign_format")),
          c("Eval-Opt evaluator writes another role's format, end: SP - IP",
@@ -123,6 +133,13 @@ FINDINGS = [
     {"id": "I1/I6", "claim": "a KL anchor (I1) or coherence (I6) on IP slows its decline", "comparisons": [
         c("decline: IP - IP with I1", ("voting-ip", "decline", "success"), ("voting-ip-i1", "decline", "success")),
         c("decline: IP - IP with I6", ("voting-ip", "decline", "success"), ("voting-ip-i6", "decline", "success"))]},
+    # Declared 2026-12-03, before the re-run: a role's own adapter, swapped (eval.py --mode swapped), costs accuracy
+    {"id": "specialisation", "claim": "IP's roles specialise: two roles on each other's adapter lose accuracy",
+     "comparisons": [c(f"{label}: trained - swapped", ev(name), ev(name, "swapped"))
+                     for name, (label, _) in SWAPPED.items()],
+     "beside": [c(f"{label}: {role}'s own format, trained - swapped", ev(name, key=f"{role}/format_ok"),
+                  ev(name, "swapped", f"{role}/format_ok")) for name, (label, pair) in SWAPPED.items()
+                for role in pair]},
 ]
 
 
@@ -159,9 +176,11 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
     folder, sa = run_dir(out, name, seed), run_dir(out, "single", seed)
     workflow_first = next(n for n in names if GRID[n][1] == GRID[name][1]) == name
     done = {r["mode"] for r in read_results(os.path.join(folder, "eval.jsonl"), ("mode",), warn=False)}
+    modes = [m for m in MODES if m not in done and (m == "trained" or workflow_first)]
+    if name in SWAPPED and "swapped" not in done:  # an IP run's swapped writes trained beside it, same draws
+        modes = [m for m in modes if m != "trained"] + ["swapped"]
     return [[sys.executable, "eval.py", "--run-dir", folder, "--mode", mode, "--samples", str(samples),
-             "--split", "test", *(["--sa-run", sa] if mode.startswith("sa") else [])]
-            for mode in MODES if mode not in done and (mode == "trained" or workflow_first)]
+             "--split", "test", *(["--sa-run", sa] if mode.startswith("sa") else [])] for mode in modes]
 
 
 def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 from infra.models import CACHE_DIR
 from infra.roles import role_type
-from infra.tallies import add_mean
 
 VERSION = 8  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
@@ -71,7 +70,7 @@ def ready(seed: int) -> bool:
 # ---------------------------------------------------------------- reading a prompt
 
 _PROBLEM = re.compile(r"What is (\d+) ([+\-×]) (\d+)\?")
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}")
 _HEADER = re.compile(r"--- Solution (\d+)[^\n]*---\n")
 # A candidate runs to the next header, to the instruction after the block, or to the end of the message.
@@ -108,7 +107,7 @@ def candidates(message: str) -> list[int | None]:
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(message)
         stop = _BLOCK_END.search(message, head.end(), end)
-        boxes = _BOXED.findall(message[head.end():stop.start() if stop else end])
+        boxes = BOXED.findall(message[head.end():stop.start() if stop else end])
         found.append(to_int(boxes[-1]) if boxes else None)
     return found
 
@@ -126,7 +125,7 @@ def read_prompt(prompt: str) -> Seen:
     critiques = [t for t in turns if _VERDICT.search(t)]
     proposed = re.search(r"Proposed solution:\n(.*?)\n\nCheck", message, re.S)  # Eval-Opt's clean context
     attempt = answers[-1] if answers else proposed.group(1) if proposed else None
-    boxes = _BOXED.findall(attempt) if attempt else []
+    boxes = BOXED.findall(attempt) if attempt else []
     feedback = critiques[-1] if critiques else message if "Feedback:" in message else ""
     return Seen(a, op, b, answer, candidates(message), strategy.group(1).strip() if strategy else None,
                 to_int(boxes[-1]) if boxes else None, feedback)
@@ -299,7 +298,7 @@ def judged(role: str, prompt: str, text: str) -> dict:
     (solvers and retries: a right working line), and right given its inputs."""
     role, s = role_type(role), read_prompt(prompt)
     habit, (owner, careful) = habit_of(role, prompt), format_of(text)
-    boxes = _BOXED.findall(text)
+    boxes = BOXED.findall(text)
     last = boxes[-1] if boxes else None
     if habit in ("solve", "retry", "synthesise"):
         right = to_int(last) == s.answer
@@ -317,18 +316,6 @@ def judged(role: str, prompt: str, text: str) -> dict:
             "careful": owner == OWN_FORMAT[role] and careful, "right": right,
             "states_answer": habit == "judge" and states_answer(s, text),
             "attempt_right": s.attempt == s.answer}  # the attempt an evaluator judges, or a retry redoes
-
-
-def role_tallies(episodes: list, decode) -> dict[str, list[float]]:
-    """Per role type, as numerators and denominators (infra/tallies.py): outputs in the role's own format, in
-    another role's (`foreign_format`: role capture by content, finding 5), and careful."""
-    tallies: dict[str, list[float]] = {}
-    for ep in episodes:
-        for c in ep.calls:
-            record = judged(c.name, decode(c.prompt_ids), c.text)
-            for key, what in (("own_format", "own"), ("foreign_format", "foreign"), ("careful", "careful")):
-                add_mean(tallies, f"{c.role}/{key}", record[what])
-    return tallies
 
 
 def states_answer(s: Seen, text: str) -> bool:

@@ -17,8 +17,9 @@ from typing import Callable
 
 from infra import calibration, checkpoints, toy, toy_model
 from infra.distributed import barrier, world
+from infra.roles import role_type
 from infra.runfolder import append_record, check_writable, writing
-from infra.tallies import Tallies
+from infra.tallies import Tallies, add_mean
 
 
 def build_before_load(model: str, seed: int, play: Callable) -> None:
@@ -31,9 +32,42 @@ def build_before_load(model: str, seed: int, play: Callable) -> None:
 
 
 def validation_tallies(model: str, episodes: list, decode: Callable) -> Tallies:
-    """`--model toy`: each role's habit and format, read by the toy world's parsers (toy.role_tallies); nothing
+    """`--model toy`: each role's habit and format, read by the toy world's parsers (`role_tallies`); nothing
     for any other model."""
-    return toy.role_tallies(episodes, decode) if model == "toy" else {}
+    return role_tallies(episodes, decode) if model == "toy" else {}
+
+
+def role_tallies(episodes: list, decode: Callable) -> Tallies:
+    """Per role type, as numerators and denominators (infra/tallies.py): outputs in the role's own format, in
+    another role's line (`foreign_format`), with a box of another role's kind (`foreign_box`; both are role
+    capture by content, finding 5), and careful."""
+    tallies: Tallies = {}
+    for ep in episodes:
+        for c in ep.calls:
+            prompt = decode(c.prompt_ids)
+            record = toy.judged(c.name, prompt, c.text)
+            record["foreign_box"] = foreign_box(role_type(c.name), toy.read_prompt(prompt), c.text)
+            for key, what in (("own_format", "own"), ("foreign_format", "foreign"),
+                              ("foreign_box", "foreign_box"), ("careful", "careful")):
+                add_mean(tallies, f"{c.role}/{key}", record[what])
+    return tallies
+
+
+def foreign_box(role: str, seen: toy.Seen, text: str) -> bool:
+    """Whether the box a role's parser reads (an aggregator's first, any other's last) is of another role's kind:
+    a verdict where an answer or a solution's number belongs, a number where a verdict belongs, a number that is
+    no solution's where the aggregator's pick belongs (`I trust solution 3.` then `\\boxed{33}`: the solver's
+    content), any box in the orchestrator's plan. No box is not a foreign one (the format counts that)."""
+    boxes = toy.BOXED.findall(text)
+    if not boxes:
+        return False
+    box = (boxes[0] if role == "aggregator" else boxes[-1]).strip()
+    if role == "orchestrator" or box in ("Correct", "Incorrect"):
+        return role != "evaluator"
+    number = toy.to_int(box)
+    if role == "evaluator":
+        return number is not None
+    return role == "aggregator" and number is not None and not 1 <= number <= len(seen.candidates)
 
 
 def calibrate(seed: int, episodes: int | None, out: str | None, temperature: float | None, play: Callable,

@@ -12,9 +12,10 @@ from infra import findings, jobs, study
 def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys):
     """`python -m infra.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
     at three rates), then seed by seed every configuration as a train.py command at the sweep's rate (by name
-    before it has chosen), then eval.py on the test problems: `trained` on each of the 11 multi-agent runs, and
-    base and the two SA modes (which load no adapter of the run) once per workflow, on its first configuration,
-    with the single-agent run of the same seed; nothing is written."""
+    before it has chosen), then eval.py on the test problems: `trained` on each of the 11 multi-agent runs
+    (`swapped`, with trained beside it, on the three workflows' IP runs), and base and the two SA modes (which
+    load no adapter of the run) once per workflow, on its first configuration, with the single-agent run of the
+    same seed; nothing is written."""
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
     builds = [ln for ln in lines if ln.startswith("eval.py calibrate")]
@@ -35,7 +36,10 @@ def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, cap
     sa = [ln for ln in evals if f"--mode sa-transfer --samples 2 --split test --sa-run "
           f"{tmp_path / 'study' / 'single-s1'}" in ln]
     assert [ln.split()[2].rsplit("/", 1)[1] for ln in sa] == ["voting-sp-s1", "evalopt-sp-s1", "orchworkers-sp-s1"]
-    assert sum("--mode trained" in ln for ln in evals) == 33
+    # the IP runs of the three workflows run `swapped`, which writes `trained` beside it (eval.py)
+    swapped = [ln.split()[2].rsplit("/", 1)[1] for ln in evals if "--mode swapped" in ln]
+    assert swapped == [f"{w}-ip-s{s}" for s in range(3) for w in ("voting", "evalopt", "orchworkers")]
+    assert sum("--mode trained" in ln for ln in evals) == 33 - 9
     assert not os.path.exists(tmp_path / "study")
 
 
@@ -126,6 +130,23 @@ def test_a_finding_is_judged_from_run_folders_and_its_table_written(tmp_path):
     text = page.read_text()
     assert text.startswith("Prose.\n") and text.endswith("More prose.\n") and "old" not in text
     assert "| decline: IP - SP | greater 0.05 | 0.30 / 0.01 |" in text and "**Verdict: shown.**" in text
+
+
+def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_verdict(tmp_path):
+    """Finding 5 keeps its first metric beside the predeclared one: IP declines by 0.3 in every seed (the main
+    comparison, shown); beside it, SP minus IP (the opposite) shows in the table, marked, and the verdict stays
+    the main comparison's."""
+    for seed in range(5):
+        write_run(tmp_path, "voting-ip", seed, [0.4, 0.7, 0.7, 0.7, 0.4, 0.4, 0.4])
+        write_run(tmp_path, "voting-sp", seed, [0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6])
+    decline = (("voting-ip", "decline", "success"), ("voting-sp", "decline", "success"))
+    finding = {"id": "5", "claim": "x", "comparisons": [study.c("decline: IP - SP", *decline)],
+               "beside": [study.c("decline: SP - IP", *decline[::-1])]}
+    result = findings.judge_finding(str(tmp_path), list(range(5)), finding)
+    assert result["verdict"] == "shown" and [c["verdict"] for c in result["beside"]] == ["the opposite"]
+    table = findings.finding_table(result)
+    assert "| decline: IP - SP | greater 0.05 |" in table
+    assert "| beside, not in the verdict: decline: SP - IP | greater 0.05 |" in table and "the opposite |" in table
 
 
 def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path):

@@ -56,6 +56,35 @@ def test_every_oracle_output_is_in_its_own_format_and_judged_as_its_habit(workfl
         assert 0.3 <= rate <= 0.65, (habit, rate)
 
 
+@pytest.mark.parametrize("workflow", ["voting", "evalopt", "orchworkers"])
+def test_a_box_of_another_roles_kind_is_counted_and_the_oracles_own_are_not(workflow):
+    """Finding 5 by the box (infra/toy_hooks.py `foreign_box`): every role of the oracle boxes its own kind, so
+    validation's `<role>/foreign_box` is 0 for each; outputs written by hand that box another role's kind count
+    (the first study's capture: an aggregator boxing an answer, an evaluator a number), their own kind does not."""
+    import eval
+    import workflows
+    from infra.toy_hooks import foreign_box, role_tallies
+    episodes = eval.play_every_problem(workflow, 1, Oracle(0), lambda m: list(chatml(m).encode()))
+    tallies = role_tallies(episodes, lambda ids: bytes(ids).decode())
+    boxes = {key: num / den for key, (num, den) in tallies.items() if key.endswith("/foreign_box")}
+    assert boxes == {f"{role}/foreign_box": 0.0 for role in workflows.ROLES[workflow]}
+    seen = toy.Seen(3, "+", 4, 7, [7, 8, 7], None, None, "")
+    for role, text, foreign in [
+            ("aggregator", "I trust solution 3.\n\n\\boxed{33}", True),   # an answer where a pick belongs
+            ("aggregator", "\\boxed{2} or \\boxed{33}", False),            # the parser reads the first box
+            ("aggregator", "Answers 7, 8, 7: solutions 1 and 3 agree on 7.\n\n\\boxed{1}", False),
+            ("aggregator", "\\boxed{Correct}", True),
+            ("evaluator", "Looks fine.\n\n\\boxed{Correct}", False),
+            ("evaluator", "3 + 4 = 7.\n\n\\boxed{7}", True),              # a number where a verdict belongs
+            ("generator", "3 + 4 = 7.\n\n\\boxed{7}", False),
+            ("generator", "Check: 7 - 4 = 3.\n\n\\boxed{Incorrect}", True),  # a verdict where an answer belongs
+            ("synthesizer", "Going with worker 2.\n\n\\boxed{8}", False),
+            ("worker", "For +: 3 + 4 =", False),                            # no box: the format counts that
+            ("orchestrator", "STRATEGY 1: Make a ten first.", False),
+            ("orchestrator", "STRATEGY 1: Make a ten first.\n\\boxed{7}", True)]:
+        assert foreign_box(role, seen, text) == foreign, (role, text)
+
+
 def test_a_solvers_correctness_cannot_be_read_off_its_length():
     calls = [(c, p) for c, p in oracle_calls("voting") if c.role == "generator"]
     records = [dict(judged(c.name, p, c.text), length=len(c.text)) for c, p in calls]
