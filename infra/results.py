@@ -27,6 +27,7 @@ def results_table(records: list[dict]) -> str:
     for r in records:
         m = r["metrics"]
         mode = f"{r['mode']} ({r['sa_cell']})" if r.get("sa_cell") else r["mode"]  # an SA mode
+        mode += f" ({' <-> '.join(r['swap'])})" if r.get("swap") else ""  # swapped: which roles
         accuracy = f"{m['accuracy']:.3f}"
         if r["n"] > 1:  # a std needs two samples or more
             accuracy += f" ± {m['accuracy_std']:.3f}"

@@ -253,6 +253,7 @@ def test_swapped_mode_puts_each_role_on_the_others_adapter_beside_trained(runs, 
             f"({a['generator/format_ok']:.2f}), aggregator {b['aggregator/format_ok']:.2f} "
             f"({a['aggregator/format_ok']:.2f})")
     assert line in capsys.readouterr().out
+    assert "| swapped (generator <-> aggregator) | 2 |" in E.main(["table", runs["voting_ip"]])
     for argv, says in (([runs["voting_sp"], "--mode", "swapped"], "needs a multi-agent IP run, not Voting-SP-Tiny"),
                        ([runs["voting_ip"], "--mode", "swapped", "--swap", "generator,worker"],
                         "--swap generator,worker: expected two of voting's role types"),
