@@ -279,6 +279,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow
     dataset = dataset_name(run_args, args.data) + ("-test" if args.split == "test" else "")
     shown = ("trained", "swapped") if swap else (mode,)  # swapped: beside trained, paired
+    sa = {"sa_run": os.path.normpath(sa_run), "sa_cell": cell_name(sa_args)} if sa_run else {}
     records = []
     for step in tqdm(steps, desc=f"eval {mode}", disable=None if len(steps) > 1 else True):
         load_step(model, mode, run_dir, sa_run, sa_args, step)
@@ -299,9 +300,7 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
                  "n": args.samples, "tasks": len(eval_set), "temperature": temp,
                  "max_new_tokens": max_new, "seed": args.seed,
                  "time_s": round(time.time() - start, 1), "metrics": evaluation_metrics(tallies)}
-            r.update(memory.step_peaks(model, engine))
-            if sa_run:
-                r.update(sa_run=os.path.normpath(sa_run), sa_cell=cell_name(sa_args))
+            r.update(memory.step_peaks(model, engine), **sa)
             if each == "swapped":
                 r["swap"] = list(swap)
             save_record(r, episodes, run_dir, args)
@@ -323,13 +322,14 @@ def swap_pair(run_args: dict, swap: str | None) -> tuple[str, str]:
 
 
 def swap_line(trained: dict, swapped: dict, roles: list[str]) -> str:
-    """One line: accuracy and each role's own format, swapped against trained."""
-    a, b = (r["metrics"] for r in (trained, swapped))
-    formats = ", ".join(f"{role} {b.get(f'{role}/format_ok') or 0:.2f} "
-                        f"({a.get(f'{role}/format_ok') or 0:.2f})" for role in roles)
+    """One line: accuracy and each role's own format, swapped against trained (n/a: no call)."""
+    def own(r: dict, role: str) -> str:
+        x = r["metrics"].get(f"{role}/format_ok")
+        return "n/a" if x is None else f"{x:.2f}"
+    formats = ", ".join(f"{role} {own(swapped, role)} ({own(trained, role)})" for role in roles)
     return (f"{swapped['cell']} swapped {' <-> '.join(swapped['swap'])}, step {swapped['step']}: "
-            f"accuracy {b['accuracy']:.3f} (trained {a['accuracy']:.3f}); own format, swapped "
-            f"(trained): {formats}")
+            f"accuracy {swapped['metrics']['accuracy']:.3f} (trained "
+            f"{trained['metrics']['accuracy']:.3f}); own format, swapped (trained): {formats}")
 
 
 def save_record(r: dict, episodes: list[Episode], run_dir: str, args: argparse.Namespace) -> None:

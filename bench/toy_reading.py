@@ -103,14 +103,13 @@ def answer_mass(head: str, x: int, rest: str | None = None) -> float:
 
 mass = [0.0] * 7  # offsets -3..3 from the answer
 episodes = ev.play_every_problem("single", 1, toy.Oracle(seed), lambda m: list(toy.chatml(m).encode("utf-8")))
-for e in episodes:
-    s = toy.read_prompt(toy.chatml(e.calls[0].messages))
-    head = toy.chatml(e.calls[0].messages) + f"{s.a} {s.op} {s.b} = "
+prompts = [toy.chatml(e.calls[0].messages) for e in episodes]  # the single agent's, one per problem
+problems = [toy.read_prompt(p) for p in prompts]
+for prompt, s in zip(prompts, problems):
     for i in range(7):
-        mass[i] += answer_mass(head, s.answer + i - 3) / len(episodes)
+        mass[i] += answer_mass(prompt + f"{s.a} {s.op} {s.b} = ", s.answer + i - 3) / len(prompts)
 print("single agent's answer, by offset from the right one (oracle: 0.08 each, 0.52 at 0):")
 print("  ".join(f"{i - 3:+d}: {m:.3f}" for i, m in enumerate(mass)))
 drill = toy.chatml([{"role": "user", "content": "Work it out."}])  # the facts as the warm-up drills them
-known = [answer_mass(drill + f"{s.a} {s.op} {s.b} = ", s.answer, ".")
-         for s in (toy.read_prompt(toy.chatml(e.calls[0].messages)) for e in episodes)]
+known = [answer_mass(drill + f"{s.a} {s.op} {s.b} = ", s.answer, ".") for s in problems]
 print(f"the same facts as a drill (`Work it out.`), right: {sum(known) / len(known):.3f}")

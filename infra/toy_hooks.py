@@ -46,14 +46,16 @@ def role_tallies(episodes: list, decode: Callable) -> Tallies:
         for c in ep.calls:
             prompt = decode(c.prompt_ids)
             record = toy.judged(c.name, prompt, c.text)
-            record["foreign_box"] = foreign_box(role_type(c.name), toy.read_prompt(prompt), c.text)
+            role = role_type(c.name)  # only the aggregator's box is read against its prompt (its candidates)
+            seen = toy.read_prompt(prompt) if role == "aggregator" else None
+            record["foreign_box"] = foreign_box(role, seen, c.text)
             for key, what in (("own_format", "own"), ("foreign_format", "foreign"),
                               ("foreign_box", "foreign_box"), ("careful", "careful")):
                 add_mean(tallies, f"{c.role}/{key}", record[what])
     return tallies
 
 
-def foreign_box(role: str, seen: toy.Seen, text: str) -> bool:
+def foreign_box(role: str, seen: toy.Seen | None, text: str) -> bool:
     """Whether the box a role's parser reads (an aggregator's first, any other's last) is of another role's kind:
     a verdict where an answer or a solution's number belongs, a number where a verdict belongs, a number that is
     no solution's where the aggregator's pick belongs (`I trust solution 3.` then `\\boxed{33}`: the solver's

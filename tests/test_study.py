@@ -149,6 +149,13 @@ def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_
     assert "| beside, not in the verdict: decline: SP - IP | greater 0.05 |" in table and "the opposite |" in table
 
 
+def test_the_studys_swapped_pairs_are_eval_pys():
+    """infra/ never imports eval.py, so the study copies its SWAPS pairs; a change to one must reach the other."""
+    import eval
+    assert {name: pair for name, (_, pair) in study.SWAPPED.items()} == \
+        {f"{workflow}-ip": pair for workflow, pair in eval.SWAPS.items()}
+
+
 def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path):
     """write_tables fills every marker from study.json's content: the sweep unsigned, one summary row a finding
     linking to its section, and the finding's table."""
