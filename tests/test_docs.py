@@ -139,12 +139,12 @@ def test_the_readme_file_map_draws_the_imports_the_code_has():
 
 
 def test_the_readme_test_command_is_what_ci_runs():
-    """.ci/run runs `python3 -m pytest -q` last: the README gives the same command."""
+    """.ci/run runs `python3 -m pytest -q -n auto` last: the README gives the same command."""
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         ci = [line.strip() for line in f if "pytest" in line and "$" not in line]
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = [line.strip() for line in f if line.startswith("python -m pytest")]
-    assert ci == ["python3 -m pytest -q"]
+    assert ci == ["python3 -m pytest -q -n auto"]
     assert readme == [ci[0].replace("python3", "python", 1)]
 
 
