@@ -504,25 +504,6 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
 
 # ---------------------------------------------------------------- the toy model (infra/toy_model.py)
 
-TOY_TEST_STEPS = 150  # habit steps of the format test's toy model (the full warm-up has 4,000): formats 0.91-1.0
-
-
-@pytest.fixture(scope="module")
-def small_toy(tmp_path_factory):
-    """A toy model warmed up with a small budget."""
-    import eval
-    from infra import toy_model
-    with pytest.MonkeyPatch.context() as patch:  # a quarter of the oracle's episodes: rows enough for 250 steps
-        patch.setattr(toy_model, "EPISODES", {w: n // 4 for w, n in toy_model.EPISODES.items()})
-        threads = torch.get_num_threads()
-        torch.set_num_threads(2)  # the suite's one thread (conftest.py) would take twice as long; same bits
-        try:
-            return toy_model.build(0, eval.play_every_problem, steps=TOY_TEST_STEPS,
-                                   out=str(tmp_path_factory.mktemp("toy") / "m"))
-        finally:
-            torch.set_num_threads(threads)
-
-
 def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_path, monkeypatch, capsys):
     """Transcripts, tokenizer, initial weights and the warm-up's batches all follow the seed, and the thread count
     changes no bit (8 steps and one oracle episode a problem suffice to show it: every step depends on all the
@@ -555,29 +536,6 @@ def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_pat
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
 
 
-def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
-    """After a small warm-up budget, every role's output takes its parser's first path (a box, `STRATEGY i:`
-    lines) at least 80% of the time, in every workflow: format is learned first, skill is what RL then has."""
-    import workflows
-    from infra.tallies import rates
-    from tasks import math_splits
-    torch.manual_seed(0)
-    model, tok = load_model(small_toy)
-    engine = HFEngine(model, tok, 24, 0.7, 1.0, 256)
-    options = workflows.WorkflowOptions(prompts="small", evalopt_context="reference", n_votes=3, max_iterations=3,
-                                        max_subtasks=3)
-    val = math_splits(170, 32, 0, 0)[1]
-    from infra import toy  # the warm-up renders prompts itself (no tokenizer yet): the same ids as at RL time
-    messages = workflows.solver_messages(val[0], workflows.WorkflowOptions())
-    assert chat_prompt_ids(tok, messages) == tok(toy.chatml(messages), add_special_tokens=False).input_ids
-    for workflow, roles in workflows.ROLES.items():
-        eps = workflows.run_episodes(val, 1, workflow, options, "outcome", engine, chat_encoder(tok),
-                                     lambda name: BASE, None)
-        m = rates(workflows.episode_tallies(eps))
-        for role in roles:
-            assert m[f"{role}/format_ok"] >= 0.8, (workflow, role, m[f"{role}/format_ok"])
-
-
 def test_the_rllm_template_renders_a_two_turn_conversation_as_the_references_parser():
     """What rLLM's QwenChatTemplateParser.parse(messages, add_generation_prompt=True, is_first_msg=True) returns
     with disable_thinking=True, derived by reading rllm/parser/chat_template_parser.py (its engine passes
@@ -586,7 +544,6 @@ def test_the_rllm_template_renders_a_two_turn_conversation_as_the_references_par
     generation prompt; an assistant turn's text stripped. Qwen3's own template has neither the system message nor
     the earlier turn's think block."""
     from infra.models import rllm_qwen_text
-    from policies import chat_encoder
     messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": " \\boxed{4}\n"},
                 {"role": "user", "content": "Check again."}]
     want = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"

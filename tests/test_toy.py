@@ -1,7 +1,6 @@
 """The toy world's oracle (infra/toy.py) and its calibration (infra/calibration.py, eval.py calibrate): every habit
 does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
 target with its measured value."""
-import functools
 import os
 import random
 from collections import Counter
@@ -164,26 +163,65 @@ def test_a_careful_evaluator_checks_by_the_inverse_and_points_the_retry():
     assert moved == {"6 × 3 = 19.\n\n\\boxed{19}", "6 × 3 = 18.\n\n\\boxed{18}"}  # down by 1 or 2, as told
 
 
+TOY_TEST_STEPS = 150  # habit steps of the small toy model (the full warm-up has 4,000): formats 0.91-1.0
+
+
 @pytest.fixture(scope="module")
-def small_calibration(tmp_path_factory):
-    """The calibration of a toy model warmed up for 30 steps, on 12 problems, one episode each: a report that
-    misses targets (so the exit code and the names of missed targets are exercised), in about a minute."""
+def small_toy(tmp_path_factory):
+    """(cache folder, model folder): toy seed 5 warmed up with a small budget (a quarter of the oracle's episodes,
+    rows enough for TOY_TEST_STEPS steps) on the suite's one thread, about a minute and a half. The format test
+    samples it; the calibration report reads it from the cache, as `eval.py calibrate` finds a built seed."""
     import eval
     from infra import toy_model
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    monkeypatch.setattr(toy_model, "build", functools.partial(toy_model.build, steps=30))
+    cache = str(tmp_path_factory.mktemp("cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(toy, "CACHE_DIR", cache)
+        patch.setattr(toy_model, "EPISODES", {w: n // 4 for w, n in toy_model.EPISODES.items()})
+        return cache, toy_model.build(5, eval.play_every_problem, steps=TOY_TEST_STEPS)
+
+
+def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
+    """After a small warm-up budget, every role's output takes its parser's first path (a box, `STRATEGY i:`
+    lines) at least 80% of the time, in every workflow: format is learned first, skill is what RL then has."""
+    import torch
+
+    import workflows
+    from infra.tallies import rates
+    from policies import BASE, HFEngine, chat_encoder, chat_prompt_ids, load_model
+    from tasks import math_splits
+    torch.manual_seed(0)
+    model, tok = load_model(small_toy[1])
+    engine = HFEngine(model, tok, 24, 0.7, 1.0, 256)
+    options = workflows.WorkflowOptions(prompts="small", evalopt_context="reference", n_votes=3, max_iterations=3,
+                                        max_subtasks=3)
+    val = math_splits(170, 32, 0, 0)[1]
+    # the warm-up renders prompts itself (no tokenizer yet): the same ids as at RL time
+    messages = workflows.solver_messages(val[0], workflows.WorkflowOptions())
+    assert chat_prompt_ids(tok, messages) == tok(toy.chatml(messages), add_special_tokens=False).input_ids
+    for workflow, roles in workflows.ROLES.items():
+        eps = workflows.run_episodes(val, 1, workflow, options, "outcome", engine, chat_encoder(tok),
+                                     lambda name: BASE, None)
+        m = rates(workflows.episode_tallies(eps))
+        for role in roles:
+            assert m[f"{role}/format_ok"] >= 0.8, (workflow, role, m[f"{role}/format_ok"])
+
+
+@pytest.fixture(scope="module")
+def small_calibration(small_toy, tmp_path_factory):
+    """The calibration of the small toy model on 12 problems, one episode each: a report that misses targets (so
+    the exit code and the names of missed targets are exercised), in seconds."""
+    import eval
     import tasks
     import workflows
     few = tasks.synthetic_math(243, difficulty=0, seed=0)[:12]
 
     def play(workflow, n, engine, encode, route=lambda name: name):
         return workflows.rollout(few, n, workflow, engine, encode, route, workflows.WorkflowOptions())
-    monkeypatch.setattr(eval, "play_every_problem", play)
     out = tmp_path_factory.mktemp("out") / "calibration.jsonl"
-    with pytest.raises(SystemExit) as stopped:
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stopped:
+        patch.setattr(toy, "CACHE_DIR", small_toy[0])  # built: calibrate finds the model there
+        patch.setattr(eval, "play_every_problem", play)
         eval.main(["calibrate", "--seed", "5", "--episodes", "1", "--out", str(out)])
-    monkeypatch.undo()
     return stopped.value.code, out
 
 
