@@ -6,9 +6,11 @@ part by part (the attempt, operand and problem's number copied, the arithmetic, 
 aggregator's and synthesizer's written-down lists and their picks, the orchestrator's plans, and the workers' right
 answers under a suited and an unsuited strategy. Then where the single agent's answer goes: the model's probability,
 teacher-forced after `a op b = `, of the right answer and of each answer off by 1, 2 or 3 (the oracle's: 0.52, and
-0.08 each). About a minute on one core once the model is built.
+0.08 each). About a minute on one core once the model is built. `--temperature` samples and reads the mass at
+another temperature (the calibration's is 1).
 
     python bench/toy_reading.py --seed 0
+    python bench/toy_reading.py --seed 0 --temperature 0.9
 """
 import argparse
 import collections
@@ -26,12 +28,15 @@ from infra import calibration, checkpoints, toy, toy_model  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--seed", type=int, default=0, help="the toy model's seed (built first if need be)")
-seed = parser.parse_args().seed
+parser.add_argument("--temperature", type=float, default=calibration.TEMPERATURE,
+                    help="sampling temperature, also applied to the answer's mass (default: the calibration's)")
+args = parser.parse_args()
+seed, temperature = args.seed, args.temperature
 READERS = {"aggregator": ("select", "Answers", toy.select),
            "synthesizer": ("synth", "Workers say", toy.synthesise)}
 toy_model.build(seed, ev.play_every_problem)
 model, tok = policies.load_model("toy", torch.float32, "cpu", seed)
-engine = policies.HFEngine(model, tok, calibration.MAX_NEW_TOKENS, calibration.TEMPERATURE)
+engine = policies.HFEngine(model, tok, calibration.MAX_NEW_TOKENS, temperature)
 encode = policies.chat_encoder(tok)
 checkpoints.seed_everything(seed)
 c = collections.Counter()
@@ -97,7 +102,8 @@ def answer_mass(head: str, x: int, rest: str | None = None) -> float:
     names = tok.convert_ids_to_tokens(full)
     end = next(i for i in range(k, len(full)) if "." in names[i]) + 1
     with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([full[:end]])).logits[0, k - 1:end - 1], -1)  # (end-k, V)
+        logits = model(torch.tensor([full[:end]])).logits[0, k - 1:end - 1] / temperature  # (end-k, V)
+        logp = torch.log_softmax(logits, -1)
     return float(logp[torch.arange(end - k), torch.tensor(full[k:end])].sum().exp())
 
 
@@ -108,7 +114,8 @@ problems = [toy.read_prompt(p) for p in prompts]
 for prompt, s in zip(prompts, problems):
     for i in range(7):
         mass[i] += answer_mass(prompt + f"{s.a} {s.op} {s.b} = ", s.answer + i - 3) / len(prompts)
-print("single agent's answer, by offset from the right one (oracle: 0.08 each, 0.52 at 0):")
+print(f"single agent's answer at temperature {temperature}, by offset from the right one (oracle: 0.08 each, "
+      "0.52 at 0):")
 print("  ".join(f"{i - 3:+d}: {m:.3f}" for i, m in enumerate(mass)))
 drill = toy.chatml([{"role": "user", "content": "Work it out."}])  # the facts as the warm-up drills them
 known = [answer_mass(drill + f"{s.a} {s.op} {s.b} = ", s.answer, ".") for s in problems]
