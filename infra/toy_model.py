@@ -6,7 +6,8 @@ share, half of them careful), trains a byte-level BPE tokenizer on them, and war
 supervised learning. Built once per seed into the cache (BUILD_MINUTES, below), with a line per stage and a
 progress bar over the warm-up's steps. The warm-up gives the same model, bit for bit, on one thread or two
 (bench/bench_toy_build.py checks it), so a build takes both cores and the study builds two seeds side by side, one
-thread each. What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks that the
+thread each; not on another kind of CPU (torch's AVX2 and AVX512 kernels differ in the last bits: toy.json says
+which built it). What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks that the
 warmed-up model reproduces each habit (infra/calibration.py).
 
     python train.py --model toy --workflow voting --policy ip     # builds the toy model of --seed on first use
@@ -260,11 +261,12 @@ def fresh_model(tokenizer) -> transformers.LlamaForCausalLM:
 
 
 def library_versions() -> dict[str, str]:
-    """The libraries a build's bits depend on (the tokenizer's merges, the initialisation, the kernels), kept in
-    toy.json: two builds of one seed are comparable only under the same ones."""
+    """What a build's bits depend on besides the seed, kept in toy.json: the libraries (the tokenizer's merges, the
+    initialisation, the kernels) and the vector instructions torch's kernels use (`cpu_capability`: a 30-step build of
+    one seed differs under AVX2 and AVX512). Two builds of one seed are the same model only where all of these are."""
     import tokenizers
     return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__}
+            "tokenizers": tokenizers.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,

@@ -528,6 +528,7 @@ def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_pat
     (one, two) = (json.load(open(os.path.join(f, "toy.json"))) for f in folders)
     assert (one.pop("threads"), two.pop("threads")) == (1, 2) and one.pop("minutes") >= 0 and two.pop("minutes") >= 0
     assert one == two and one["versions"]["torch"] == torch.__version__
+    assert one["versions"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
     said = [line.split(": ", 1)[1].split(" ")[0] for line in capsys.readouterr().out.splitlines()
             if line.startswith("[toy] seed 3: ")]
     assert said == ["building", "playing", "training", "warming", "built"] * 2
