@@ -202,9 +202,28 @@ def replication(results: str, seeds: list[int], judged: list[dict]) -> list[dict
     return rows
 
 
+def calibration_table(records: list[dict], builds: list[dict]) -> str:
+    """Seed by seed, its calibration record (eval.py calibrate) and its build (toy.json): the targets missed, the
+    base model's and the oracle's accuracy in each workflow, the solver's gap to its rows, and the build's minutes,
+    threads and vector instructions (a seed's model differs across them: docs/toy_world.md)."""
+    rows = ["| seed | targets missed | single / Voting / Eval-Opt / Orch-Workers, base model | the oracle, same "
+            "workflows | solver right - oracle | build |", "|---|---|---|---|---|---|"]
+    workflows = ("single", "voting", "evalopt", "orchworkers")
+    for record, build in zip(records, builds):
+        missed = f"{len(record['missed'])}: " + ", ".join(record["missed"]) if record["missed"] else "**none**"
+        base = " / ".join(f"{record['success'][w]:.3f}" for w in workflows)
+        oracle = " / ".join(f"{record['oracle_success'][w]:.3f}" for w in workflows)
+        solve = record["habits"]["solve"]
+        threads = f"{build['threads']} thread{'s' if build['threads'] > 1 else ''}"
+        cpu = build.get("versions", {}).get("cpu_capability", "CPU not recorded")
+        rows.append(f"| {record['seed']} | {missed} | {base} | {oracle} | "
+                    f"{solve['right'] - solve['oracle_right']:+.3f} | {build['minutes']:.0f} min, {threads}, {cpu} |")
+    return "\n".join(rows)
+
+
 def write_tables(doc: str, study: dict) -> None:
-    """docs/md's tables (between their markers) from study.json: the sweep, the summary, each finding's,
-    and the replication's when there is one."""
+    """docs/md's tables (between their markers) from study.json: the seeds' calibration, the sweep, the
+    summary, each finding's, and the replication's when there is one."""
     sweep = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
     for lr, r in study["sweep"]["rates"].items():
         base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k]) for k in ("base", "peak", "end"))
@@ -219,6 +238,8 @@ def write_tables(doc: str, study: dict) -> None:
         summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
     tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
               **{f"finding-{f['id']}": finding_table(f) for f in study["findings"]}}
+    if study.get("builds"):
+        tables["calibration"] = calibration_table(study["calibration"], study["builds"])
     if study.get("replication"):
         tables["replication"] = replication_table(study["replication"])
     missing = fill_tables(doc, tables)

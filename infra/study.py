@@ -388,9 +388,10 @@ def main(argv: list[str] | None = None) -> None:
     reports = [write_report([os.path.join(args.out, run)], os.path.join(args.out, run) + ".html")["path"]
                for run in runs]
     study = report(results, [*SWEEP, *grid], seeds, args.steps, lr, clock.minutes(), figures)
-    study.update(reports=reports, set_aside=set_aside,
+    considered = sorted(seeds + [r["seed"] for r in set_aside])
+    study.update(reports=reports, set_aside=set_aside, builds=[toy.build_record(s) for s in considered],
                  calibration=[read_results(os.path.join(args.out, "calibration", f"seed{s}.jsonl"), warn=False)[-1]
-                              for s in sorted(seeds + [r["seed"] for r in set_aside])])
+                              for s in considered])
     write_study(args.out, results, study, args.doc)
     print(f"study: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 

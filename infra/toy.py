@@ -28,6 +28,7 @@ world can and cannot show).
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -65,6 +66,12 @@ def folder(seed: int) -> str:
 
 def ready(seed: int) -> bool:
     return os.path.isfile(os.path.join(folder(seed), "model.safetensors"))
+
+
+def build_record(seed: int) -> dict:
+    """The seed's toy.json: its build's rows, steps, losses, minutes, threads, libraries and CPU kind."""
+    with open(os.path.join(folder(seed), "toy.json")) as f:
+        return json.load(f)
 
 
 # ---------------------------------------------------------------- reading a prompt

@@ -187,24 +187,19 @@ def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
     assert sum(p.numel() for p in model.parameters()) == times["toy_parameters"]
 
 
-def test_the_rebuilt_seeds_table_is_the_committed_calibration_records():
-    """docs/findings.md's table of the seeds rebuilt from the repository quotes, seed by seed, the committed
-    calibration records (docs/findings/rebuilt/seedS.jsonl) and builds (seedS.toy.json): the targets missed, the
-    base model's and the oracle's accuracy in each workflow, and the solver's gap to its rows."""
+def test_the_rebuilt_seeds_tables_are_the_committed_calibration_records():
+    """docs/findings.md's tables of seeds rebuilt from the repository (on an unrecorded CPU, then on an AVX512
+    one) are `findings.calibration_table` of the committed calibration records (seedS.jsonl or
+    seedS.calibration.jsonl) and builds (seedS.toy.json), seed by seed: the targets missed, the base model's and
+    the oracle's accuracy in each workflow, the solver's gap to its rows, and the build."""
     import json
+
+    from infra import findings
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
-    table = text.split("<!-- rebuilt -->")[1]
-    records = sorted(glob.glob(os.path.join(ROOT, "docs", "findings", "rebuilt", "seed*.jsonl")))
-    assert len(records) >= 5
-    for path in records:
-        record = json.loads(open(path).read().splitlines()[-1])
-        toy = json.load(open(path.replace(".jsonl", ".toy.json")))
-        workflows = ("single", "voting", "evalopt", "orchworkers")
-        solve = record["habits"]["solve"]
-        cells = [str(record["seed"]), "**none**" if not record["missed"] else f"{len(record['missed'])}: "
-                 + ", ".join(record["missed"]), " / ".join(f"{record['success'][w]:.3f}" for w in workflows),
-                 " / ".join(f"{record['oracle_success'][w]:.3f}" for w in workflows),
-                 f"{solve['right'] - solve['oracle_right']:+.3f}", f"{toy['minutes']:.0f} min, {toy['threads']}"]
-        assert any(line.startswith(f"| {record['seed']} |") and [c.strip() for c in line.split("|")[1:6]] ==
-                   cells[:5] and line.split("|")[6].strip().startswith(cells[5])
-                   for line in table.splitlines()), path
+    for folder, pattern, at_least in (("rebuilt", "seed?.jsonl", 5), ("avx512", "seed?.calibration.jsonl", 3)):
+        records = sorted(glob.glob(os.path.join(ROOT, "docs", "findings", folder, pattern)))
+        assert len(records) >= at_least
+        builds = [json.load(open(os.path.join(os.path.dirname(r), os.path.basename(r).split(".")[0] + ".toy.json")))
+                  for r in records]
+        table = findings.calibration_table([json.loads(open(r).read().splitlines()[-1]) for r in records], builds)
+        assert table in text, folder

@@ -178,6 +178,24 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     assert "**Verdict: not shown.**" in text
 
 
+def test_the_calibration_table_names_each_seeds_misses_its_gap_and_where_it_was_built(tmp_path):
+    """A seed's row: its misses (or none, in bold), the base and oracle accuracies in the four workflows, the
+    solver's right rate minus the oracle's (0.46 - 0.52 = -0.060), and its build's minutes, threads and CPU kind
+    (an older toy.json without one says so)."""
+    accuracy = {"single": 0.5, "voting": 0.55, "evalopt": 0.7, "orchworkers": 0.6}
+    record = {"success": accuracy, "oracle_success": {w: a + 0.1 for w, a in accuracy.items()},
+              "habits": {"solve": {"right": 0.46, "oracle_right": 0.52}}}
+    table = findings.calibration_table(
+        [dict(record, seed=3, missed=[]), dict(record, seed=4, missed=["retry: careful rate"])],
+        [{"minutes": 36.04, "threads": 1, "versions": {"cpu_capability": "AVX512"}}, {"minutes": 18.2, "threads": 2}])
+    rows = table.splitlines()
+    assert len(rows) == 4 and rows[0].startswith("| seed | targets missed |")
+    assert rows[2] == ("| 3 | **none** | 0.500 / 0.550 / 0.700 / 0.600 | 0.600 / 0.650 / 0.800 / 0.700 | -0.060 | "
+                       "36 min, 1 thread, AVX512 |")
+    assert rows[3].startswith("| 4 | 1: retry: careful rate | ") and rows[3].endswith(
+        "| 18 min, 2 threads, CPU not recorded |")
+
+
 def test_eval_values_come_from_the_test_problems(tmp_path):
     write_run(tmp_path, "voting-sp", 0, [0.5], evals=[("trained", 0.7), ("base", 0.4)])
     assert findings.value(str(tmp_path), 0, study.ev("voting-sp")) == 0.7
