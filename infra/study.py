@@ -1,22 +1,20 @@
 """The toy-world study, in one command: each seed's toy model built and calibrated, the learning-rate sweep, every
-finding's runs over five seeds, evaluation on held-out problems, paired statistics, predeclared verdicts, the
-figures, docs/findings.md's tables and the compact results they come from; then, as a second command, the same
-grid on further seeds, to see which verdicts replicate.
+finding's runs over five seeds, held-out evaluation, paired statistics, predeclared verdicts, the figures,
+docs/findings.md's tables and their compact results; then, as a second command, the grid on further seeds.
 
-What it is for: what docs/findings.md reports, in this order, each part fixed before the next one runs: (0) the
-instruments: toy models built and calibrated side by side (eval.py calibrate), the study taking the first five seeds
-whose model passes (CANDIDATES); (1) the sweep: the single agent at three learning rates, and the rule (SWEEP_RULE)
-that picks the grid's rate from them; (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64
-problems, then eval.py on 64 *other* problems (`--split test`; MODES, and swapped on the IP runs, SWAPPED); (3) the
-runs' compact results (RESULTS: the validation and role curves, the evaluations) copied beside the page, and
-FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied to them by
-infra/findings.py; (4) the figures, the tables between the markers of docs/findings.md, and one `eval.py report`
-page per run (RUN.html). `--replicate N` then runs the grid on the next N calibrated seeds and says, comparison by
-comparison, whether each seed repeats the study's sign and threshold. Each run is an ordinary `python train.py` /
-`python eval.py` command in its own folder under --out: a finished run is skipped, a stopped one resumed. The
-terminal shows a line per finished build, calibration, run and evaluation, with the minutes since the start and an
-estimate of those left. What it is not: the method (it only calls train.py and eval.py), nor part of the test suite,
-nor a place to change a rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
+What it is for: what docs/findings.md reports, each part fixed before the next one runs: (0) the instruments, toy
+models built and calibrated side by side (eval.py calibrate), the first five seeds that pass (CANDIDATES); (1) the
+sweep, the single agent at three learning rates and the rule that picks the grid's rate (SWEEP_RULE); (2) the grid
+(GRID) at that rate: train.py runs validated every 10 steps on 64 problems, then eval.py on 64 *other* problems
+(`--split test`; MODES, and SWAPPED on the IP runs); (3) the runs' compact results (RESULTS) copied beside the page,
+and FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py;
+(4) the figures, the page's tables between their markers, and an `eval.py report` page per run. `--replicate N` then
+runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each seed repeats the
+study's sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its own folder
+under --out: a finished run is skipped, a stopped one resumed. The terminal shows a line per finished command, with
+the minutes since the start and an estimate of those left. What it is not: the method (it only calls train.py and
+eval.py), part of the test suite, or a place to change a rate, a knob, a step count, a seed or a threshold after a
+comparison has been seen.
 
     python -m infra.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
     python -m infra.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
@@ -184,9 +182,8 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
 
 
 def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:
-    """A seed's toy model built (unless the cache has it) and calibrated, its record in out/calibration/, both
-    commands' output in out/calibration/seedS.log. (A cached model has no build command, so that the clock's
-    estimate of a build stays a build's.)"""
+    """A seed's toy model built (unless the cache has it: no build command, none for the clock to wait for) and
+    calibrated, its record in out/calibration/, both commands' output in out/calibration/seedS.log."""
     record = os.path.join(out, "calibration", f"seed{seed}.jsonl")
     build = [] if toy.ready(seed) else [
         ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--build-only"], record[:-6] + ".log")]
@@ -228,7 +225,11 @@ def calibrated_seeds(out: str, wanted: int, candidates: list[int], jobs: int, cl
             return None
         seed = candidates[len(started)]
         started.append(seed)
-        return [] if recorded_misses(out, seed) is not None else seed_chain(out, seed)
+        chain = [] if recorded_misses(out, seed) is not None else seed_chain(out, seed)
+        for kind in ("build", "calibrate"):  # a cached model, a recorded calibration: nothing to wait for
+            if clock and kind not in [kind_of(command) for command, _ in chain]:
+                clock.plan(kind, -1)
+        return chain
 
     def note(command):
         if kind_of(command) != "calibrate":
@@ -293,8 +294,7 @@ def keep_results(out: str, runs: list[str], results: str) -> None:
 
 def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str, minutes: float,
            figures: list[str]) -> dict:
-    """study.json's content: every finding judged (infra/findings.py) on the compact results, the sweep, and
-    the run's settings."""
+    """study.json's content: each finding judged (infra/findings.py) on the compact results, the sweep, the settings."""
     multi_agent = [n for n in names if n in GRID and n != "single"]
     judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
     return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN,

@@ -187,19 +187,19 @@ def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
     assert sum(p.numel() for p in model.parameters()) == times["toy_parameters"]
 
 
-def test_the_rebuilt_seeds_tables_are_the_committed_calibration_records():
-    """docs/findings.md's tables of seeds rebuilt from the repository (on an unrecorded CPU, then on an AVX512
-    one) are `findings.calibration_table` of the committed calibration records (seedS.jsonl or
-    seedS.calibration.jsonl) and builds (seedS.toy.json), seed by seed: the targets missed, the base model's and
-    the oracle's accuracy in each workflow, the solver's gap to its rows, and the build."""
+def test_the_calibration_tables_are_the_committed_records():
+    """docs/findings.md's calibration tables are `findings.calibration_table` of committed records, seed by seed
+    (the targets missed, the base model's and the oracle's accuracy in each workflow, the solver's gap to its rows,
+    the build): the study's seeds from its study.json, and the seeds rebuilt on an unrecorded CPU from their
+    calibration records (seedS.jsonl) and builds (seedS.toy.json)."""
     import json
 
     from infra import findings
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
-    for folder, pattern, at_least in (("rebuilt", "seed?.jsonl", 5), ("avx512", "seed?.calibration.jsonl", 3)):
-        records = sorted(glob.glob(os.path.join(ROOT, "docs", "findings", folder, pattern)))
-        assert len(records) >= at_least
-        builds = [json.load(open(os.path.join(os.path.dirname(r), os.path.basename(r).split(".")[0] + ".toy.json")))
-                  for r in records]
-        table = findings.calibration_table([json.loads(open(r).read().splitlines()[-1]) for r in records], builds)
-        assert table in text, folder
+    study = json.load(open(os.path.join(ROOT, "docs", "findings", "results", "study.json")))
+    assert len(study["calibration"]) == len(study["builds"]) >= len(study["seeds"]) == 5
+    assert findings.calibration_table(study["calibration"], study["builds"]) in text
+    records = sorted(glob.glob(os.path.join(ROOT, "docs", "findings", "rebuilt", "seed?.jsonl")))
+    assert len(records) >= 5
+    builds = [json.load(open(r.replace(".jsonl", ".toy.json"))) for r in records]
+    assert findings.calibration_table([json.loads(open(r).read().splitlines()[-1]) for r in records], builds) in text
