@@ -171,10 +171,12 @@ def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
         text = f.read()
     missing = []
     for name, table in tables.items():
-        pattern = re.compile(rf"(<!-- table:{re.escape(name)} -->\n).*?(\n<!-- /table:{re.escape(name)} -->)", re.S)
+        # (what stands between the markers may be nothing: a table not written yet)
+        start, end = f"<!-- table:{re.escape(name)} -->", f"<!-- /table:{re.escape(name)} -->"
+        pattern = re.compile(rf"({start}\n)(?:.*?\n)?({end})", re.S)
         if not pattern.search(text):
             missing.append(name)
-        text = pattern.sub(lambda m, table=table: m.group(1) + table + m.group(2), text)
+        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)

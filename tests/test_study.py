@@ -160,8 +160,8 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     """write_tables fills every marker from study.json's content: the sweep unsigned, one summary row a finding
     linking to its section, and the finding's table."""
     page = tmp_path / "findings.md"
-    page.write_text("".join(f"<!-- table:{n} -->\nold\n<!-- /table:{n} -->\n"
-                            for n in ("sweep", "summary", "finding-I1/I6")))
+    page.write_text("".join(f"<!-- table:{n} -->\nold\n<!-- /table:{n} -->\n" for n in ("sweep", "summary"))
+                    + "<!-- table:finding-I1/I6 -->\n<!-- /table:finding-I1/I6 -->\n")  # not written yet: empty
     sweep = {"rule": "r", "choice": "1e-3", "rates": {"1e-3": {"base": [0.5, 0.4], "peak": [0.9, 0.8],
                                                               "end": [0.85, 0.7], "holds": 1}}}
     compared = [dict(study.c(label, ("x", "end", "y")), **findings.summarise(diffs), a=diffs, b=[0.0, 0.0],
@@ -175,7 +175,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     assert "| [I1/I6](#i1-and-i6) | anchors help | 1 / 0 / 1 | **not shown** |" in text
     assert "| I6 | greater 0.05 | -0.10 / 0.00 | -0.10 -0.10 | -0.100 | 0.000 |" in text
     assert "| P(a \\| b) | greater 0.05 |" in text  # a pipe in a label is escaped, not a new cell
-    assert "**Verdict: not shown.**" in text
+    assert "**Verdict: not shown.**\n<!-- /table:finding-I1/I6 -->" in text
 
 
 def test_the_calibration_table_names_each_seeds_misses_its_gap_and_where_it_was_built(tmp_path):
