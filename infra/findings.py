@@ -223,14 +223,20 @@ def calibration_table(records: list[dict], builds: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def sweep_table(sweep: dict, seeds: int) -> str:
+    """The sweep's table (infra/study.py's `sweep_choice`): each rate's base, peak and end per seed, how many of
+    the seeds hold, and the rule's choice."""
+    rows = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
+    for lr, r in sweep["rates"].items():
+        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k]) for k in ("base", "peak", "end"))
+        rows.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {seeds} |")
+    rows.append(f"\nChoice ({sweep['rule']}): **{sweep['choice']}**.")
+    return "\n".join(rows)
+
+
 def write_tables(doc: str, study: dict) -> None:
     """docs/md's tables (between their markers) from study.json: the seeds' calibration, the sweep, the
     summary, each finding's, and the replication's when there is one."""
-    sweep = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
-    for lr, r in study["sweep"]["rates"].items():
-        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k]) for k in ("base", "peak", "end"))
-        sweep.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {len(study['seeds'])} |")
-    sweep.append(f"\nChoice ({study['sweep']['rule']}): **{study['sweep']['choice']}**.")
     summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | verdict |",
                "|---|---|---|---|"]
     for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
@@ -238,7 +244,8 @@ def write_tables(doc: str, study: dict) -> None:
         counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
                             for v in ("shown", "not shown", "the opposite"))
         summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
-    tables = {"sweep": "\n".join(sweep), **({"summary": "\n".join(summary)} if study["findings"] else {}),
+    tables = {"sweep": sweep_table(study["sweep"], len(study["seeds"])),
+              **({"summary": "\n".join(summary)} if study["findings"] else {}),
               **{f"finding-{f['id']}": finding_table(f) for f in study["findings"]}}
     if study.get("builds"):
         tables["calibration"] = calibration_table(study["calibration"], study["builds"])
