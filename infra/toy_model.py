@@ -175,8 +175,9 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
     """Supervised learning on (prompt ids, completion ids + EOS) rows, the loss on completion tokens only (summed
     over TOKEN_NORM, `batch_loss`); AdamW with a linear warm-up (50 steps, fewer in a short run) and a linear decay
     to 0. With `fact_rows` (short arithmetic rows, cheap), FACT_SHARE of the steps are first a phase of fact
-    batches, then every FACT_EVERY-th step is one (so the tables are not forgotten). A tqdm bar (`desc`, on a
-    terminal only) shows the steps, the loss and the time left. Returns each step's loss."""
+    batches, then every FACT_EVERY-th step is one (so the tables are not forgotten). A tqdm bar (`desc`) shows
+    the steps, the loss and the time left; where the output is not a terminal (a log file: the study's builds),
+    a line every tenth of the steps says the same. Returns each step's loss."""
     rng = random.Random(seed)
     fact_steps = int(steps * FACT_SHARE) if fact_rows else 0
     total = steps + fact_steps + (steps // FACT_EVERY if fact_rows else 0)
@@ -188,6 +189,7 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
     losses = []
     queue: list[list[tuple[list[int], list[int]]]] = []
     bar = tqdm(range(total), desc=desc, unit="step", mininterval=2, disable=None)
+    start, tenth = time.time(), max(1, total // 10)
     for i in bar:
         habit_step = i - fact_steps
         if habit_step < 0 or (fact_rows and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
@@ -204,6 +206,10 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
         losses.append(per_token)
         if i % 50 == 0:
             bar.set_postfix(loss=f"{per_token:.3f}", refresh=False)
+        if bar.disable and (i + 1) % tenth == 0:
+            minutes = (time.time() - start) / 60
+            print(f"{desc}: step {i + 1:,} of {total:,}, loss {per_token:.3f}, {minutes:.1f} minutes, about "
+                  f"{minutes * (total - i - 1) / (i + 1):.1f} left", flush=True)
     return losses
 
 

@@ -287,6 +287,24 @@ def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
     assert abs(float(both[1].detach()) * toy_model.TOKEN_NORM / 11 - both[2]) < 1e-5  # per token: the 11 tokens' mean
 
 
+def test_a_warm_up_in_a_log_says_its_progress_every_tenth_of_its_steps(capsys):
+    """Where the output is not a terminal (pytest captures it, as the study's build logs do), tqdm's bar is off, so
+    warm_up prints a line every tenth of its steps: 20 steps, a line every 2, the last at step 20 with 0 left."""
+    import torch
+    import transformers
+
+    from infra import toy_model
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32))
+    losses = toy_model.warm_up(model, [([1, 2], [3, 4])] * 40, seed=0, steps=20, desc="[toy] test warm-up")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[toy] test warm-up: ")]
+    assert len(losses) == 20 and len(lines) == 10
+    assert lines[0].startswith("[toy] test warm-up: step 2 of 20, loss ")
+    assert lines[-1].startswith("[toy] test warm-up: step 20 of 20, loss ") and lines[-1].endswith("about 0.0 left")
+
+
 def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_path, monkeypatch, capsys):
     """calibration.calibration_warning: the record `eval.py calibrate` keeps beside the model, else the committed
     study's record of that seed at this VERSION (another version's is not this model's); one line when the record
