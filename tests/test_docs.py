@@ -204,6 +204,28 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
     assert findings.sweep_table(sweep, len(seeds)) in text
 
 
+def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
+    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (each
+    finding's comparisons and verdict, the sweep), and docs/findings.md is what the study command writes from it:
+    every table between markers (calibration, sweep, summary, each finding's, the replication's) as committed. So
+    a number in a table is checked from a clone by reading files, not by re-running the study."""
+    import json
+    import shutil
+
+    from infra import findings, study
+    results = os.path.join(ROOT, "docs", "findings", "results")
+    committed = json.load(open(os.path.join(results, "study.json")))
+    seeds = committed["seeds"]
+    assert seeds == [0, 1, 2, 3, 5] and len(committed["findings"]) == len(study.FINDINGS)
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN == NaN)
+    assert same(committed["findings"], [findings.judge_finding(results, seeds, f) for f in study.FINDINGS])
+    assert same(committed["sweep"], study.sweep_choice(results, seeds))
+    page = os.path.join(ROOT, "docs", "findings.md")
+    shutil.copy(page, tmp_path / "findings.md")
+    findings.write_tables(str(tmp_path / "findings.md"), committed)
+    assert (tmp_path / "findings.md").read_text() == open(page).read()
+
+
 def test_the_calibration_tables_are_the_committed_records():
     """docs/findings.md's calibration tables, of the study's candidate seeds (built on AVX512: avx512/) and of the
     seeds rebuilt on an unrecorded CPU (rebuilt/), are `findings.calibration_table` of the committed calibration
