@@ -256,11 +256,16 @@ def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int,
                        jobs: int, clock: Clock | None, dry_run: bool) -> None:
     """Every configuration's run on every seed (seed by seed, so that a stopped study has whole seeds to show),
     then eval.py on the grid's runs."""
-    run_all([run_chain(train_command(out, name, seed, steps, lr)) for seed in seeds for name in names
-             if dry_run or not finished(out, name, seed, steps)], dry_run, jobs, clock)
+    trains = [run_chain(train_command(out, name, seed, steps, lr)) for seed in seeds for name in names
+              if dry_run or not finished(out, name, seed, steps)]
+    if clock:  # a run trained by an earlier invocation is not waited for
+        clock.plan("train", len(trains) - len(seeds) * len(names))
+    run_all(trains, dry_run, jobs, clock)
     grid = [n for n in names if n in GRID]
-    run_all([run_chain(*eval_commands(out, name, seed, samples, grid)) for seed in seeds for name in grid[1:]],
-            dry_run, jobs, clock)
+    evals = [run_chain(*eval_commands(out, name, seed, samples, grid)) for seed in seeds for name in grid[1:]]
+    if clock and grid:  # nor a mode already in its run's eval.jsonl
+        clock.plan("eval", sum(map(len, evals)) - evals_per_seed(grid) * len(seeds))
+    run_all(evals, dry_run, jobs, clock)
 
 
 def sweep_choice(out: str, seeds: list[int]) -> dict:

@@ -240,6 +240,24 @@ def test_the_clock_waits_only_for_the_builds_and_calibrations_a_seed_runs(tmp_pa
     assert clock.left() == 1 * 37.0 + 2 * 6.0
 
 
+def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkeypatch):
+    """A study invoked again finds seed 0's 12 runs trained and evaluated: planned for 2 seeds, the clock waits
+    for seed 1's 12 runs and 20 evaluations only (before, such an invocation ended saying 'about 52 min left')."""
+    out = tmp_path / "s"
+    for name in study.GRID:
+        (out / f"{name}-s0").mkdir(parents=True)
+        (out / f"{name}-s0" / "metrics.jsonl").write_text(json.dumps({"step": 150}) + "\n")
+        (out / f"{name}-s0" / "eval.jsonl").write_text("".join(json.dumps({"mode": m}) + "\n"
+                                                              for m in [*study.MODES, "swapped"]))
+    started = []
+    monkeypatch.setattr(study, "run_all", lambda chains, *args: started.append(sum(map(len, chains))))
+    clock = jobs.Clock(2)
+    clock.plan("train", 12 * 2), clock.plan("eval", study.evals_per_seed(list(study.GRID)) * 2)
+    study.train_and_evaluate(str(out), list(study.GRID), [0, 1], 150, "1e-3", 2, 2, clock, dry_run=False)
+    assert started == [12, 20]  # commands: seed 1's runs, then its evaluations
+    assert (clock.planned["train"], clock.planned["eval"]) == (12, 20)
+
+
 def test_too_few_calibrated_seeds_stop_the_study_before_a_run(tmp_path, monkeypatch):
     """When fewer than N of the CANDIDATES seeds pass, the study stops before any run, naming the ones set
     aside."""
