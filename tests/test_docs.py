@@ -158,15 +158,19 @@ STATED = {
     "docs/toy_world.md": ["a {toy_parameters_m}M-parameter Llama", "in about {build_minutes} minutes on 2 CPU cores",
                           "{first_toy_run_minutes} minutes"],
     "docs/ablations.md": ["a {toy_parameters_m}M-parameter model", "about {build_minutes} minutes"],
-    "bench/README.md": ["{build_minutes} minutes", "{first_toy_run_minutes} minutes"],
-    "docs/findings.md": ["about {build_minutes} minutes on 2 cores"],
+    "bench/README.md": ["{build_minutes} minutes", "{first_toy_run_minutes} minutes",
+                        "{study_rerun_minutes} minutes from the first build to the last table",
+                        "about {study_fresh_clone_hours} hours"],
+    "docs/findings.md": ["about {build_minutes} minutes on 2 cores",
+                         "{study_rerun_minutes} minutes from the first build to the last table",
+                         "about {study_fresh_clone_hours} hours"],
 }
 
 
 def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
-    """Every page in STATED writes the build's minutes, the first toy run's and the model's size as bench/times.json
-    has them; the build's own message (toy_model.BUILD_MINUTES) says the same; the size is the model's: a Llama of
-    toy_model.SHAPE with its 1,024-token vocabulary, counted."""
+    """Every page in STATED writes the build's minutes, the first toy run's, the study's and the model's size as
+    bench/times.json has them; the build's own message (toy_model.BUILD_MINUTES) says the same; the size is the
+    model's: a Llama of toy_model.SHAPE with its 1,024-token vocabulary, counted."""
     import json
 
     import transformers
