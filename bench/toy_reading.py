@@ -119,4 +119,5 @@ print(f"single agent's answer at temperature {temperature}, by offset from the r
 print("  ".join(f"{i - 3:+d}: {m:.3f}" for i, m in enumerate(mass)))
 drill = toy.chatml([{"role": "user", "content": "Work it out."}])  # the facts as the warm-up drills them
 known = [answer_mass(drill + f"{s.a} {s.op} {s.b} = ", s.answer, ".") for s in problems]
-print(f"the same facts as a drill (`Work it out.`), right: {sum(known) / len(known):.3f}")
+print(f"the same facts as a drill (`Work it out.`) at temperature {temperature}, right: "
+      f"{sum(known) / len(known):.3f}")

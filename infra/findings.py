@@ -1,5 +1,6 @@
-"""The toy-world study's statistics: per-seed numbers read from run folders, paired differences, and the verdict of
-each predeclared comparison (infra/study.py's FINDINGS), written as the tables of docs/findings.md.
+"""The toy-world study's statistics: its runs' compact results (`keep_results`), per-seed numbers read from them,
+paired differences, and the verdict of each predeclared comparison (infra/study.py's FINDINGS), written as the
+tables of docs/findings.md.
 
 What it does: reads each configuration's runs (one per seed) into per-seed values, of validation curves as window
 means (the peak: the best mean of 3 consecutive validation points; the end: the mean of the last 3; so neither
@@ -16,16 +17,23 @@ place to change a threshold after a comparison has been seen.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 import re
+import shutil
 
 from infra.runfolder import read_results
 
 WINDOW = 3          # validation points in a peak or end window
 TRAIN_LAST = 20     # training steps a training metric is averaged over at the end
 BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
+
+# What the compact results keep of a run (docs/findings/results/RUN/): its validation curves and these training
+# curves, to 4 decimals, and its evaluations: what the tables, the figures and the page's prose read.
+RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/opt_steps", "/kl_base",
+           "/entropy", "/careful", "/own_format", "/foreign_format", "/foreign_box")
 
 
 def series(out: str, name: str, seed: int, key: str) -> list[tuple[int, float]]:
@@ -267,3 +275,18 @@ def replication_table(rep: dict) -> str:
         rows.append(f"| {r['finding']} | {label} | {r['rule']} | {fmt(r['study_mean'])}, {r['study']} | "
                     f"{per_seed} | {r['same_sign']} of {r['seeds']} | {r['passes']} of {r['seeds']} |")
     return "\n".join(rows)
+
+
+def keep_results(out: str, runs: list[str], results: str) -> None:
+    """Each run's compact results (RESULTS) into results/RUN/: metrics.jsonl and eval.jsonl, the files this
+    module and infra/plots.py read, so that the tables and figures can be drawn again from a clone."""
+    for run in runs:
+        folder = os.path.join(results, run)
+        os.makedirs(folder, exist_ok=True)
+        kept = [{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()
+                 if any(k == w or k.endswith(w) or k.startswith(w) for w in RESULTS)}
+                for m in read_results(os.path.join(out, run, "metrics.jsonl"), ("step",), warn=False)]
+        with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(m) + "\n" for m in kept)
+        if os.path.exists(os.path.join(out, run, "eval.jsonl")):
+            shutil.copy(os.path.join(out, run, "eval.jsonl"), os.path.join(folder, "eval.jsonl"))

@@ -9,7 +9,9 @@ repository. What it is not: what to run, or in which order (infra/study.py decid
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,33 +87,65 @@ def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, no
         chains = lambda: waiting.pop(0) if waiting else None  # noqa: E731
     env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if jobs > 1 else {})}
     running, failed = [], []
-    while True:
-        while len(running) < jobs and not failed and (chain := chains()) is not None:
-            if dry_run:
-                print("\n".join(" ".join(command[1:]) for command, _ in chain), flush=True)
-            elif chain:
-                running.append(start(chain, env))
-        if not running:
-            break
-        time.sleep(0.5)
-        for entry in [e for e in running if e[0].poll() is not None]:
-            process, (command, log), rest, began = entry
-            running.remove(entry)
-            if process.returncode not in ((0, 1) if kind_of(command) == "calibrate" else (0,)):
-                failed.append(f"{' '.join(command[1:3])}... failed (exit {process.returncode}); see {log}")
-                continue
-            if clock:
-                clock.finished(command, log, (time.time() - began) / 60, note(command))
-            if rest:
-                running.append(start(rest, env))
+    previous = signal.signal(signal.SIGTERM, stop_request)
+    try:
+        while True:
+            while len(running) < jobs and not failed and (chain := chains()) is not None:
+                if dry_run:
+                    print("\n".join(" ".join(command[1:]) for command, _ in chain), flush=True)
+                elif chain:
+                    running.append(start(chain, env))
+            if not running:
+                break
+            time.sleep(0.5)
+            for entry in [e for e in running if e[0].poll() is not None]:
+                process, (command, log), rest, began = entry
+                running.remove(entry)
+                if process.returncode not in ((0, 1) if kind_of(command) == "calibrate" else (0,)):
+                    failed.append(f"{' '.join(command[1:3])}... failed (exit {process.returncode}); see {log}")
+                    continue
+                if clock:
+                    clock.finished(command, log, (time.time() - began) / 60, note(command))
+                if rest:
+                    running.append(start(rest, env))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (stop_request): each command stops as it would alone
+        stop_running([process for process, *_ in running])
+        print("stopped; the same command goes on from here (finished runs are kept, a stopped run resumes from "
+              "its last checkpoint)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if failed:
         raise SystemExit("error: " + "; ".join(failed))
 
 
+def stop_running(processes: list[subprocess.Popen]) -> None:
+    """Each running command gets a SIGINT, as a Ctrl-C of its own (train.py saves a checkpoint after its step,
+    and `--resume` continues it), and the study waits for them; a second stop sends a second SIGINT, which stops
+    train.py at once (its last checkpoint is complete: saves are atomic)."""
+    for process in processes:
+        process.send_signal(signal.SIGINT)
+    try:
+        for process in processes:
+            process.wait()
+    except KeyboardInterrupt:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                process.wait()
+
+
+def stop_request(signum, frame) -> None:
+    """SIGTERM (a scheduler's stop) handled as Ctrl-C is."""
+    raise KeyboardInterrupt
+
+
 def start(chain: list[tuple[list[str], str]], env: dict) -> tuple:
-    """Start a chain's first command: (process, (command, log), the rest of the chain, its start time)."""
+    """Start a chain's first command: (process, (command, log), the rest of the chain, its start time), in a
+    session of its own, so that a stop reaches it once, from run_all, not also from the terminal."""
     command, log = chain[0]
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "a") as f:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
     return process, chain[0], chain[1:], time.time()

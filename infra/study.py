@@ -4,22 +4,23 @@ docs/findings.md's tables and their compact results; then, as a second command, 
 
 What it is for: what docs/findings.md reports, each part fixed before the next one runs: (0) the instruments, toy
 models built and calibrated side by side (eval.py calibrate), the first five seeds that pass (CANDIDATES); (1) the
-sweep, the single agent at three learning rates and the rule that picks the grid's rate (SWEEP_RULE); (2) the grid
-(GRID) at that rate: train.py runs validated every 10 steps on 64 problems, then eval.py on 64 *other* problems
-(`--split test`; MODES, and SWAPPED on the IP runs); (3) the runs' compact results (RESULTS) copied beside the page,
-and FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py;
-(4) the figures, the page's tables between their markers, and an `eval.py report` page per run. `--replicate N` then
-runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each seed repeats the
-study's sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its own folder
-under --out: a finished run is skipped, a stopped one resumed. The terminal shows a line per finished command, with
-the minutes since the start and an estimate of those left. What it is not: the method (it only calls train.py and
-eval.py), part of the test suite, or a place to change a rate, a knob, a step count, a seed or a threshold after a
-comparison has been seen.
+sweep, the single agent at three rates and the rule that picks the grid's (SWEEP_RULE); (2) the grid (GRID) at that
+rate: train.py runs validated every 10 steps on 64 problems, then eval.py on 64 *other* problems (`--split test`;
+MODES, and SWAPPED on the IP runs); (3) the runs' compact results (findings.RESULTS) copied beside the page, and
+FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py; (4)
+the figures, the page's tables between their markers, and an `eval.py report` page per run. `--replicate N` then
+runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each repeats the study's
+sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its own folder under
+--out: a finished run is skipped, a stopped one resumed (Ctrl-C or SIGTERM stops each after its step). The terminal
+shows a line per finished command, the minutes since the start and an estimate of those left. What it is not: the
+method (it only calls train.py and eval.py), part of the test suite, or a place to change a rate, a knob, a step
+count, a seed or a threshold after a comparison has been seen.
 
     python -m infra.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
     python -m infra.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
         --doc docs/findings.md                       # the whole study (docs/findings.md says how long it took)
-    python -m infra.study --out runs/study --jobs 2 --replicate 2 --doc docs/findings.md    # two more seeds
+    python -m infra.study --out runs/study --jobs 2 --replicate 2 --results docs/findings/results \\
+        --doc docs/findings.md                       # the grid on two more seeds
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 
 from infra import calibration, findings, toy
@@ -66,10 +66,6 @@ GRID = {  # name -> the flags that make it (on top of TRAIN and the sweep's rate
     "orchworkers-ip": ["--workflow", "orchworkers", "--policy", "ip"],
 }
 MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
-# What the compact results keep of a run (docs/findings/results/RUN/): its validation curves and these training
-# curves, to 4 decimals, and its evaluations: what the tables, the figures and the page's prose read.
-RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/opt_steps", "/kl_base",
-           "/entropy", "/careful", "/own_format", "/foreign_format", "/foreign_box")
 
 
 def c(label: str, a: tuple, b: tuple | None = None, rule: str = "greater", threshold: float = 0.05,
@@ -282,21 +278,6 @@ def sweep_choice(out: str, seeds: list[int]) -> dict:
     return {"rule": SWEEP_RULE, "rates": rows, "choice": max(fine, key=float) if fine else None}
 
 
-def keep_results(out: str, runs: list[str], results: str) -> None:
-    """Each run's compact results (RESULTS) into results/RUN/: metrics.jsonl and eval.jsonl, the files
-    infra/findings.py and infra/plots.py read, so that the tables and figures can be drawn again from a clone."""
-    for run in runs:
-        folder = os.path.join(results, run)
-        os.makedirs(folder, exist_ok=True)
-        kept = [{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()
-                 if any(k == w or k.endswith(w) or k.startswith(w) for w in RESULTS)}
-                for m in read_results(os.path.join(out, run, "metrics.jsonl"), ("step",), warn=False)]
-        with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
-            f.writelines(json.dumps(m) + "\n" for m in kept)
-        if os.path.exists(os.path.join(out, run, "eval.jsonl")):
-            shutil.copy(os.path.join(out, run, "eval.jsonl"), os.path.join(folder, "eval.jsonl"))
-
-
 def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str, minutes: float,
            figures: list[str]) -> dict:
     """study.json's content: each finding judged (infra/findings.py) on the compact results, the sweep, the settings."""
@@ -328,7 +309,7 @@ def replicate(args, clock: Clock, results: str) -> None:
                        args.dry_run)
     if args.dry_run:
         return
-    keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results)
+    findings.keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results)
     study["replication"] = {"seeds": seeds, "set_aside": set_aside,
                             "rows": findings.replication(results, seeds, study["findings"]), "minutes": clock.minutes()}
     write_study(args.out, results, study, args.doc)
@@ -384,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         return
     runs = [f"{n}-s{s}" for s in seeds for n in [*SWEEP, *grid] if finished(args.out, n, s, args.steps)]
-    keep_results(args.out, runs, results)
+    findings.keep_results(args.out, runs, results)
     from infra.plots import plot_study
     figures = args.figures or args.out
     os.makedirs(figures, exist_ok=True)

@@ -67,6 +67,29 @@ def test_run_all_keeps_each_chains_order_runs_two_at_once_and_names_a_failure(tm
         jobs.run_all([[([sys.executable, "-c", "raise SystemExit(3)"], str(tmp_path / "c.log"))]], False, 2)
 
 
+def test_a_stopped_study_stops_each_command_once_and_says_how_to_go_on(tmp_path, capsys):
+    """SIGTERM (or Ctrl-C) reaching the study: each running command gets one SIGINT, as train.py expects (it
+    saves after its step), the study waits for it, starts nothing more, and exits 130 with a line, no traceback."""
+    import signal
+    import sys
+    import threading
+    trap = ("import signal, sys, time; seen = []; signal.signal(signal.SIGINT, lambda *_: seen.append(1)); "
+            "open(sys.argv[1] + '.started', 'w').close(); t = time.time()\n"
+            "while not seen and time.time() - t < 20: time.sleep(0.05)\n"
+            "time.sleep(0.5); open(sys.argv[1], 'w').write(str(len(seen)))")
+    chains = [[([sys.executable, "-c", trap, str(tmp_path / name), "--run-dir", str(tmp_path / name)],
+                str(tmp_path / name) + ".log")] for name in ("a", "b", "c")]
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(SystemExit) as stopped:
+        jobs.run_all(chains, False, 2)
+    timer.cancel()
+    assert stopped.value.code == 130 and "stopped; the same command goes on" in capsys.readouterr().err
+    assert (tmp_path / "a").read_text() == "1" and (tmp_path / "b").read_text() == "1"  # one SIGINT each
+    assert not os.path.exists(tmp_path / "c.started")  # nothing started after the stop
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_the_clock_estimates_the_time_left_from_what_each_kind_took():
     """Planned commands count at their kind's measured mean once one has finished (MINUTES before), shared by
     the jobs: 2 builds left at 4 minutes and 10 runs at the prior minute, over 2 jobs, are 9 minutes."""
@@ -305,7 +328,7 @@ def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_ta
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (folder / "eval.jsonl").write_text(json.dumps({"mode": "trained", "dataset": "math-d0-test",
                                                        "metrics": {"accuracy": 0.6}}) + "\n")
-    study.keep_results(str(out), [f"voting-sp-s{s}" for s in range(3)], str(kept))
+    findings.keep_results(str(out), [f"voting-sp-s{s}" for s in range(3)], str(kept))
     first = json.loads((kept / "voting-sp-s0" / "metrics.jsonl").read_text().splitlines()[0])
     assert first == {"step": 0, "val/success": 0.5, "generator/loss_share": 0.7512}
     assert (kept / "voting-sp-s2" / "eval.jsonl").read_text() == (out / "voting-sp-s2" / "eval.jsonl").read_text()
