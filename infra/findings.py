@@ -32,8 +32,8 @@ BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
 
 # What the compact results keep of a run (docs/findings/results/RUN/): its validation curves and these training
 # curves, to 4 decimals, and its evaluations: what the tables, the figures and the page's prose read.
-RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/opt_steps", "/kl_base",
-           "/entropy", "/careful", "/own_format", "/foreign_format", "/foreign_box")
+RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/grad_norm_share", "/opt_steps",
+           "/kl_base", "/coherence_scale", "/entropy", "/careful", "/own_format", "/foreign_format", "/foreign_box")
 
 
 def series(out: str, name: str, seed: int, key: str) -> list[tuple[int, float]]:
