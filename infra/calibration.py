@@ -199,7 +199,7 @@ STUDY_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 def calibration_record(seed: int) -> dict | None:
     """The calibration record of the seed's toy model: the one `eval.py calibrate` wrote beside it, else the
-    study's (STUDY_RESULTS, the seeds it calibrated at this VERSION); None when there is none."""
+    study's (STUDY_RESULTS, the seeds it and its replication calibrated at this VERSION); None when there is none."""
     try:
         with open(os.path.join(folder(seed), "calibration.json")) as f:
             return json.load(f)
@@ -210,7 +210,8 @@ def calibration_record(seed: int) -> dict | None:
             study = json.load(f)
     except (OSError, ValueError):
         return None
-    records = study.get("calibration", []) if study.get("toy_version") == VERSION else []
+    records = [*study.get("calibration", []), *study.get("replication", {}).get("calibration", [])]
+    records = records if study.get("toy_version") == VERSION else []
     return next((r for r in records if r.get("seed") == seed), None)
 
 

@@ -310,10 +310,19 @@ def replicate(args, clock: Clock, results: str) -> None:
     if args.dry_run:
         return
     findings.keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results)
-    study["replication"] = {"seeds": seeds, "set_aside": set_aside,
+    study["replication"] = {"seeds": seeds, "set_aside": set_aside, **seed_records(args.out, seeds, set_aside),
                             "rows": findings.replication(results, seeds, study["findings"]), "minutes": clock.minutes()}
     write_study(args.out, results, study, args.doc)
     print(f"replication: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
+
+
+def seed_records(out: str, seeds: list[int], set_aside: list[dict]) -> dict:
+    """Each considered seed's build (toy.json) and calibration record, for study.json: a clone's toy run reads
+    them (calibration.calibration_warning), the page's calibration table too."""
+    considered = sorted(seeds + [r["seed"] for r in set_aside])
+    return {"builds": [toy.build_record(s) for s in considered],
+            "calibration": [read_results(os.path.join(out, "calibration", f"seed{s}.jsonl"), warn=False)[-1]
+                            for s in considered]}
 
 
 def evals_per_seed(grid: list[str]) -> int:
@@ -374,10 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     reports = [write_report([os.path.join(args.out, run)], os.path.join(args.out, run) + ".html")["path"]
                for run in runs]
     study = report(results, [*SWEEP, *grid], seeds, args.steps, lr, clock.minutes(), figures)
-    considered = sorted(seeds + [r["seed"] for r in set_aside])
-    study.update(reports=reports, set_aside=set_aside, builds=[toy.build_record(s) for s in considered],
-                 calibration=[read_results(os.path.join(args.out, "calibration", f"seed{s}.jsonl"), warn=False)[-1]
-                              for s in considered])
+    study.update(reports=reports, set_aside=set_aside, **seed_records(args.out, seeds, set_aside))
     write_study(args.out, results, study, args.doc)
     print(f"study: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 

@@ -281,6 +281,34 @@ def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkey
     assert (clock.planned["train"], clock.planned["eval"]) == (12, 20)
 
 
+def test_a_replication_takes_the_seeds_after_the_studys_and_keeps_their_calibration(tmp_path, monkeypatch):
+    """`--replicate 2` after a study of seeds 0-3 and 5 (4 set aside): the candidates start at 6, the grid runs on
+    the seeds that pass, and study.json (in --out and --results) gains the replication: its seeds, each one's build
+    and calibration record (a clone's `--model toy --seed 7` reads it), and each comparison's rows."""
+    out, results = tmp_path / "s", tmp_path / "results"
+    write_calibrations(out, [{"seed": 6, "missed": ["solve: right - oracle"]}, {"seed": 7, "missed": []},
+                             {"seed": 8, "missed": []}])
+    results.mkdir()
+    (out / "study.json").write_text(json.dumps({"seeds": [0, 1, 2, 3, 5], "set_aside": [{"seed": 4, "missed": []}],
+                                                "steps": 150, "lr": "1e-3", "findings": [], "sweep": {}}))
+    ran = []
+    monkeypatch.setattr(study.toy, "ready", lambda seed: True)
+    monkeypatch.setattr(study.toy, "build_record", lambda seed: {"seed": seed, "minutes": 30.0})
+    def run_all(chains, *args):  # every seed is calibrated already: each seed's chain is empty
+        while chains() is not None:
+            pass
+    monkeypatch.setattr(study, "run_all", run_all)
+    monkeypatch.setattr(study, "train_and_evaluate", lambda out, names, seeds, *args: ran.append(seeds))
+    monkeypatch.setattr(study.findings, "keep_results", lambda *args: None)
+    study.main(["--out", str(out), "--replicate", "2", "--results", str(results)])
+    assert ran == [[7, 8]]
+    for folder in (out, results):
+        rep = json.loads((folder / "study.json").read_text())["replication"]
+        assert rep["seeds"] == [7, 8] and rep["set_aside"] == [{"seed": 6, "missed": ["solve: right - oracle"]}]
+        assert [r["seed"] for r in rep["calibration"]] == [6, 7, 8] and rep["builds"][1] == {"seed": 7, "minutes": 30}
+        assert rep["rows"] == []
+
+
 def test_too_few_calibrated_seeds_stop_the_study_before_a_run(tmp_path, monkeypatch):
     """When fewer than N of the CANDIDATES seeds pass, the study stops before any run, naming the ones set
     aside."""

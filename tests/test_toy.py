@@ -307,8 +307,9 @@ def test_a_warm_up_in_a_log_says_its_progress_every_tenth_of_its_steps(capsys):
 
 def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_path, monkeypatch, capsys):
     """calibration.calibration_warning: the record `eval.py calibrate` keeps beside the model, else the committed
-    study's record of that seed at this VERSION (another version's is not this model's); one line when the record
-    misses a target or there is none, nothing when it passes. build_before_load prints it after the build."""
+    study's (or its replication's) record of that seed at this VERSION (another version's is not this model's); one
+    line when the record misses a target or there is none, nothing when it passes. build_before_load prints it
+    after the build."""
     import json
 
     from infra import calibration, toy, toy_hooks, toy_model
@@ -321,6 +322,9 @@ def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_p
     (tmp_path / "study.json").write_text(json.dumps(study))
     assert warning(3) == ("warning: the toy model of seed 3 misses 1 calibration target(s) (retry: right - oracle); "
                           "the study sets such a seed aside (docs/toy_world.md)")
+    replicated = {**study, "replication": {"calibration": [{"seed": 7, "missed": []}]}}
+    (tmp_path / "study.json").write_text(json.dumps(replicated))  # a replication seed's record counts too
+    assert warning(7) is None and warning(3).startswith("warning:")
     (tmp_path / "study.json").write_text(json.dumps({**study, "toy_version": toy.VERSION - 1}))
     assert warning(3).startswith("note: no calibration record")
     os.makedirs(toy.folder(3))
