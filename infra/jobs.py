@@ -43,9 +43,9 @@ def label_of(command: list[str], log: str) -> str:
 
 
 # A command's minutes on one thread of the 2-core machine, another job on the other core (two builds side by
-# side took 37 and 36 minutes, docs/findings.md, and calibrations 6; a 150-step toy Voting run about 2.3,
-# bench/README.md): the estimate of the time left until the study has timed commands of that kind itself.
-MINUTES = {"build": 37.0, "calibrate": 6.0, "train": 2.0, "eval": 0.3, "other": 1.0}
+# side took 32.5-35.5 minutes and two calibrations 2.6 each, 2026-12-04, docs/findings.md; a 150-step toy Voting
+# run about 2.3, bench/README.md): the estimate of the time left until the study has timed that kind itself.
+MINUTES = {"build": 34.0, "calibrate": 3.0, "train": 2.0, "eval": 0.3, "other": 1.0}
 
 
 class Clock:

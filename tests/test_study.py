@@ -252,7 +252,7 @@ def test_a_seed_whose_model_misses_calibration_is_set_aside_and_the_next_one_tak
 
 def test_the_clock_waits_only_for_the_builds_and_calibrations_a_seed_runs(tmp_path, monkeypatch):
     """Planned for 3 seeds, the clock waits for none of seed 0's (calibrated before), only seed 1's calibration
-    (its model is cached) and both of seed 2's: 1 build and 2 calibrations left, at 37 and 6 minutes each."""
+    (its model is cached) and both of seed 2's: 1 build and 2 calibrations left, at 34 and 3 minutes each."""
     out = tmp_path / "s"
     write_calibrations(out, [{"seed": 0, "missed": []}])
     monkeypatch.setattr(study.toy, "ready", lambda seed: seed == 1)
@@ -260,7 +260,7 @@ def test_the_clock_waits_only_for_the_builds_and_calibrations_a_seed_runs(tmp_pa
     clock.plan("build", 3), clock.plan("calibrate", 3)
     study.calibrated_seeds(str(out), 3, [0, 1, 2, 3], 1, clock, dry_run=True)
     assert (clock.planned["build"], clock.planned["calibrate"]) == (1, 2)
-    assert clock.left() == 1 * 37.0 + 2 * 6.0
+    assert clock.left() == 1 * 34.0 + 2 * 3.0
 
 
 def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkeypatch):
