@@ -191,14 +191,16 @@ def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
     return missing
 
 
-def replication(results: str, seeds: list[int], judged: list[dict]) -> list[dict]:
+def replication(results: str, seeds: list[int], judged: list[dict], specs: list[dict]) -> list[dict]:
     """Comparison by comparison, whether each replication seed repeats the study's verdict: its difference has
     the sign of the study's mean, and passes the rule's threshold on its own (greater: >= t; matches: >= -t;
-    near: within t of the target)."""
+    near: within t of the target). `judged`: the study's findings (judge_finding: a comparison's `a` and `b`
+    are its per-seed values there); `specs`: the same findings as declared (infra/study.py's FINDINGS)."""
+    declared = {(f["id"], c["label"]): c for f in specs for c in f.get("preconditions", []) + f["comparisons"]}
     rows = []
     for finding in judged:
         for c in finding["preconditions"] + finding["comparisons"]:
-            again = compare(results, seeds, c)
+            again = compare(results, seeds, declared[(finding["id"], c["label"])])
             per_seed = again["per_seed"]
             if c["rule"] == "near":
                 passes = [abs(x - c["target"]) <= c["threshold"] for x in per_seed]

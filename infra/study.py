@@ -311,7 +311,8 @@ def replicate(args, clock: Clock, results: str) -> None:
         return
     findings.keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results)
     study["replication"] = {"seeds": seeds, "set_aside": set_aside, **seed_records(args.out, seeds, set_aside),
-                            "rows": findings.replication(results, seeds, study["findings"]), "minutes": clock.minutes()}
+                            "rows": findings.replication(results, seeds, study["findings"], FINDINGS),
+                            "minutes": clock.minutes()}
     write_study(args.out, results, study, args.doc)
     print(f"replication: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 

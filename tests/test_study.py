@@ -373,10 +373,11 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
     for seed, d in {5: 0.30, 6: 0.02, 7: -0.10}.items():
         write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + d, 0.5 + d, 0.5 + d])
         write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5])
-    judged = [{"id": "4", "preconditions": [], "comparisons": [
-        dict(study.c("end: IP - SP", ("voting-ip", "end", "success"), ("voting-sp", "end", "success")),
-             mean=0.2, verdict="shown")]}]
-    (row,) = findings.replication(str(tmp_path), [5, 6, 7], judged)
+    spec = {"id": "4", "claim": "", "comparisons": [
+        study.c("end: IP - SP", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
+    judged = findings.judge_finding(str(tmp_path), [5], spec)  # as study.json keeps it: `a` the per-seed values
+    judged["comparisons"][0].update(mean=0.2, verdict="shown")
+    (row,) = findings.replication(str(tmp_path), [5, 6, 7], [judged], [spec])
     assert row["per_seed"] == pytest.approx([0.30, 0.02, -0.10])
     assert (row["same_sign"], row["passes"], row["seeds"], row["study"]) == (2, 1, 3, "shown")
     table = findings.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]})
