@@ -224,6 +224,10 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN == NaN)
     assert same(committed["findings"], [findings.judge_finding(results, seeds, f) for f in study.FINDINGS])
     assert same(committed["sweep"], study.sweep_choice(results, seeds))
+    replication = committed["replication"]
+    assert replication["seeds"] == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
+    rows = findings.replication(results, replication["seeds"], committed["findings"], study.FINDINGS)
+    assert same(replication["rows"], rows) and len(rows) == 20
     page = os.path.join(ROOT, "docs", "findings.md")
     shutil.copy(page, tmp_path / "findings.md")
     findings.write_tables(str(tmp_path / "findings.md"), committed)
