@@ -191,6 +191,27 @@ def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
     assert sum(p.numel() for p in model.parameters()) == times["toy_parameters"]
 
 
+def test_the_readme_caption_counts_the_committed_calls():
+    """The README's caption reads the kept episodes of the study's voting-sp-s0 at step 150 (committed beside its
+    curves): the 24 generator calls all right, and 4 of the 8 aggregator calls with no readable pick (the parser's
+    `default`, solution 1), each a broken line or a box out of the solutions' range."""
+    import json
+    import re
+
+    import workflows
+    kept = json.load(open(os.path.join(ROOT, "docs", "findings", "results", "voting-sp-s0", "samples",
+                                       "step_000150.json")))
+    calls = [c for episode in kept["episodes"] for c in episode["calls"]]
+    generators = [c for c in calls if c["role"] == "generator"]
+    aggregators = [c for c in calls if c["role"] == "aggregator"]
+    assert kept["step"] == 150 and (len(generators), sum(c["correct"] for c in generators)) == (24, 24)
+    unread = [c["output"] for c in aggregators if workflows.parse_selection(c["output"], 3) == (0, "default")]
+    assert (len(unread), len(aggregators)) == (4, 8)
+    assert all(text.startswith("I t.") or re.search(r"\\boxed\{[4-9]\}", text) for text in unread)
+    text = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    assert "right in all 24 of the kept calls, but in 4 of its 8 calls the aggregator's pick cannot be read" in text
+
+
 def test_the_sweep_table_is_the_committed_sweep_runs():
     """docs/findings.md's sweep table is the sweep's rule applied (`study.sweep_choice`) to the committed compact
     results of its 15 runs (docs/findings/results/single-lrR-sS/), on the study's seeds: the first five of the
