@@ -220,7 +220,7 @@ def calibration_warning(seed: int) -> str | None:
     record = calibration_record(seed)
     if record is None:
         return (f"note: no calibration record for the toy model of seed {seed} here "
-                f"(python -m infra.toy --calibrate --seed {seed}, about 2 minutes)")
+                f"(python -m infra.toy --calibrate --seed {seed}, about 3 minutes)")
     if record["missed"]:
         return (f"warning: the toy model of seed {seed} misses {len(record['missed'])} calibration target(s) "
                 f"({', '.join(record['missed'])}); the study sets such a seed aside (docs/toy_world.md)")

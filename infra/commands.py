@@ -36,6 +36,9 @@ def add_commands(commands) -> None:
     calibrate.add_argument("--seed", type=int, default=0, help="the toy model's seed")
     calibrate.add_argument("--build-only", action="store_true",
                            help="build the seed's toy model (once, into the cache) and stop")
+    calibrate.add_argument("--build-into", default=None,
+                           help="build the seed's toy model afresh into this new folder (never "
+                           "copied from docs/findings/models/) and stop")
     calibrate.add_argument("--episodes", type=number(int, 1), default=None,
                            help="episodes per problem of every measurement (default: "
                            "calibration.EPISODES, >= 500 calls of each habit)")
@@ -57,6 +60,11 @@ def run(args, roles: dict[str, list[str]], play: Callable, toy_engine: Callable)
     `toy_engine` the toy world's rollout and engine (calibrate)."""
     if args.command == "table":
         return results_command(args.results)
+    if args.command == "calibrate" and args.build_into:
+        check_writable(args.build_into, "--build-into", folder=True)
+        if os.path.exists(args.build_into) and os.listdir(args.build_into):
+            usage_error(f"--build-into {args.build_into}: not empty; a build writes a new folder")
+        return toy_model.build(args.seed, play, out=args.build_into)
     if args.command == "calibrate" and args.build_only:
         return toy_model.build(args.seed, play)
     if args.command == "calibrate":

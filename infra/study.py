@@ -30,7 +30,7 @@ import math
 import os
 import sys
 
-from infra import calibration, findings, toy
+from infra import calibration, findings, toy, toy_model
 from infra.jobs import Clock, kind_of, run_all, run_log
 from infra.runfolder import read_results
 
@@ -178,10 +178,11 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
 
 
 def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:
-    """A seed's toy model built (unless the cache has it: no build command, none for the clock to wait for) and
-    calibrated, its record in out/calibration/, both commands' output in out/calibration/seedS.log."""
+    """A seed's toy model built (unless the cache has it or it is committed, which the calibration copies: no
+    build command, none for the clock to wait for) and calibrated, its record in out/calibration/, both commands'
+    output in out/calibration/seedS.log."""
     record = os.path.join(out, "calibration", f"seed{seed}.jsonl")
-    build = [] if toy.ready(seed) else [
+    build = [] if toy.ready(seed) or toy_model.committed(seed) else [
         ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--build-only"], record[:-6] + ".log")]
     return [*build,
             ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", record], record[:-6] + ".log")]

@@ -23,8 +23,9 @@ habits; GRPO then has, in every role, a skill to reinforce that carries over to 
 (infra/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
 world can and cannot show).
 
-    python train.py --model toy --workflow voting --policy ip     # builds the toy model once per seed (~18 min)
+    python train.py --model toy --workflow voting --policy ip     # seeds 0-5: the study's models, copied
     python -m infra.toy --calibrate --seed 0                      # the base model against its targets
+    python -m infra.toy --build --seed 6                          # another seed: built once (~33 min, 1 thread)
 """
 from __future__ import annotations
 
@@ -370,21 +371,25 @@ def chatml(messages: list[dict], generation_prompt: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m infra.toy --build --seed S` and `--calibrate`: eval.py's toy-world commands (infra/ never imports
-    the method files, whose workflows the oracle plays, so, as infra/study.py does, this runs the command)."""
+    """`python -m infra.toy --build --seed S [--out DIR]` and `--calibrate`: eval.py's toy-world commands (infra/
+    never imports the method files, whose workflows the oracle plays, so, as infra/study.py does, this runs it)."""
     import argparse
     p = argparse.ArgumentParser(description="the toy world: build and calibrate a seed's toy model")
-    p.add_argument("--build", action="store_true", help="build the seed's toy model (once, into the cache)")
-    p.add_argument("--calibrate", action="store_true", help="measure the base model against the targets "
-                   "(building it first if need be)")
+    p.add_argument("--build", action="store_true", help="build the seed's toy model (once, into the cache; the "
+                   "study's seeds copy their committed model, docs/findings/models/)")
+    p.add_argument("--out", default=None, help="with --build: build afresh into this folder, copying nothing")
+    p.add_argument("--calibrate", action="store_true", help="measure the base model against the targets")
     p.add_argument("--seed", type=int, default=0, help="the toy model's seed")
     p.add_argument("--episodes", type=int, default=None, help="episodes per measurement (default: the targets')")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the study's)")
     args = p.parse_args(argv)
     if not (args.build or args.calibrate):
         p.error("nothing to do: give --build or --calibrate")
+    if args.out and args.calibrate:
+        p.error("--out goes with --build alone (a calibration reads the model in the cache)")
     extra = [] if args.calibrate else ["--build-only"]
-    for flag, value in (("--episodes", args.episodes), ("--temperature", args.temperature)):
+    for flag, value in (("--episodes", args.episodes), ("--temperature", args.temperature),
+                        ("--build-into", args.out)):
         extra += [flag, str(value)] if value is not None else []
     raise SystemExit(subprocess.run([sys.executable, "eval.py", "calibrate", "--seed", str(args.seed), *extra],
                                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).returncode)

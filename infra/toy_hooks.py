@@ -7,7 +7,7 @@ runs `calibrate`. What it is not: the toy world itself (infra/toy.py, toy_model.
 imports the concept files, so the rollout that plays the workflows (`play`: eval.play_every_problem) and the
 engine that samples the toy model (eval.toy_engine) come from the caller.
 
-    python train.py --model toy --workflow voting    # builds the toy model of --seed once, into the cache
+    python train.py --model toy --workflow voting    # the toy model of --seed, once into the cache (copied or built)
     python eval.py calibrate --seed 0                # the toy model at base against its targets
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def build_before_load(model: str, seed: int, play: Callable) -> None:
     """`--model toy`: the toy model of `seed`, built once into the cache by rank 0 before any rank loads it (the
     others wait); nothing to build for any other model."""
     if model == "toy" and world()[0] == 0:
-        toy_model.build(seed, play)  # once per seed, into the cache
+        toy_model.build(seed, play)  # once per seed, into the cache: copied (seeds 0-5) or built
         print(calibration.calibration_warning(seed) or f"toy model of seed {seed}: calibrated", flush=True)
     barrier()
 

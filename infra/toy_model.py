@@ -4,13 +4,15 @@ What it does: plays the oracle (infra/toy.py) through the real workflows on all 
 passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
 share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
 supervised learning. Built once per seed into the cache (BUILD_MINUTES, below), with a line per stage and a
-progress bar over the warm-up's steps. The warm-up gives the same model, bit for bit, on one thread or two
-(bench/bench_toy_build.py checks it), so a build takes both cores and the study builds two seeds side by side, one
-thread each; not on another kind of CPU (torch's AVX2 and AVX512 kernels differ in the last bits: toy.json says
-which built it). What it is not: calibrated by construction; `python -m infra.toy --calibrate` checks that the
-warmed-up model reproduces each habit (infra/calibration.py).
+progress bar over the warm-up's steps; the study's seeds 0-5 are committed as built (COMMITTED) and copied. The
+warm-up gives the same model, bit for bit, on one thread or two (bench/bench_toy_build.py checks it), so a build
+takes both cores and the study builds two seeds side by side, one thread each; not on another kind of CPU (torch's
+AVX2 and AVX512 kernels differ in the last bits: toy.json says which built it). What it is not: calibrated by
+construction; `python -m infra.toy --calibrate` checks that the warmed-up model reproduces each habit
+(infra/calibration.py).
 
-    python train.py --model toy --workflow voting --policy ip     # builds the toy model of --seed on first use
+    python train.py --model toy --workflow voting --policy ip     # copies (0-5) or builds the seed's model
+    python -m infra.toy --build --seed 0 --out /tmp/seed0         # seed 0 built afresh, to hold against its copy
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from tqdm import tqdm
 
 from infra.models import CHATML
 from infra.roles import role_type
-from infra.toy import KNOBS, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
+from infra.toy import KNOBS, VERSION, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
 
 EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # oracle episodes per problem, workflow
 # Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
@@ -41,6 +43,8 @@ VOCAB = 1024
 # rows, a different amount in each seed: the right answer's mass spread onto its neighbours, the guesses' numbers.)
 WARMUP_STEPS = 4000
 BATCH = 32
+# The study's candidate seeds 0-5 as built (docs/findings/avx512/ has their records): `build` copies them.
+COMMITTED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings", "models")
 BUILD_MINUTES = 18  # a build on the 2-core machine, measured (bench/times.json; tests/test_docs.py holds them equal)
 LR = 3e-3
 # A batch's summed token losses over a constant, not their mean: with the mean, a token of a batch of short rows
@@ -275,13 +279,40 @@ def library_versions() -> dict[str, str]:
             "tokenizers": tokenizers.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def committed(seed: int) -> str | None:
+    """The study's toy model of `seed` as it was built and calibrated (AVX512, one thread: its toy.json), committed
+    in docs/findings/models/ at this VERSION; None for a seed the study did not consider."""
+    path = os.path.join(COMMITTED, f"toy-v{VERSION}-seed{seed}")
+    return path if os.path.isfile(os.path.join(path, "model.safetensors")) else None
+
+
+def copy_committed(seed: int, out: str) -> str:
+    """The committed model of `seed` into `out` (the cache): the study's instrument bit for bit on any CPU, in
+    seconds, where a build takes 18-35 minutes and, on another kind of CPU, makes another model."""
+    source, tmp = committed(seed), out + ".tmp"
+    with open(os.path.join(source, "toy.json")) as f:
+        record = json.load(f)
+    print(f"[toy] seed {seed}: the study's toy model, copied from {os.path.relpath(source)} (built in "
+          f"{record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m infra.toy --build "
+          f"--seed {seed} --out DIR builds it afresh)", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
 def build(seed: int, play: Callable, knobs: dict[str, float] | None = None, steps: int = WARMUP_STEPS,
           out: str | None = None) -> str:
-    """Build the toy model of `seed` into `out` (default: its cache folder), once: transcripts, tokenizer, a
-    fresh Llama, the warm-up; written aside and renamed, so a crash never leaves a half folder."""
+    """Build the toy model of `seed` into `out` (default: its cache folder, where a study seed's committed model
+    is copied instead), once: transcripts, tokenizer, a fresh Llama, the warm-up; written aside and renamed, so a
+    crash never leaves a half folder."""
+    study_build = out is None and knobs is None and steps == WARMUP_STEPS  # what the committed models are
     out = out or folder(seed)
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         return out
+    if study_build and committed(seed):
+        return copy_committed(seed, out)
     knobs, start = knobs or KNOBS, time.time()
     say = lambda what: print(f"[toy] seed {seed}: {what}", flush=True)  # noqa: E731 (a stage's one line)
     say(f"building the toy model into {out} (once; about {BUILD_MINUTES} minutes on 2 cores)")

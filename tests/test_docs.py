@@ -154,16 +154,17 @@ TIMES = os.path.join(ROOT, "bench", "times.json")
 # Where a page states a toy-world time or the toy model's size, it writes it with one of these phrases, filled in
 # from bench/times.json (the measurements, with how each was taken): a new measurement changes every page or fails.
 STATED = {
-    "README.md": ["a {toy_parameters_m}M model", "built once per seed in about {build_minutes} minutes"],
+    "README.md": ["a {toy_parameters_m}M model", "built once in about {build_minutes} minutes",
+                  "a first toy run from a fresh clone took {first_toy_run_seconds} seconds"],
     "docs/toy_world.md": ["a {toy_parameters_m}M-parameter Llama", "in about {build_minutes} minutes on 2 CPU cores",
-                          "{first_toy_run_minutes} minutes"],
+                          "took {first_toy_run_seconds} seconds"],
     "docs/ablations.md": ["a {toy_parameters_m}M-parameter model", "about {build_minutes} minutes"],
-    "bench/README.md": ["{build_minutes} minutes", "{first_toy_run_minutes} minutes",
+    "bench/README.md": ["{build_minutes} minutes", "took {first_toy_run_seconds} seconds",
                         "{study_rerun_minutes} minutes from the first build to the last table",
-                        "about {study_fresh_clone_hours} hours"],
-    "docs/findings.md": ["about {build_minutes} minutes on 2 cores",
+                        "about {study_fresh_clone_minutes} minutes"],
+    "docs/findings.md": ["about {build_minutes} minutes each on 2 cores",
                          "{study_rerun_minutes} minutes from the first build to the last table",
-                         "about {study_fresh_clone_hours} hours"],
+                         "about {study_fresh_clone_minutes} minutes"],
 }
 
 

@@ -9,13 +9,27 @@ import pytest
 from infra import findings, jobs, study
 
 
-def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys):
+def test_a_seed_of_the_study_is_calibrated_from_its_committed_model_and_another_is_built_first(tmp_path,
+                                                                                              monkeypatch):
+    """seed_chain: seeds 0-5 have committed models (docs/findings/models/), which the calibration copies into the
+    cache, so their chain is the calibration alone; seed 6 has none, so it is built first."""
+    from infra import toy
+    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))  # an empty cache, as in a fresh clone
+    chains = {seed: study.seed_chain(str(tmp_path), seed) for seed in (0, 5, 6)}
+    assert [len(chains[s]) for s in (0, 5, 6)] == [1, 1, 2]
+    assert "--build-only" in chains[6][0][0] and all("--out" in chain[-1][0] for chain in chains.values())
+
+
+def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys, monkeypatch):
     """`python -m infra.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
     at three rates), then seed by seed every configuration as a train.py command at the sweep's rate (by name
     before it has chosen), then eval.py on the test problems: `trained` on each of the 11 multi-agent runs
     (`swapped`, with trained beside it, on the three workflows' IP runs), and base and the two SA modes (which
     load no adapter of the run) once per workflow, on its first configuration, with the single-agent run of the
-    same seed; nothing is written."""
+    same seed; nothing is written. (No committed models and an empty cache: every seed is built.)"""
+    from infra import toy, toy_model
+    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "no-models"))
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
     builds = [ln for ln in lines if ln.startswith("eval.py calibrate")]
@@ -241,6 +255,7 @@ def test_a_seed_whose_model_misses_calibration_is_set_aside_and_the_next_one_tak
     out = tmp_path / "s"
     write_calibrations(out, [{"seed": 0, "missed": []}, {"seed": 1, "missed": ["solve: right - oracle"]}])
     monkeypatch.setattr(study.toy, "ready", lambda seed: seed == 3)
+    monkeypatch.setattr(study.toy_model, "COMMITTED", str(tmp_path / "no-models"))  # every seed built here
     study.main(["--dry-run", "--out", str(out), "--seeds", "3"])
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[3] for ln in lines if ln.startswith("eval.py calibrate")] == ["2", "2", "3"]
@@ -256,6 +271,7 @@ def test_the_clock_waits_only_for_the_builds_and_calibrations_a_seed_runs(tmp_pa
     out = tmp_path / "s"
     write_calibrations(out, [{"seed": 0, "missed": []}])
     monkeypatch.setattr(study.toy, "ready", lambda seed: seed == 1)
+    monkeypatch.setattr(study.toy_model, "COMMITTED", str(tmp_path / "no-models"))  # every seed built here
     clock = jobs.Clock(1)
     clock.plan("build", 3), clock.plan("calibrate", 3)
     study.calibrated_seeds(str(out), 3, [0, 1, 2, 3], 1, clock, dry_run=True)

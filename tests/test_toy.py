@@ -1,6 +1,7 @@
 """The toy world's oracle (infra/toy.py) and its calibration (infra/calibration.py, eval.py calibrate): every habit
 does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
 target with its measured value."""
+import math
 import os
 import random
 from collections import Counter
@@ -317,7 +318,7 @@ def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_p
     monkeypatch.setattr(calibration, "STUDY_RESULTS", str(tmp_path / "study.json"))
     warning = calibration.calibration_warning
     assert warning(3) == ("note: no calibration record for the toy model of seed 3 here "
-                          "(python -m infra.toy --calibrate --seed 3, about 2 minutes)")
+                          "(python -m infra.toy --calibrate --seed 3, about 3 minutes)")
     study = {"toy_version": toy.VERSION, "calibration": [{"seed": 3, "missed": ["retry: right - oracle"]}]}
     (tmp_path / "study.json").write_text(json.dumps(study))
     assert warning(3) == ("warning: the toy model of seed 3 misses 1 calibration target(s) (retry: right - oracle); "
@@ -333,3 +334,73 @@ def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_p
     monkeypatch.setattr(toy_model, "build", lambda seed, play: None)
     toy_hooks.build_before_load("toy", 3, play=None)
     assert capsys.readouterr().out == "toy model of seed 3: calibrated\n"
+
+
+def test_a_study_seed_copies_its_committed_model_and_any_other_build_builds(tmp_path, monkeypatch, capsys):
+    """toy_model.build: a study seed at the study's knobs and steps, into the cache, is its committed model copied
+    file for file (the instrument the study calibrated, on any CPU, in seconds), with one line saying so; another
+    seed, other steps or knobs, or a folder of the caller's (`--build-into`) build afresh: they reach the oracle's
+    rollout, which this test's `play` stops at."""
+    import json
+    import shutil
+
+    from infra import toy_model
+    committed = tmp_path / "models" / f"toy-v{toy.VERSION}-seed2"
+    committed.mkdir(parents=True)
+    (committed / "model.safetensors").write_bytes(b"weights")
+    (committed / "toy.json").write_text(json.dumps({"minutes": 33.5, "versions": {"cpu_capability": "AVX512"}}))
+    monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "models"))
+    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
+
+    class Built(Exception):
+        pass
+
+    def play(*args, **kwargs):
+        raise Built
+
+    assert toy_model.build(2, play) == toy.folder(2)
+    assert sorted(os.listdir(toy.folder(2))) == ["model.safetensors", "toy.json"]
+    assert open(os.path.join(toy.folder(2), "model.safetensors"), "rb").read() == b"weights"
+    assert "the study's toy model, copied from" in capsys.readouterr().out
+    shutil.rmtree(toy.folder(2))
+    for call in (lambda: toy_model.build(3, play), lambda: toy_model.build(2, play, steps=8),
+                 lambda: toy_model.build(2, play, knobs=dict(KNOBS)),
+                 lambda: toy_model.build(2, play, out=str(tmp_path / "afresh"))):
+        with pytest.raises(Built):
+            call()
+    assert not os.path.exists(toy.folder(2))
+
+
+def test_the_committed_models_are_the_study_candidates_as_recorded():
+    """docs/findings/models/ holds seeds 0-5 at this VERSION, each folder's toy.json the build record of
+    docs/findings/avx512/ but for its minutes (its last warm-up loss to every digit: the model the calibration
+    table describes), each
+    loading as the toy model's shape (770,944 parameters, its 1,024-token vocabulary)."""
+    import json
+
+    from safetensors import safe_open
+
+    from infra import toy_model
+    seeds = [s for s in range(20) if toy_model.committed(s)]
+    assert seeds == [0, 1, 2, 3, 4, 5]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for seed in seeds:
+        record = json.load(open(os.path.join(toy_model.committed(seed), "toy.json")))
+        recorded = json.load(open(os.path.join(root, "docs", "findings", "avx512", f"seed{seed}.toy.json")))
+        assert {**record, "minutes": None} == {**recorded, "minutes": None}, seed  # seed 4 was built again
+        with safe_open(os.path.join(toy_model.committed(seed), "model.safetensors"), "pt") as f:
+            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+        assert sum(math.prod(s) for s in shapes.values()) == 770_944, seed
+        assert shapes["model.embed_tokens.weight"] == [toy_model.VOCAB, toy_model.SHAPE["hidden_size"]]
+
+
+def test_a_build_into_a_folder_that_holds_files_is_one_line(tmp_path, capsys):
+    """`eval.py calibrate --build-into DIR`: a build writes a new folder (it renames its own over DIR), so a
+    folder with files in it is refused in one line before anything is built or removed."""
+    import eval
+    (tmp_path / "mine.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as stop:
+        eval.main(["calibrate", "--seed", "0", "--build-into", str(tmp_path)])
+    assert stop.value.code == 2 and (tmp_path / "mine.txt").read_text() == "keep me"
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--build-into {tmp_path}: not empty; a build writes a new folder") and "\n" not in err
