@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     clock = Clock(args.jobs)
     if args.replicate:
         return replicate(args, clock, results)
-    clock.plan("build", args.seeds), clock.plan("calibrate", args.seeds)
+    to_build = sum(not (toy.ready(s) or toy_model.committed(s)) for s in range(args.seeds))  # others: copied
+    clock.plan("build", to_build), clock.plan("calibrate", args.seeds)
     clock.plan("train", (len(SWEEP) + len(grid)) * args.seeds), clock.plan("eval", evals_per_seed(grid) * args.seeds)
     seeds, set_aside = calibrated_seeds(args.out, args.seeds, list(range(CANDIDATES)), args.jobs, clock,
                                         args.dry_run)

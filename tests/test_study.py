@@ -20,6 +20,26 @@ def test_a_seed_of_the_study_is_calibrated_from_its_committed_model_and_another_
     assert "--build-only" in chains[6][0][0] and all("--out" in chain[-1][0] for chain in chains.values())
 
 
+@pytest.mark.parametrize("committed", [True, False])
+def test_the_clock_plans_a_build_only_for_a_seed_without_a_model(committed, tmp_path, monkeypatch, capsys):
+    """From a fresh clone (an empty cache) the study's first estimate waits for no build: seeds 0-4 have committed
+    models, which their calibration copies (it said 'about 147 min left' after its first calibration, 51 of them for
+    three builds that never ran); without them, 5 builds."""
+    from infra import toy, toy_model
+    monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
+    if not committed:
+        monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "no-models"))
+    first_plans = []
+
+    class Recorded(jobs.Clock):
+        def plan(self, kind, count):
+            first_plans.append((kind, count)) if kind not in dict(first_plans) else None
+            super().plan(kind, count)
+    monkeypatch.setattr(study, "Clock", Recorded)
+    study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "5"])
+    assert dict(first_plans)["build"] == (0 if committed else 5) and dict(first_plans)["calibrate"] == 5
+
+
 def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys, monkeypatch):
     """`python -m infra.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
     at three rates), then seed by seed every configuration as a train.py command at the sweep's rate (by name
