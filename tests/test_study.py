@@ -33,7 +33,8 @@ def test_the_clock_plans_a_build_only_for_a_seed_without_a_model(committed, tmp_
 
     class Recorded(jobs.Clock):
         def plan(self, kind, count):
-            first_plans.append((kind, count)) if kind not in dict(first_plans) else None
+            if kind not in dict(first_plans):
+                first_plans.append((kind, count))
             super().plan(kind, count)
     monkeypatch.setattr(study, "Clock", Recorded)
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "5"])
