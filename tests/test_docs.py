@@ -161,10 +161,10 @@ STATED = {
     "docs/ablations.md": ["a {toy_parameters_m}M-parameter model", "about {build_minutes} minutes"],
     "bench/README.md": ["{build_minutes} minutes", "took {first_toy_run_seconds} seconds",
                         "{study_rerun_minutes} minutes from the first build to the last table",
-                        "about {study_fresh_clone_minutes} minutes"],
+                        "it took {study_fresh_clone_minutes} minutes"],
     "docs/findings.md": ["about {build_minutes} minutes each on 2 cores",
                          "{study_rerun_minutes} minutes from the first build to the last table",
-                         "about {study_fresh_clone_minutes} minutes"],
+                         "it took {study_fresh_clone_minutes} minutes"],
 }
 
 
