@@ -177,12 +177,17 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
              "--split", "test", *(["--sa-run", sa] if mode.startswith("sa") else [])] for mode in modes]
 
 
+def needs_build(seed: int) -> bool:
+    """Whether the seed's toy model must be built: neither in the cache nor committed (which is copied)."""
+    return not (toy.ready(seed) or toy_model.committed(seed))
+
+
 def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:
     """A seed's toy model built (unless the cache has it or it is committed, which the calibration copies: no
     build command, none for the clock to wait for) and calibrated, its record in out/calibration/, both commands'
     output in out/calibration/seedS.log."""
     record = os.path.join(out, "calibration", f"seed{seed}.jsonl")
-    build = [] if toy.ready(seed) or toy_model.committed(seed) else [
+    build = [] if not needs_build(seed) else [
         ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--build-only"], record[:-6] + ".log")]
     return [*build,
             ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", record], record[:-6] + ".log")]
@@ -363,8 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = Clock(args.jobs)
     if args.replicate:
         return replicate(args, clock, results)
-    to_build = sum(not (toy.ready(s) or toy_model.committed(s)) for s in range(args.seeds))  # others: copied
-    clock.plan("build", to_build), clock.plan("calibrate", args.seeds)
+    clock.plan("build", sum(map(needs_build, range(args.seeds)))), clock.plan("calibrate", args.seeds)
     clock.plan("train", (len(SWEEP) + len(grid)) * args.seeds), clock.plan("eval", evals_per_seed(grid) * args.seeds)
     seeds, set_aside = calibrated_seeds(args.out, args.seeds, list(range(CANDIDATES)), args.jobs, clock,
                                         args.dry_run)
