@@ -234,7 +234,7 @@ def calibration_table(records: list[dict], builds: list[dict]) -> str:
 
 
 def sweep_table(sweep: dict, seeds: int) -> str:
-    """The sweep's table (infra/study.py's `sweep_choice`): each rate's base, peak and end per seed, how many of
+    """The sweep's table (`sweep_choice`): each rate's base, peak and end per seed, how many of
     the seeds hold, and the rule's choice."""
     rows = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |", "|---|---|---|---|---|"]
     for lr, r in sweep["rates"].items():
@@ -277,6 +277,20 @@ def replication_table(rep: dict) -> str:
         rows.append(f"| {r['finding']} | {label} | {r['rule']} | {fmt(r['study_mean'])}, {r['study']} | "
                     f"{per_seed} | {r['same_sign']} of {r['seeds']} | {r['passes']} of {r['seeds']} |")
     return "\n".join(rows)
+
+
+def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -> dict:
+    """The learning-rate sweep judged (infra/study.py's SWEEP and SWEEP_RULE): each swept rate's per-seed peak and
+    end (window means) and whether the run declined; the largest rate that holds in all but one seed (None: none)."""
+    rows = {}
+    for name, lr in sweep.items():
+        peaks = [value(out, s, (name, "peak", "success")) for s in seeds]
+        ends = [value(out, s, (name, "end", "success")) for s in seeds]
+        holds = [not math.isnan(p) and p - e <= 0.05 for p, e in zip(peaks, ends)]
+        rows[lr] = {"peak": peaks, "end": ends, "holds": sum(holds), "base":
+                    [value(out, s, (name, "base", "success")) for s in seeds]}
+    fine = [lr for lr, r in rows.items() if r["holds"] >= len(seeds) - 1]
+    return {"rule": rule, "rates": rows, "choice": max(fine, key=float) if fine else None}
 
 
 def keep_results(out: str, runs: list[str], results: str) -> None:

@@ -117,6 +117,19 @@ def write_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None 
 
 # ---------------------------------------------------------------- JSONL files
 
+def copy_run(source: str, target: str) -> None:
+    """A finished run folder and its log, copied; its args.json names the new folder, as training there would."""
+    shutil.copytree(source, target + ".part")
+    with open(os.path.join(target + ".part", "args.json")) as f:
+        run_args = json.load(f)
+    with open(os.path.join(target + ".part", "args.json"), "w") as f:
+        json.dump({**run_args, "run_dir": target}, f, indent=1)
+    if os.path.exists(source + ".log"):
+        shutil.copy(source + ".log", target + ".log")
+    os.rename(target + ".part", target)
+    print(f"{os.path.basename(target)}: {os.path.basename(source)} copied (the same command)", flush=True)
+
+
 def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> list[dict]:
     """A JSONL file (eval.jsonl, metrics.jsonl) as records; [] if there is none yet. A last line cut off before
     its newline (a run stopped while writing it) is left out, with a warning; any other line that is not a JSON

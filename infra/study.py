@@ -3,18 +3,19 @@ finding's runs over five seeds, held-out evaluation, paired statistics, predecla
 docs/findings.md's tables and their compact results; then, as a second command, the grid on further seeds.
 
 What it is for: what docs/findings.md reports, each part fixed before the next one runs: (0) the instruments, toy
-models built and calibrated side by side (eval.py calibrate), the first five seeds that pass (CANDIDATES); (1) the
-sweep, the single agent at three rates and the rule that picks the grid's (SWEEP_RULE); (2) the grid (GRID) at that
-rate: train.py runs validated every 10 steps on 64 problems, then eval.py on 64 *other* problems (`--split test`;
-MODES, and SWAPPED on the IP runs); (3) the runs' compact results (findings.RESULTS) copied beside the page, and
-FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by infra/findings.py; (4)
-the figures, the page's tables between their markers, and an `eval.py report` page per run. `--replicate N` then
-runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each repeats the study's
-sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its own folder under
---out: a finished run is skipped, a stopped one resumed (Ctrl-C or SIGTERM stops each after its step). The terminal
-shows a line per finished command, the minutes since the start and an estimate of those left. What it is not: the
-method (it only calls train.py and eval.py), part of the test suite, or a place to change a rate, a knob, a step
-count, a seed or a threshold after a comparison has been seen.
+models built and calibrated side by side (eval.py calibrate), the first five seeds that pass (CANDIDATES; a core
+that would wait idle calibrates the next candidate); (1) the sweep, the single agent at three rates and the rule
+that picks the grid's (SWEEP_RULE); (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64
+problems, then eval.py on 64 *other* problems (`--split test`; MODES, and SWAPPED on the IP runs; the grid's single
+agent is the sweep's run at that rate, copied); (3) the runs' compact results (findings.RESULTS) copied beside the
+page, and FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by
+infra/findings.py; (4) the figures, the page's tables between their markers, and an `eval.py report` page per run.
+`--replicate N` then runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each
+repeats the study's sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its
+own folder under --out: a finished run is skipped, a stopped one resumed (Ctrl-C or SIGTERM stops each after its
+step). The terminal shows a line per finished command, the minutes since the start and an estimate of those left.
+What it is not: the method (it only calls train.py and eval.py), part of the test suite, or a place to change a
+rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
 
     python -m infra.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
     python -m infra.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
@@ -26,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 from infra import calibration, findings, toy, toy_model
 from infra.jobs import Clock, kind_of, run_all, run_log
-from infra.runfolder import read_results
+from infra.runfolder import copy_run, read_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = 5
@@ -193,6 +193,12 @@ def seed_chain(out: str, seed: int) -> list[tuple[list[str], str]]:
             ([sys.executable, "eval.py", "calibrate", "--seed", str(seed), "--out", record], record[:-6] + ".log")]
 
 
+def sweep_twin(name: str, lr: str) -> str | None:
+    """The sweep's configuration whose train.py command is the grid's `name` at rate `lr`, flag for flag (the single
+    agent at the sweep's choice): its finished runs are copied, not trained again (a replication seed trains)."""
+    return next((s for s in SWEEP if name in GRID and flags_of(s, lr) == flags_of(name, lr)), None)
+
+
 def run_chain(*commands: list[str]) -> list[tuple[list[str], str]]:
     """A run's commands, each with the log next to its folder."""
     return [(command, run_log(command)) for command in commands]
@@ -223,14 +229,17 @@ def calibrated_seeds(out: str, wanted: int, candidates: list[int], jobs: int, cl
         known = [recorded_misses(out, s) for s in started]
         passing = sum(m == [] or (dry_run and m is None) for m in known)  # a dry run: as if calibrated
         pending = 0 if dry_run else sum(m is None for m in known)
-        if passing + pending >= wanted or len(started) == len(candidates):
+        # jobs - 1 spares: an idle core calibrates the next candidate, used if a seed needed misses (3 min less)
+        if passing >= wanted or passing + pending >= wanted + jobs - 1 or len(started) == len(candidates):
             return None
+        spare = passing + pending >= wanted
         seed = candidates[len(started)]
         started.append(seed)
         chain = [] if recorded_misses(out, seed) is not None else seed_chain(out, seed)
         for kind in ("build", "calibrate"):  # a cached model, a recorded calibration: nothing to wait for
-            if clock and kind not in [kind_of(command) for command, _ in chain]:
-                clock.plan(kind, -1)
+            runs = kind in [kind_of(command) for command, _ in chain]
+            if clock and runs != (not spare):  # a spare's commands are not in the plan; a needed seed's are
+                clock.plan(kind, 1 if spare else -1)
         return chain
 
     def note(command):
@@ -258,6 +267,10 @@ def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int,
                        jobs: int, clock: Clock | None, dry_run: bool) -> None:
     """Every configuration's run on every seed (seed by seed, so that a stopped study has whole seeds to show),
     then eval.py on the grid's runs."""
+    for source, target in [(run_dir(out, twin, s), run_dir(out, n, s)) for s in seeds for n in names
+                           if (twin := sweep_twin(n, lr)) and finished(out, twin, s, steps)]:
+        if not os.path.exists(target):
+            copy_run(source, target)
     trains = [run_chain(train_command(out, name, seed, steps, lr)) for seed in seeds for name in names
               if dry_run or not finished(out, name, seed, steps)]
     if clock:  # a run trained by an earlier invocation is not waited for
@@ -270,27 +283,14 @@ def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int,
     run_all(evals, dry_run, jobs, clock)
 
 
-def sweep_choice(out: str, seeds: list[int]) -> dict:
-    """Each swept rate's per-seed peak and end (window means) and whether the run declined; the choice by
-    SWEEP_RULE (None when no rate holds)."""
-    rows = {}
-    for name, lr in SWEEP.items():
-        peaks = [findings.value(out, s, (name, "peak", "success")) for s in seeds]
-        ends = [findings.value(out, s, (name, "end", "success")) for s in seeds]
-        holds = [not math.isnan(p) and p - e <= 0.05 for p, e in zip(peaks, ends)]
-        rows[lr] = {"peak": peaks, "end": ends, "holds": sum(holds), "base":
-                    [findings.value(out, s, (name, "base", "success")) for s in seeds]}
-    fine = [lr for lr, r in rows.items() if r["holds"] >= len(seeds) - 1]
-    return {"rule": SWEEP_RULE, "rates": rows, "choice": max(fine, key=float) if fine else None}
-
-
 def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str, minutes: float,
            figures: list[str]) -> dict:
     """study.json's content: each finding judged (infra/findings.py) on the compact results, the sweep, the settings."""
     multi_agent = [n for n in names if n in GRID and n != "single"]
     judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
     return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN,
-            "minutes": minutes, "figures": figures, "sweep": sweep_choice(results, seeds), "findings": judged}
+            "minutes": minutes, "figures": figures, "findings": judged,
+            "sweep": findings.sweep_choice(results, seeds, SWEEP, SWEEP_RULE)}
 
 
 def write_study(out: str, results: str, study: dict, doc: str | None) -> None:
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     seeds, set_aside = calibrated_seeds(args.out, args.seeds, list(range(CANDIDATES)), args.jobs, clock,
                                         args.dry_run)
     train_and_evaluate(args.out, list(SWEEP), seeds, args.steps, "", args.samples, args.jobs, clock, args.dry_run)
-    lr = "LR" if args.dry_run else sweep_choice(args.out, seeds)["choice"]
+    lr = "LR" if args.dry_run else findings.sweep_choice(args.out, seeds, SWEEP, SWEEP_RULE)["choice"]
     if lr is None:
         raise SystemExit(f"error: no swept rate holds ({SWEEP_RULE}); the grid has no rate")
     print(f"the sweep's rate: {lr} ({SWEEP_RULE})", flush=True)

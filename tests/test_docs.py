@@ -214,7 +214,7 @@ def test_the_readme_caption_counts_the_committed_calls():
 
 
 def test_the_sweep_table_is_the_committed_sweep_runs():
-    """docs/findings.md's sweep table is the sweep's rule applied (`study.sweep_choice`) to the committed compact
+    """docs/findings.md's sweep table is the sweep's rule applied (`findings.sweep_choice`) to the committed compact
     results of its 15 runs (docs/findings/results/single-lrR-sS/), on the study's seeds: the first five of the
     AVX512 builds whose calibration record misses nothing (0, 1, 2, 3 and 5; seed 4 misses the solver)."""
     import json
@@ -224,7 +224,8 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
                sorted(glob.glob(os.path.join(ROOT, "docs", "findings", "avx512", "seed?.calibration.jsonl")))]
     seeds = [r["seed"] for r in records if not r["missed"]][:study.SEEDS]
     assert seeds == [0, 1, 2, 3, 5]
-    sweep = study.sweep_choice(os.path.join(ROOT, "docs", "findings", "results"), seeds)
+    sweep = findings.sweep_choice(os.path.join(ROOT, "docs", "findings", "results"), seeds, study.SWEEP,
+                                    study.SWEEP_RULE)
     assert sweep["choice"] == "1e-3"
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
     assert findings.sweep_table(sweep, len(seeds)) in text
@@ -245,7 +246,7 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     assert seeds == [0, 1, 2, 3, 5] and len(committed["findings"]) == len(study.FINDINGS)
     same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN == NaN)
     assert same(committed["findings"], [findings.judge_finding(results, seeds, f) for f in study.FINDINGS])
-    assert same(committed["sweep"], study.sweep_choice(results, seeds))
+    assert same(committed["sweep"], findings.sweep_choice(results, seeds, study.SWEEP, study.SWEEP_RULE))
     replication = committed["replication"]
     assert replication["seeds"] == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
     rows = findings.replication(results, replication["seeds"], committed["findings"], study.FINDINGS)

@@ -82,24 +82,48 @@ def test_run_all_keeps_each_chains_order_runs_two_at_once_and_names_a_failure(tm
     """`--jobs 2`: chains (one run's commands) run two at a time, each in order, one thread each, each command's
     output in its log; a line per finished command; a failing command stops new ones and is named with its log."""
     import sys
-    stamp = ("import os, sys, time; t = time.time(); time.sleep(1.0); "
-             "open(sys.argv[1], 'a').write(f'{sys.argv[2]} {os.environ[\"OMP_NUM_THREADS\"]} {t} {time.time()}\\n')")
+    stamp = tmp_path / "stamp.py"
+    stamp.write_text("import os, sys, time\nimport torch\nt = time.time(); time.sleep(1.0)\n"
+                     "open(sys.argv[1], 'a').write(f'{sys.argv[2]} {os.environ[\"OMP_NUM_THREADS\"]} '\n"
+                     "                             f'{torch.get_num_threads()} {t} {time.time()}\\n')\n")
 
     def step(run, label):
-        command = [sys.executable, "-c", stamp, str(tmp_path / "order.txt"), label, "--run-dir", str(tmp_path / run)]
+        command = [sys.executable, str(stamp), str(tmp_path / "order.txt"), label, "--run-dir", str(tmp_path / run)]
         return command, str(tmp_path / run) + ".log"
     clock = jobs.Clock(2)
     jobs.run_all([[step("a", "a1"), step("a", "a2")], [step("b", "b1"), step("b", "b2")]], False, 2, clock)
     lines = [line.split() for line in (tmp_path / "order.txt").read_text().splitlines()]
-    assert [x[0] for x in lines if x[0][0] == "a"] == ["a1", "a2"] and all(x[1] == "1" for x in lines)
-    times = {x[0]: (float(x[2]), float(x[3])) for x in lines}
+    assert [x[0] for x in lines if x[0][0] == "a"] == ["a1", "a2"] and all(x[1:3] == ["1", "1"] for x in lines)
+    times = {x[0]: (float(x[3]), float(x[4])) for x in lines}
     assert times["a1"][1] <= times["a2"][0]  # in order within a chain
     assert times["b1"][0] < times["a1"][1] and times["a1"][0] < times["b1"][1]  # two chains at once
     assert os.path.exists(tmp_path / "a.log")
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and all("min left" in ln for ln in printed)
+    (tmp_path / "fail.py").write_text("print('failing here'); raise SystemExit(3)\n")
     with pytest.raises(SystemExit, match="exit 3.*c.log"):
-        jobs.run_all([[([sys.executable, "-c", "raise SystemExit(3)"], str(tmp_path / "c.log"))]], False, 2)
+        jobs.run_all([[([sys.executable, str(tmp_path / "fail.py")], str(tmp_path / "c.log"))]], False, 2)
+    assert (tmp_path / "c.log").read_text() == "failing here\n"
+
+
+def test_a_command_runs_as_python_script_would_with_the_libraries_imported_once(tmp_path):
+    """jobs.run_script, in a process forked from the forkserver that imported torch, transformers and peft: the
+    script runs as __main__ from the repository, with its arguments, the repository first on its path, the
+    environment it was given and its output in its log; the libraries come loaded (no 4-5 s of imports), the
+    project's own modules import afresh (a module the server never saw is new in the command)."""
+    import sys
+    script = tmp_path / "probe.py"
+    script.write_text("import json, os, sys\nloaded = 'torch' in sys.modules and 'peft' in sys.modules\n"
+                      "fresh = 'tasks' not in sys.modules\nimport tasks\n"
+                      "print(json.dumps([__name__, sys.argv, os.getcwd(), sys.path[0], os.environ['PROBE'], loaded, "
+                      "fresh]))\n")
+    log = tmp_path / "probe.log"
+    jobs.run_all([[([sys.executable, str(script), "a", "--run-dir", "b"], str(log))]], False, 1,
+                 env={**os.environ, "PROBE": "given"})
+    name, argv, cwd, first, probe, loaded, fresh = json.loads(log.read_text())
+    assert (name, argv, cwd, first, probe) == ("__main__", [str(script), "a", "--run-dir", "b"], jobs.ROOT, jobs.ROOT,
+                                               "given")
+    assert loaded and fresh
 
 
 def test_a_stopped_study_stops_each_command_once_and_says_how_to_go_on(tmp_path, capsys):
@@ -108,17 +132,24 @@ def test_a_stopped_study_stops_each_command_once_and_says_how_to_go_on(tmp_path,
     import signal
     import sys
     import threading
-    trap = ("import signal, sys, time; seen = []; signal.signal(signal.SIGINT, lambda *_: seen.append(1)); "
-            "open(sys.argv[1] + '.started', 'w').close(); t = time.time()\n"
-            "while not seen and time.time() - t < 20: time.sleep(0.05)\n"
-            "time.sleep(0.5); open(sys.argv[1], 'w').write(str(len(seen)))")
-    chains = [[([sys.executable, "-c", trap, str(tmp_path / name), "--run-dir", str(tmp_path / name)],
+    import time
+    trap = tmp_path / "trap.py"
+    trap.write_text("import signal, sys, time; seen = []; signal.signal(signal.SIGINT, lambda *_: seen.append(1)); "
+                    "open(sys.argv[1] + '.started', 'w').close(); t = time.time()\n"
+                    "while not seen and time.time() - t < 20: time.sleep(0.05)\n"
+                    "time.sleep(0.5); open(sys.argv[1], 'w').write(str(len(seen)))\n")
+    chains = [[([sys.executable, str(trap), str(tmp_path / name), "--run-dir", str(tmp_path / name)],
                 str(tmp_path / name) + ".log")] for name in ("a", "b", "c")]
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
+    def stop_once_started():  # the scheduler's SIGTERM, once a and b run (c waits for a job)
+        t = time.time()
+        while not all(os.path.exists(tmp_path / f"{name}.started") for name in "ab") and time.time() - t < 60:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+    stopper = threading.Thread(target=stop_once_started)
+    stopper.start()
     with pytest.raises(SystemExit) as stopped:
         jobs.run_all(chains, False, 2)
-    timer.cancel()
+    stopper.join()
     assert stopped.value.code == 130 and "stopped; the same command goes on" in capsys.readouterr().err
     assert (tmp_path / "a").read_text() == "1" and (tmp_path / "b").read_text() == "1"  # one SIGINT each
     assert not os.path.exists(tmp_path / "c.started")  # nothing started after the stop
@@ -419,3 +450,50 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
     assert (row["same_sign"], row["passes"], row["seeds"], row["study"]) == (2, 1, 3, "shown")
     table = findings.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]})
     assert "| 4 | end: IP - SP | greater | +0.200, shown | +0.30 +0.02 -0.10 | 2 of 3 | 1 of 3 |" in table
+
+
+def test_a_spare_core_calibrates_the_next_candidate_beside_the_last_seed_needed(tmp_path, monkeypatch):
+    """Seeds 0-3 pass, one more is wanted, two jobs: seed 5 starts beside seed 4 (before, it waited for seed 4's
+    result and ran alone, 3 minutes with a core idle). Seed 4 misses, so seed 5 is the study's fifth; had seed 4
+    passed, seed 5's record would be kept and not used."""
+    out = tmp_path / "s"
+    write_calibrations(out, [{"seed": s, "missed": []} for s in range(4)])
+    monkeypatch.setattr(study.toy, "ready", lambda seed: True)  # no builds: one calibration per seed
+    started_together = []
+
+    def run_all(chains, dry_run, jobs_, clock, note):  # both jobs start, then both finish
+        commands = [chain[0][0] for chain in iter(chains, None) if chain]  # a recorded seed's chain is empty
+        started_together.append([int(c[c.index("--seed") + 1]) for c in commands])
+        for seed in started_together[-1]:
+            missed = ["solve: right - oracle"] if seed == 4 else []
+            (out / "calibration" / f"seed{seed}.jsonl").write_text(json.dumps({"seed": seed, "missed": missed}))
+        assert chains() is None
+    monkeypatch.setattr(study, "run_all", run_all)
+    clock = jobs.Clock(2)
+    clock.plan("calibrate", 5)
+    seeds, set_aside = study.calibrated_seeds(str(out), 5, list(range(10)), 2, clock, dry_run=False)
+    assert started_together == [[4, 5]]
+    assert seeds == [0, 1, 2, 3, 5] and set_aside == [{"seed": 4, "missed": ["solve: right - oracle"]}]
+    assert clock.planned["calibrate"] == 2  # 5 planned, 4 recorded before: seed 4 and the spare
+
+
+def test_the_grids_single_agent_run_is_the_sweeps_run_at_its_rate_copied(tmp_path, monkeypatch):
+    """The grid's `single` at the sweep's rate is the sweep's train.py command flag for flag, so its finished run
+    is copied (args.json naming the new folder, the log beside it), not trained again; on a seed without a sweep
+    run (a replication seed) it trains."""
+    out = tmp_path / "s"
+    sweep = out / "single-lr3e-4-s0"
+    (sweep / "checkpoints" / "step_000150").mkdir(parents=True)
+    (sweep / "metrics.jsonl").write_text(json.dumps({"step": 150}) + "\n")
+    (sweep / "args.json").write_text(json.dumps({"workflow": "single", "lr": 3e-4, "run_dir": str(sweep)}))
+    (out / "single-lr3e-4-s0.log").write_text("step 150\n")
+    started = []
+    monkeypatch.setattr(study, "run_all", lambda chains, *args: started.extend(c[0][0] for c in chains))
+    study.train_and_evaluate(str(out), ["single", "voting-sp"], [0, 1], 150, "3e-4", 2, 2, None, dry_run=False)
+    copy = out / "single-s0"
+    assert json.loads((copy / "args.json").read_text()) == {"workflow": "single", "lr": 3e-4, "run_dir": str(copy)}
+    assert (copy / "metrics.jsonl").read_text() == (sweep / "metrics.jsonl").read_text()
+    assert (out / "single-s0.log").read_text() == "step 150\n" and (copy / "checkpoints" / "step_000150").is_dir()
+    trained = [c[c.index("--run-dir") + 1].rsplit("/", 1)[1] for c in started if c[1] == "train.py"]
+    assert trained == ["voting-sp-s0", "single-s1", "voting-sp-s1"]
+    assert study.sweep_twin("single", "1e-3") == "single-lr1e-3" and study.sweep_twin("voting-sp", "1e-3") is None
