@@ -223,18 +223,20 @@ def calibrated_seeds(out: str, wanted: int, candidates: list[int], jobs: int, cl
     the targets they missed), built and calibrated `jobs` at a time, in order, until enough have passed; a dry
     run calibrates nothing and counts a seed without a record as calibrated. Before any run: the study runs on
     calibrated instruments only."""
-    started: list[int] = []
+    started, spares = [], []
 
     def next_seed():
         known = [recorded_misses(out, s) for s in started]
         passing = sum(m == [] or (dry_run and m is None) for m in known)  # a dry run: as if calibrated
         pending = 0 if dry_run else sum(m is None for m in known)
-        # jobs - 1 spares: an idle core calibrates the next candidate, used if a seed needed misses (3 min less)
-        if passing >= wanted or passing + pending >= wanted + jobs - 1 or len(started) == len(candidates):
-            return None
+        # At most jobs - 1 spares: a core idle beside the last seeds needed calibrates the next candidate, used if
+        # one of them misses (3 minutes less); more, started as the last ones end, would hold the study back
         spare = passing + pending >= wanted
+        if passing >= wanted or (spare and len(spares) >= jobs - 1) or len(started) == len(candidates):
+            return None
         seed = candidates[len(started)]
         started.append(seed)
+        spares.extend([seed] if spare else [])
         chain = [] if recorded_misses(out, seed) is not None else seed_chain(out, seed)
         for kind in ("build", "calibrate"):  # a cached model, a recorded calibration: nothing to wait for
             runs = kind in [kind_of(command) for command, _ in chain]
@@ -324,8 +326,7 @@ def replicate(args, clock: Clock, results: str) -> None:
 
 
 def seed_records(out: str, seeds: list[int], set_aside: list[dict]) -> dict:
-    """Each considered seed's build (toy.json) and calibration record, for study.json: a clone's toy run reads
-    them (calibration.calibration_warning), the page's calibration table too."""
+    """Each considered seed's build (toy.json) and calibration record, for study.json (calibration_warning reads it)."""
     considered = sorted(seeds + [r["seed"] for r in set_aside])
     return {"builds": [toy.build_record(s) for s in considered],
             "calibration": [read_results(os.path.join(out, "calibration", f"seed{s}.jsonl"), warn=False)[-1]
@@ -383,9 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = [f"{n}-s{s}" for s in seeds for n in [*SWEEP, *grid] if finished(args.out, n, s, args.steps)]
     findings.keep_results(args.out, runs, results)
     from infra.plots import plot_study
-    figures = args.figures or args.out
-    os.makedirs(figures, exist_ok=True)
-    figures = plot_study(results, seeds, figures)
+    os.makedirs(args.figures or args.out, exist_ok=True)
+    figures = plot_study(results, seeds, args.figures or args.out)
     from infra.report import write_report  # a page per run, next to it (eval.py report): what each role wrote
     reports = [write_report([os.path.join(args.out, run)], os.path.join(args.out, run) + ".html")["path"]
                for run in runs]

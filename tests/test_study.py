@@ -455,18 +455,23 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
 def test_a_spare_core_calibrates_the_next_candidate_beside_the_last_seed_needed(tmp_path, monkeypatch):
     """Seeds 0-3 pass, one more is wanted, two jobs: seed 5 starts beside seed 4 (before, it waited for seed 4's
     result and ran alone, 3 minutes with a core idle). Seed 4 misses, so seed 5 is the study's fifth; had seed 4
-    passed, seed 5's record would be kept and not used."""
+    passed, seed 5's record would be kept and not used. When seed 4 misses, no second spare (seed 6) starts beside
+    seed 5, which is about to end: the study would wait for it (it did: 2.7 minutes with a core idle)."""
     out = tmp_path / "s"
     write_calibrations(out, [{"seed": s, "missed": []} for s in range(4)])
     monkeypatch.setattr(study.toy, "ready", lambda seed: True)  # no builds: one calibration per seed
     started_together = []
 
-    def run_all(chains, dry_run, jobs_, clock, note):  # both jobs start, then both finish
+    def record(seed):
+        missed = ["solve: right - oracle"] if seed == 4 else []
+        (out / "calibration" / f"seed{seed}.jsonl").write_text(json.dumps({"seed": seed, "missed": missed}))
+
+    def run_all(chains, dry_run, jobs_, clock, note):  # both jobs start; seed 4 ends, then seed 5
         commands = [chain[0][0] for chain in iter(chains, None) if chain]  # a recorded seed's chain is empty
         started_together.append([int(c[c.index("--seed") + 1]) for c in commands])
-        for seed in started_together[-1]:
-            missed = ["solve: right - oracle"] if seed == 4 else []
-            (out / "calibration" / f"seed{seed}.jsonl").write_text(json.dumps({"seed": seed, "missed": missed}))
+        record(4)
+        assert chains() is None  # seed 5 still runs: no seed 6
+        record(5)
         assert chains() is None
     monkeypatch.setattr(study, "run_all", run_all)
     clock = jobs.Clock(2)
