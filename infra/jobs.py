@@ -53,9 +53,10 @@ def label_of(command: list[str], log: str) -> str:
 
 
 # A command's minutes on one thread of the 2-core machine, another job on the other core (two builds side by
-# side took 32.5-35.5 minutes and two calibrations 2.6 each, 2026-12-04, docs/findings.md; a 150-step toy Voting
-# run about 2.3, bench/README.md): the estimate of the time left until the study has timed that kind itself.
-MINUTES = {"build": 34.0, "calibrate": 3.0, "train": 2.0, "eval": 0.3, "other": 1.0}
+# side took 32.5-35.5 minutes, 2026-12-04, docs/findings.md; in the study from a fresh clone, 2026-12-04, a
+# calibration 2.6-2.9, a multi-agent grid run 1.9 on average, an evaluation 0.04): the estimate of the time left
+# until the study has timed that kind itself.
+MINUTES = {"build": 34.0, "calibrate": 3.0, "train": 1.9, "eval": 0.05, "other": 1.0}
 
 
 class Clock:

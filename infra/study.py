@@ -291,8 +291,8 @@ def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str
     multi_agent = [n for n in names if n in GRID and n != "single"]
     judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
     return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN,
-            "minutes": minutes, "figures": figures, "findings": judged,
-            "sweep": findings.sweep_choice(results, seeds, SWEEP, SWEEP_RULE)}
+            "minutes": minutes, "figures": figures,
+            "sweep": findings.sweep_choice(results, seeds, SWEEP, SWEEP_RULE), "findings": judged}
 
 
 def write_study(out: str, results: str, study: dict, doc: str | None) -> None:
