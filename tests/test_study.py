@@ -344,9 +344,13 @@ def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkey
     monkeypatch.setattr(study, "run_all", lambda chains, *args: started.append(sum(map(len, chains))))
     clock = jobs.Clock(2)
     clock.plan("train", 12 * 2), clock.plan("eval", study.evals_per_seed(list(study.GRID)) * 2)
+    clock.took["train"] = [0.4] * 15  # the sweep's single-agent runs
     study.train_and_evaluate(str(out), list(study.GRID), [0, 1], 150, "1e-3", 2, 2, clock, dry_run=False)
     assert started == [12, 20]  # commands: seed 1's runs, then its evaluations
     assert (clock.planned["train"], clock.planned["eval"]) == (12, 20)
+    # the grid's runs are estimated afresh, not at the sweep's 0.4 minutes (after the sweep the study said
+    # 'about 27 min left' with 56 to go)
+    assert clock.left() == pytest.approx((12 * jobs.MINUTES["train"] + 20 * jobs.MINUTES["eval"]) / 2)
 
 
 def test_a_replication_takes_the_seeds_after_the_studys_and_keeps_their_calibration(tmp_path, monkeypatch):
