@@ -87,10 +87,8 @@ class Clock:
               f"about {self.left():.0f} min left", flush=True)
 
 
-def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, note=lambda command: "",
-            env: dict | None = None) -> None:
+def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, note=lambda command: "") -> None:
     """Run chains of (command, its log) (one run's or one seed's, each chain in order), `jobs` chains at a time,
-    in `env` (default: this process's),
     from the repository, each command's output appended to its log. `chains` is a list, or a function that
     gives the next chain or None when there is none to start now (it is asked again when one finishes). With more
     than one job each command gets one thread: two torch processes of two threads each on 2 cores slow each other
@@ -98,7 +96,7 @@ def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, no
     if isinstance(chains, list):
         waiting = [list(chain) for chain in chains if chain]
         chains = lambda: waiting.pop(0) if waiting else None  # noqa: E731
-    env = {**(env or os.environ), **({"OMP_NUM_THREADS": "1"} if jobs > 1 else {})}
+    env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if jobs > 1 else {})}
     context = None if dry_run else forkserver()
     running, failed = [], []
     previous = signal.signal(signal.SIGTERM, stop_request)

@@ -115,8 +115,6 @@ def write_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None 
         os.replace(os.path.join(args.run_dir, "defaults.json.tmp"), os.path.join(args.run_dir, "defaults.json"))
 
 
-# ---------------------------------------------------------------- JSONL files
-
 def copy_run(source: str, target: str) -> None:
     """A finished run folder and its log, copied; its args.json names the new folder, as training there would."""
     shutil.copytree(source, target + ".part")
@@ -127,8 +125,10 @@ def copy_run(source: str, target: str) -> None:
     if os.path.exists(source + ".log"):
         shutil.copy(source + ".log", target + ".log")
     os.rename(target + ".part", target)
-    print(f"{os.path.basename(target)}: {os.path.basename(source)} copied (the same command)", flush=True)
+    print(f"{os.path.basename(target)}: copied from {os.path.basename(source)}", flush=True)
 
+
+# ---------------------------------------------------------------- JSONL files
 
 def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> list[dict]:
     """A JSONL file (eval.jsonl, metrics.jsonl) as records; [] if there is none yet. A last line cut off before

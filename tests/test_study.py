@@ -106,7 +106,7 @@ def test_run_all_keeps_each_chains_order_runs_two_at_once_and_names_a_failure(tm
     assert (tmp_path / "c.log").read_text() == "failing here\n"
 
 
-def test_a_command_runs_as_python_script_would_with_the_libraries_imported_once(tmp_path):
+def test_a_command_runs_as_python_script_would_with_the_libraries_imported_once(tmp_path, monkeypatch):
     """jobs.run_script, in a process forked from the forkserver that imported torch, transformers and peft: the
     script runs as __main__ from the repository, with its arguments, the repository first on its path, the
     environment it was given and its output in its log; the libraries come loaded (no 4-5 s of imports), the
@@ -118,8 +118,8 @@ def test_a_command_runs_as_python_script_would_with_the_libraries_imported_once(
                       "print(json.dumps([__name__, sys.argv, os.getcwd(), sys.path[0], os.environ['PROBE'], loaded, "
                       "fresh]))\n")
     log = tmp_path / "probe.log"
-    jobs.run_all([[([sys.executable, str(script), "a", "--run-dir", "b"], str(log))]], False, 1,
-                 env={**os.environ, "PROBE": "given"})
+    monkeypatch.setenv("PROBE", "given")  # the study's environment, set after the server started
+    jobs.run_all([[([sys.executable, str(script), "a", "--run-dir", "b"], str(log))]], False, 1)
     name, argv, cwd, first, probe, loaded, fresh = json.loads(log.read_text())
     assert (name, argv, cwd, first, probe) == ("__main__", [str(script), "a", "--run-dir", "b"], jobs.ROOT, jobs.ROOT,
                                                "given")
