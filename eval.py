@@ -357,7 +357,7 @@ def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name:
                        ) -> list[Episode]:
     """`n` episodes of `workflow` on each of the 243 one-digit problems with the default prompts
     and options: the toy model's warm-up transcripts (the oracle answers by call name) and its
-    calibration (infra/toy_hooks.py)."""
+    calibration (toyworld/toy_hooks.py)."""
     problems = tasks.synthetic_math(243, difficulty=0, seed=0)
     return workflows.rollout(problems, n, workflow, engine, encode, route,
                              workflows.WorkflowOptions())
@@ -365,7 +365,7 @@ def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name:
 
 def toy_engine(seed: int, max_new_tokens: int, temperature: float):
     """(engine, tokenizer, encode): the toy model of `seed` on the CPU, sampled by the HF engine
-    (`eval.py calibrate`, infra/toy_hooks.py)."""
+    (`eval.py calibrate`, toyworld/toy_hooks.py)."""
     model, tokenizer = policies.load_model("toy", torch.float32, "cpu", seed)
     engine = policies.HFEngine(model, tokenizer, max_new_tokens, temperature)
     return engine, tokenizer, policies.chat_encoder(tokenizer)

@@ -25,10 +25,11 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from infra import models, toy
+from infra import models
 from infra.memory import StepHooks
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
 from infra.roles import role_type
+from toyworld import toy_hooks
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
@@ -40,7 +41,7 @@ EXACT_WITH_HOLES = ("sdpa", "eager")
 
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0):
     """Return (model, tokenizer) for a built-in model (BUILTIN_MODELS), `smollm2`, the toy model of
-    `seed` (infra/toy.py; train.py builds it), a local folder or a hub id. Loaded models use sdpa
+    `seed` (toyworld/; train.py builds it), a local folder or a hub id. Loaded models use sdpa
     attention, which is exact with shared prompt passes (EXACT_WITH_HOLES)."""
     if name in BUILTIN_MODELS:
         tokenizer = tiny_tokenizer()
@@ -49,11 +50,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu
         else:
             model = random_qwen3(name, tokenizer, seed)
         return model.to(device=device, dtype=dtype), tokenizer
-    if name == "toy" and not toy.ready(seed):
-        raise OSError(f"the toy model of seed {seed} is not built yet "
-                      f"(python train.py --model toy --seed {seed} builds it)")
-    path = smollm2_folder() if name == "smollm2" else toy.folder(seed) if name == "toy" else name
+    path = toy_hooks.model_folder(seed) if name == "toy" else name  # train.py builds the toy model
     if name == "smollm2":
+        path = smollm2_folder()
         print(f"[policies] loading SmolLM2-135M-Instruct from {path}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")

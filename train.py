@@ -36,7 +36,7 @@ import policies
 import tasks
 import workflows
 from eval import make_engine, play_every_problem
-from infra import checkpoints, distributed, flags, samples, toy_hooks, vllm_engine
+from infra import checkpoints, distributed, flags, samples, vllm_engine
 from infra.flags import RESUMABLE
 from infra.runfolder import (
     GracefulStop,
@@ -49,6 +49,7 @@ from infra.runfolder import (
     writing,
 )
 from infra.tallies import add_tallies, rates
+from toyworld import toy_hooks
 from workflows import ROLES
 
 # ---------------------------------------------------------------- one step

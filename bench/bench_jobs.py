@@ -1,5 +1,5 @@
 """What starting one of the study's commands costs, two ways, timed in the same run: a new interpreter for each
-(`subprocess`, how infra/jobs.py started them before) against infra/jobs.py's `run_all`, which forks each command
+(`subprocess`, how toyworld/jobs.py started them before) against toyworld/jobs.py's `run_all`, which forks each command
 from a server that imported torch, transformers and peft once.
 
 The command is `python eval.py --help`: everything a study command imports, then nothing else, so the time is
@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from infra import jobs  # noqa: E402
+from toyworld import jobs  # noqa: E402
 
 COMMAND = [sys.executable, "eval.py", "--help"]
 

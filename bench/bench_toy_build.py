@@ -1,6 +1,6 @@
 """Where a toy model's build spends its time, what bounds it, and that its thread count changes no bit.
 
-Runs the stages of a build of seed S as infra/toy_model.py runs them (the oracle's transcripts, the tokenizer,
+Runs the stages of a build of seed S as toyworld/toy_model.py runs them (the oracle's transcripts, the tokenizer,
 the rows), then times the warm-up's two kinds of step (a habit batch of BATCH rows, a fact batch of FACT_BATCH) on
 batches drawn as the warm-up draws them, and takes each step apart:
 - tokens: the batch's prompt, completion and padding tokens (the loss is on completion tokens only);
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import eval as ev  # noqa: E402 (the repository root, above)
-from infra import toy, toy_model  # noqa: E402
+from toyworld import toy, toy_model  # noqa: E402
 
 
 def timed(fn, *args):

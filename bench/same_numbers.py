@@ -13,7 +13,7 @@ The tiny model answers at random, so most runs grade with a stand-in reward that
 of the output's crc32), so the updates see nonzero advantages. The toy runs need the toy model of seed 0 in
 `--toy-cache`; a small one builds in about a minute:
 
-    MARL_CACHE=/tmp/same-cache python -c "import eval; from infra import toy_model; \\
+    MARL_CACHE=/tmp/same-cache python -c "import eval; from toyworld import toy_model; \\
         toy_model.build(0, eval.play_every_problem, steps=50)"
     mkdir /tmp/base && git archive BASE | tar -x -C /tmp/base    # the checkout before the change
     (cd /tmp/base && python $OLDPWD/bench/same_numbers.py run /tmp/before --toy-cache /tmp/same-cache)

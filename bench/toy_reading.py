@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import eval as ev  # noqa: E402 (the repository root, above)
 import policies  # noqa: E402
-from infra import calibration, checkpoints, toy, toy_model  # noqa: E402
+from infra import checkpoints  # noqa: E402
+from toyworld import calibration, toy, toy_model  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--seed", type=int, default=0, help="the toy model's seed (built first if need be)")

@@ -18,12 +18,9 @@ concept files at the top level (they import from here).
     cells.py        the paper's 48 cells and the flags each sets
     commands.py     eval.py's commands besides evaluating: plot, table, report, calibrate
     results.py      `eval.py table`: evaluation records as one markdown table
-    plots.py        validation and per-role curves of runs, and the findings' figures (the toy-world study)
-    toy_hooks.py    the toy world's hooks in train.py and eval.py: its model built, its validation tallies, calibrate
-    toy.py          the toy world's oracle: each role's careful and hurried habit, and how its outputs are read
-    toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up on them
-    calibration.py  the toy model at base against targets fixed before any RL run
-    study.py        the toy-world study: the sweep, the findings' grid over seeds, evaluation, verdicts
-    findings.py     the study's statistics: window means, paired differences, each comparison's verdict
+    plots.py        validation and per-role curves of runs (`eval.py plot`)
     sandbox.py      runs an untrusted program against tests (the code reward)
+
+The toy world and its study live apart, in toyworld/, which imports from here; nothing here imports it but its
+one hook, toyworld/toy_hooks.py (infra/flags.py: the regime `--model toy` presets; commands.py: calibrate).
 """

@@ -3,7 +3,7 @@
 What it is for: eval.py adds these commands to its command line (`add_commands`) and hands a parsed one to `run`,
 so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py: the five modes, pass@k,
 per-role statistics) or the figures, tables and pages themselves (plots.py, results.py, report.py; calibrate is
-the toy world's, toy_hooks.py).
+the toy world's, toyworld/toy_hooks.py).
 
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
     python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from infra import toy_hooks, toy_model
 from infra.flags import number
 from infra.plots import plot_runs
 from infra.report import write_report
 from infra.results import results_command
 from infra.runfolder import WriteError, check_writable, usage_error, writing
+from toyworld import toy_hooks
 
 
 def add_commands(commands) -> None:
@@ -31,7 +31,7 @@ def add_commands(commands) -> None:
     plot.add_argument("--out", default=None,
                       help="folder for the PNGs (default: plots/ beside the first run)")
     calibrate = commands.add_parser("calibrate", help="the toy model of --seed at base against its "
-                                    "targets (infra/calibration.py; also python -m infra.toy "
+                                    "targets (toyworld/calibration.py; also python -m toyworld.toy "
                                     "--calibrate)")
     calibrate.add_argument("--seed", type=int, default=0, help="the toy model's seed")
     calibrate.add_argument("--build-only", action="store_true",
@@ -60,15 +60,8 @@ def run(args, roles: dict[str, list[str]], play: Callable, toy_engine: Callable)
     `toy_engine` the toy world's rollout and engine (calibrate)."""
     if args.command == "table":
         return results_command(args.results)
-    if args.command == "calibrate" and args.build_into:
-        check_writable(args.build_into, "--build-into", folder=True)
-        if os.path.exists(args.build_into) and os.listdir(args.build_into):
-            usage_error(f"--build-into {args.build_into}: not empty; a build writes a new folder")
-        return toy_model.build(args.seed, play, out=args.build_into)
-    if args.command == "calibrate" and args.build_only:
-        return toy_model.build(args.seed, play)
     if args.command == "calibrate":
-        return toy_hooks.calibrate(args.seed, args.episodes, args.out, args.temperature, play, toy_engine)
+        return toy_hooks.calibrate_command(args, play, toy_engine)
     if args.command == "report":
         written = write_report(args.runs, args.out)
         warnings = sum(map(len, written["warnings"]))

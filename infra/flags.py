@@ -1,8 +1,7 @@
 """train.py's command line: flags made from settings' fields, checks, resume, a run's first lines.
 
-What it is for: everything between a command line and a checked set of flags, before anything loads or is
-written; bad input is one line on stderr, exit status 2 (`usage_error`). Not the method: it never imports the
-concept files (the settings classes and the roles are passed in).
+What it is for: everything between a command line and checked flags, before anything loads or is written; bad
+input is one line on stderr, exit 2 (`usage_error`). It imports no concept file: settings and roles are passed in.
 
 One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the workflows'
 options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in their metadata;
@@ -45,8 +44,9 @@ from typing import NoReturn
 
 import torch
 
-from infra import calibration, cells, checkpoints, distributed, models, vllm_engine
+from infra import cells, checkpoints, distributed, models, vllm_engine
 from infra.runfolder import read_results, read_run_args, usage_error, write_args
+from toyworld import toy_hooks
 
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device",
@@ -194,7 +194,7 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     if args.resume:
         args = resume_args(parser, args, given)
     else:
-        preset = dict(calibration.REGIME) if args.model == "toy" else {}  # the regime it is calibrated at
+        preset = dict(toy_hooks.REGIME) if args.model == "toy" else {}  # the regime it is calibrated at
         if args.cell:
             try:
                 preset.update(cells.cell_defaults(args.cell))
@@ -367,7 +367,7 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     A cell's values and `--model toy`'s regime count as defaults (`--cell` names them), as does what
     train.py resolves itself (--engine auto); the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
-    defaults.update(calibration.REGIME if args.model == "toy" else {})
+    defaults.update(toy_hooks.REGIME if args.model == "toy" else {})
     if args.cell:
         defaults.update(cells.cell_defaults(args.cell))
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,

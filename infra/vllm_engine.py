@@ -50,7 +50,7 @@ def vllm_model_folder(name: str, model, tokenizer) -> str:
     if name == "smollm2":
         return smollm2_folder()
     if name == "toy":
-        return model.config._name_or_path  # the toy model's cache folder (infra/toy.py)
+        return model.config._name_or_path  # the toy model's cache folder (toyworld/toy.py)
     if name not in BUILTIN_MODELS:
         return name
     folder = tempfile.mkdtemp(prefix="vllm-base-")

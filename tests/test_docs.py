@@ -176,7 +176,7 @@ def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
 
     import transformers
 
-    from infra import toy_model
+    from toyworld import toy_model
     with open(TIMES) as f:
         times = json.load(f)
     times["toy_parameters_m"] = f"{times['toy_parameters'] / 1e6:.2f}"
@@ -219,7 +219,7 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
     AVX512 builds whose calibration record misses nothing (0, 1, 2, 3 and 5; seed 4 misses the solver)."""
     import json
 
-    from infra import findings, study
+    from toyworld import findings, study
     records = [json.loads(open(r).read().splitlines()[-1]) for r in
                sorted(glob.glob(os.path.join(ROOT, "docs", "findings", "avx512", "seed?.calibration.jsonl")))]
     seeds = [r["seed"] for r in records if not r["missed"]][:study.SEEDS]
@@ -239,7 +239,7 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     import json
     import shutil
 
-    from infra import findings, study
+    from toyworld import findings, study
     results = os.path.join(ROOT, "docs", "findings", "results")
     committed = json.load(open(os.path.join(results, "study.json")))
     seeds = committed["seeds"]
@@ -264,7 +264,7 @@ def test_the_calibration_tables_are_the_committed_records():
     accuracy in each workflow, the solver's gap to its rows, the build."""
     import json
 
-    from infra import findings
+    from toyworld import findings
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
     for folder, suffix in (("avx512", ".calibration.jsonl"), ("rebuilt", ".jsonl")):
         records = sorted(glob.glob(os.path.join(ROOT, "docs", "findings", folder, "seed?" + suffix)))

@@ -502,7 +502,7 @@ def test_vllm_engine_without_vllm_is_a_one_line_install_error(monkeypatch):
 
 
 
-# ---------------------------------------------------------------- the toy model (infra/toy_model.py)
+# ---------------------------------------------------------------- the toy model (toyworld/toy_model.py)
 
 def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_path, monkeypatch, capsys):
     """Transcripts, tokenizer, initial weights and the warm-up's batches all follow the seed, and the thread count
@@ -512,7 +512,7 @@ def test_two_toy_builds_with_one_seed_are_identical_on_one_thread_or_two(tmp_pat
     from safetensors.torch import load_file
 
     import eval
-    from infra import toy_model
+    from toyworld import toy_model
     monkeypatch.setattr(toy_model, "EPISODES", {w: 1 for w in toy_model.EPISODES})
     threads, folders = torch.get_num_threads(), []
     try:

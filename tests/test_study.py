@@ -1,4 +1,4 @@
-"""The toy-world study (infra/study.py) and its statistics (infra/findings.py): the grid's commands, window means,
+"""The toy-world study (toyworld/study.py) and its statistics (toyworld/findings.py): the grid's commands, window means,
 paired differences against hand-computed values, each rule's verdicts, and the tables written into a page."""
 import json
 import math
@@ -6,14 +6,14 @@ import os
 
 import pytest
 
-from infra import findings, jobs, study
+from toyworld import findings, jobs, study
 
 
 def test_a_seed_of_the_study_is_calibrated_from_its_committed_model_and_another_is_built_first(tmp_path,
                                                                                               monkeypatch):
     """seed_chain: seeds 0-5 have committed models (docs/findings/models/), which the calibration copies into the
     cache, so their chain is the calibration alone; seed 6 has none, so it is built first."""
-    from infra import toy
+    from toyworld import toy
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))  # an empty cache, as in a fresh clone
     chains = {seed: study.seed_chain(str(tmp_path), seed) for seed in (0, 5, 6)}
     assert [len(chains[s]) for s in (0, 5, 6)] == [1, 1, 2]
@@ -25,7 +25,7 @@ def test_the_clock_plans_a_build_only_for_a_seed_without_a_model(committed, tmp_
     """From a fresh clone (an empty cache) the study's first estimate waits for no build: seeds 0-4 have committed
     models, which their calibration copies (it said 'about 147 min left' after its first calibration, 51 of them for
     three builds that never ran); without them, 5 builds."""
-    from infra import toy, toy_model
+    from toyworld import toy, toy_model
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
     if not committed:
         monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "no-models"))
@@ -42,13 +42,13 @@ def test_the_clock_plans_a_build_only_for_a_seed_without_a_model(committed, tmp_
 
 
 def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys, monkeypatch):
-    """`python -m infra.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
+    """`python -m toyworld.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
     at three rates), then seed by seed every configuration as a train.py command at the sweep's rate (by name
     before it has chosen), then eval.py on the test problems: `trained` on each of the 11 multi-agent runs
     (`swapped`, with trained beside it, on the three workflows' IP runs), and base and the two SA modes (which
     load no adapter of the run) once per workflow, on its first configuration, with the single-agent run of the
     same seed; nothing is written. (No committed models and an empty cache: every seed is built.)"""
-    from infra import toy, toy_model
+    from toyworld import toy, toy_model
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "no-models"))
     study.main(["--dry-run", "--out", str(tmp_path / "study"), "--seeds", "3"])
@@ -396,10 +396,10 @@ def test_too_few_calibrated_seeds_stop_the_study_before_a_run(tmp_path, monkeypa
 def test_the_figures_read_the_studys_own_seeds(tmp_path):
     """With seed 1 set aside, the bands read seeds 0 and 2 by name (seed 1 has no run folder, and a seed with no
     steps would leave its configuration out of the figure)."""
-    from infra import plots
+    from toyworld import figures
     write_run(tmp_path, "voting-sp", 0, [0.2, 0.4])
     write_run(tmp_path, "voting-sp", 2, [0.6, 0.8])
-    steps, curves = plots.seed_curves(str(tmp_path), "voting-sp", [0, 2], "val/success")
+    steps, curves = figures.seed_curves(str(tmp_path), "voting-sp", [0, 2], "val/success")
     assert steps == [0, 10] and curves == [[0.2, 0.4], [0.6, 0.8]]
 
 

@@ -1,5 +1,5 @@
-"""The toy world's oracle (infra/toy.py) and its calibration (infra/calibration.py, eval.py calibrate): every habit
-does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
+"""The toy world's oracle (toyworld/toy.py) and its calibration (toyworld/calibration.py, eval.py calibrate): every
+habit does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
 target with its measured value."""
 import math
 import os
@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from infra import calibration, toy
-from infra.toy import KNOBS, Oracle, chatml, format_of, judged, oracle_text
+from toyworld import calibration, toy
+from toyworld.toy import KNOBS, Oracle, chatml, format_of, judged, oracle_text
 
 
 def aggregator_prompt(solutions: list[str]) -> str:
@@ -58,12 +58,12 @@ def test_every_oracle_output_is_in_its_own_format_and_judged_as_its_habit(workfl
 
 @pytest.mark.parametrize("workflow", ["voting", "evalopt", "orchworkers"])
 def test_a_box_of_another_roles_kind_is_counted_and_the_oracles_own_are_not(workflow):
-    """Finding 5 by the box (infra/toy_hooks.py `foreign_box`): every role of the oracle boxes its own kind, so
+    """Finding 5 by the box (toyworld/toy_hooks.py `foreign_box`): every role of the oracle boxes its own kind, so
     validation's `<role>/foreign_box` is 0 for each; outputs written by hand that box another role's kind count
     (the first study's capture: an aggregator boxing an answer, an evaluator a number), their own kind does not."""
     import eval
     import workflows
-    from infra.toy_hooks import foreign_box, role_tallies
+    from toyworld.toy_hooks import foreign_box, role_tallies
     episodes = eval.play_every_problem(workflow, 1, Oracle(0), lambda m: list(chatml(m).encode()))
     tallies = role_tallies(episodes, lambda ids: bytes(ids).decode())
     boxes = {key: num / den for key, (num, den) in tallies.items() if key.endswith("/foreign_box")}
@@ -138,7 +138,7 @@ def test_the_hurried_orchestrator_misreads_the_operation():
 def test_arithmetic_facts_are_practised_in_the_models_own_line():
     """The facts come as drills whose prompt does not show the operands: `23 ÷ 4 = ` written, `5 r 3.` learned;
     each division check twice, each of the 243 problems' own facts PROBLEM_FACT_COPIES times, the rest once."""
-    from infra import toy_model
+    from toyworld import toy_model
     known = toy_model.in_line(toy_model.facts())
     drill = [{"role": "user", "content": "Work it out."}]
     assert (drill, "23 ÷ 4 = ", "5 r 3.") in known
@@ -173,7 +173,7 @@ def small_toy(tmp_path_factory):
     rows enough for TOY_TEST_STEPS steps) on the suite's one thread, about a minute and a half. The format test
     samples it; the calibration report reads it from the cache, as `eval.py calibrate` finds a built seed."""
     import eval
-    from infra import toy_model
+    from toyworld import toy_model
     cache = str(tmp_path_factory.mktemp("cache"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(toy, "CACHE_DIR", cache)
@@ -239,9 +239,9 @@ def test_the_calibration_report_names_every_target_and_exits_1_when_one_is_misse
 
 
 def test_every_evaluator_drill_is_the_careful_evaluators_own_line():
-    """The drills (infra/toy_model.py) practise the evaluator's check inside its own output: each must be, word
+    """The drills (toyworld/toy_model.py) practise the evaluator's check inside its own output: each must be, word
     for word, what the careful evaluator writes for that attempt, or the warm-up would teach two habits."""
-    from infra import toy_model
+    from toyworld import toy_model
     drills = toy_model.drills(seed=0, per_reader=10)
     checks = [d for d in drills if d[1].startswith("Check: ")]
     assert len(checks) == 243 * 7  # every problem, every attempt off by up to 3 either way
@@ -255,7 +255,7 @@ def test_every_evaluator_drill_is_the_careful_evaluators_own_line():
 
 
 def test_a_drill_row_puts_the_loss_on_what_follows_the_written_part():
-    from infra import toy_model
+    from toyworld import toy_model
     texts = [chatml([{"role": "user", "content": "What is 7 × 6?"}]) + "Check: 44 ÷ 6 = 7 r 2; ok."]
     tok = toy_model.train_tokenizer(texts * 4)
     prompt, completion = toy_model.drill_row(tok, [{"role": "user", "content": "What is 7 × 6?"}],
@@ -271,7 +271,7 @@ def test_every_warm_up_token_weighs_the_same_whatever_its_batch():
     import torch
     import transformers
 
-    from infra import toy_model
+    from toyworld import toy_model
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -294,7 +294,7 @@ def test_a_warm_up_in_a_log_says_its_progress_every_tenth_of_its_steps(capsys):
     import torch
     import transformers
 
-    from infra import toy_model
+    from toyworld import toy_model
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -313,12 +313,12 @@ def test_a_toy_run_says_in_one_line_when_its_seeds_model_is_not_calibrated(tmp_p
     after the build."""
     import json
 
-    from infra import calibration, toy, toy_hooks, toy_model
+    from toyworld import calibration, toy, toy_hooks, toy_model
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(calibration, "STUDY_RESULTS", str(tmp_path / "study.json"))
     warning = calibration.calibration_warning
     assert warning(3) == ("note: no calibration record for the toy model of seed 3 here "
-                          "(python -m infra.toy --calibrate --seed 3, about 3 minutes)")
+                          "(python -m toyworld.toy --calibrate --seed 3, about 3 minutes)")
     study = {"toy_version": toy.VERSION, "calibration": [{"seed": 3, "missed": ["retry: right - oracle"]}]}
     (tmp_path / "study.json").write_text(json.dumps(study))
     assert warning(3) == ("warning: the toy model of seed 3 misses 1 calibration target(s) (retry: right - oracle); "
@@ -344,7 +344,7 @@ def test_a_study_seed_copies_its_committed_model_and_any_other_build_builds(tmp_
     import json
     import shutil
 
-    from infra import toy_model
+    from toyworld import toy_model
     committed = tmp_path / "models" / f"toy-v{toy.VERSION}-seed2"
     committed.mkdir(parents=True)
     (committed / "model.safetensors").write_bytes(b"weights")
@@ -379,7 +379,7 @@ def test_the_committed_models_are_the_study_candidates_as_recorded():
 
     from safetensors import safe_open
 
-    from infra import toy_model
+    from toyworld import toy_model
     seeds = [s for s in range(20) if toy_model.committed(s)]
     assert seeds == [0, 1, 2, 3, 4, 5]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

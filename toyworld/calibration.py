@@ -1,7 +1,7 @@
 """Calibration of the toy world: is a seed's warmed-up toy model, before any RL, a fair instrument?
 
 What it does: reads the base model's rollouts of every workflow (eval.py `calibrate` plays them: `python -m
-infra.toy --calibrate --seed S`) and holds them against targets written here before any RL run (docs/toy_world.md,
+toyworld.toy --calibrate --seed S`) and holds them against targets written here before any RL run (docs/toy_world.md,
 "Calibration"):
 - fidelity: each habit's careful rate and its accuracy given its inputs within 0.05 of the oracle's on the same
   prompts (the oracle answers every prompt the model answered, `ORACLE_SAMPLES` times);
@@ -24,9 +24,9 @@ import os
 import random
 from collections import defaultdict
 
-from infra.toy import KNOBS, VERSION, Oracle, folder, judged, oracle_text
+from toyworld.toy import KNOBS, VERSION, Oracle, folder, judged, oracle_text
 
-# The regime the toy model is calibrated at (`measure`) and the study runs (infra/study.py): sampled at temperature
+# The regime the toy model is calibrated at (`measure`) and the study runs (toyworld/study.py): sampled at temperature
 # 1 (the warm-up's mixture as it is), 32 new tokens (the longest careful habit is 26), 2 tasks x a group of 8.
 # `train.py --model toy` takes these as its defaults; a flag given on the command line wins.
 REGIME = {"tasks_per_step": 2, "group_size": 8, "max_new_tokens": 32, "temperature": 1.0}
@@ -70,7 +70,7 @@ def call_kind(record: dict, prompt: str) -> str:
 
 
 def call_records(episodes: list, decode, seed: int) -> dict[str, list[dict]]:
-    """Every call judged (infra/toy.py `judged`), with the oracle's careful and right rates on the same prompt and
+    """Every call judged (toyworld/toy.py `judged`), with the oracle's careful and right rates on the same prompt and
     the output's length, grouped by habit kind (a worker is `work`)."""
     rng, by_kind = random.Random(seed), defaultdict(list)
     for ep in episodes:
@@ -192,7 +192,7 @@ def keep_beside_model(seed: int, record: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-# The study's compact results, committed: its calibration records say which seeds' models pass (infra/study.py)
+# The study's compact results, committed: its calibration records say which seeds' models pass (toyworld/study.py)
 STUDY_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings",
                              "results", "study.json")
 
@@ -220,7 +220,7 @@ def calibration_warning(seed: int) -> str | None:
     record = calibration_record(seed)
     if record is None:
         return (f"note: no calibration record for the toy model of seed {seed} here "
-                f"(python -m infra.toy --calibrate --seed {seed}, about 3 minutes)")
+                f"(python -m toyworld.toy --calibrate --seed {seed}, about 3 minutes)")
     if record["missed"]:
         return (f"warning: the toy model of seed {seed} misses {len(record['missed'])} calibration target(s) "
                 f"({', '.join(record['missed'])}); the study sets such a seed aside (docs/toy_world.md)")

@@ -1,5 +1,5 @@
 """The toy-world study's statistics: its runs' compact results (`keep_results`), per-seed numbers read from them,
-paired differences, and the verdict of each predeclared comparison (infra/study.py's FINDINGS), written as the
+paired differences, and the verdict of each predeclared comparison (toyworld/study.py's FINDINGS), written as the
 tables of docs/findings.md.
 
 What it does: reads each configuration's runs (one per seed) into per-seed values, of validation curves as window
@@ -195,7 +195,7 @@ def replication(results: str, seeds: list[int], judged: list[dict], specs: list[
     """Comparison by comparison, whether each replication seed repeats the study's verdict: its difference has
     the sign of the study's mean, and passes the rule's threshold on its own (greater: >= t; matches: >= -t;
     near: within t of the target). `judged`: the study's findings (judge_finding: a comparison's `a` and `b`
-    are its per-seed values there); `specs`: the same findings as declared (infra/study.py's FINDINGS)."""
+    are its per-seed values there); `specs`: the same findings as declared (toyworld/study.py's FINDINGS)."""
     declared = {(f["id"], c["label"]): c for f in specs for c in f.get("preconditions", []) + f["comparisons"]}
     rows = []
     for finding in judged:
@@ -280,7 +280,7 @@ def replication_table(rep: dict) -> str:
 
 
 def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -> dict:
-    """The learning-rate sweep judged (infra/study.py's SWEEP and SWEEP_RULE): each swept rate's per-seed peak and
+    """The learning-rate sweep judged (toyworld/study.py's SWEEP and SWEEP_RULE): each swept rate's per-seed peak and
     end (window means) and whether the run declined; the largest rate that holds in all but one seed (None: none)."""
     rows = {}
     for name, lr in sweep.items():

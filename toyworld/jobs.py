@@ -2,10 +2,10 @@
 log, and a line on the terminal per finished command with the minutes it took, the minutes since the start and
 an estimate of those left.
 
-What it is for: infra/study.py's builds, calibrations, runs and evaluations, which are ordinary commands
+What it is for: toyworld/study.py's builds, calibrations, runs and evaluations, which are ordinary commands
 (`python eval.py calibrate`, `python train.py`, `python eval.py`), each run from the repository as `python SCRIPT`
 runs it, in a process forked from a server that has imported torch, transformers and peft once (PRELOAD). What it is
-not: what to run, or in which order (infra/study.py decides).
+not: what to run, or in which order (toyworld/study.py decides).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ that picks the grid's (SWEEP_RULE); (2) the grid (GRID) at that rate: train.py r
 problems, then eval.py on 64 *other* problems (`--split test`; MODES, and SWAPPED on the IP runs; the grid's single
 agent is the sweep's run at that rate, copied); (3) the runs' compact results (findings.RESULTS) copied beside the
 page, and FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by
-infra/findings.py; (4) the figures, the page's tables between their markers, and an `eval.py report` page per run.
+toyworld/findings.py; (4) the figures, the page's tables between their markers, and an `eval.py report` page per run.
 `--replicate N` then runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each
 repeats the study's sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its
 own folder under --out: a finished run is skipped, a stopped one resumed (Ctrl-C or SIGTERM stops each after its
@@ -17,10 +17,10 @@ step). The terminal shows a line per finished command, the minutes since the sta
 What it is not: the method (it only calls train.py and eval.py), part of the test suite, or a place to change a
 rate, a knob, a step count, a seed or a threshold after a comparison has been seen.
 
-    python -m infra.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
-    python -m infra.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
+    python -m toyworld.study --dry-run                  # the seeds' builds, the sweep, the grid and their commands
+    python -m toyworld.study --out runs/study --jobs 2 --results docs/findings/results --figures docs/findings \\
         --doc docs/findings.md                       # the whole study (docs/findings.md says how long it took)
-    python -m infra.study --out runs/study --jobs 2 --replicate 2 --results docs/findings/results \\
+    python -m toyworld.study --out runs/study --jobs 2 --replicate 2 --results docs/findings/results \\
         --doc docs/findings.md                       # the grid on two more seeds
 """
 from __future__ import annotations
@@ -30,9 +30,9 @@ import json
 import os
 import sys
 
-from infra import calibration, findings, toy, toy_model
-from infra.jobs import Clock, kind_of, run_all, run_log
 from infra.runfolder import copy_run, read_results
+from toyworld import calibration, findings, toy, toy_model
+from toyworld.jobs import Clock, kind_of, run_all, run_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = 5
@@ -70,7 +70,7 @@ MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer")
 
 def c(label: str, a: tuple, b: tuple | None = None, rule: str = "greater", threshold: float = 0.05,
       target: float | None = None) -> dict:
-    """One comparison: A (minus B), a rule of infra/findings.py, its threshold (and target for `near`)."""
+    """One comparison: A (minus B), a rule of toyworld/findings.py, its threshold (and target for `near`)."""
     return {"label": label, "a": a, **({"b": b} if b else {}), "rule": rule, "threshold": threshold,
             **({"target": target} if target is not None else {})}
 
@@ -288,7 +288,7 @@ def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int,
 
 def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str, minutes: float,
            figures: list[str]) -> dict:
-    """study.json's content: each finding judged (infra/findings.py) on the compact results, the sweep, the settings."""
+    """study.json's content: each finding judged (toyworld/findings.py) on the compact results, sweep, settings."""
     multi_agent = [n for n in names if n in GRID and n != "single"]
     judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
     return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN,
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     runs = [f"{n}-s{s}" for s in seeds for n in [*SWEEP, *grid] if finished(args.out, n, s, args.steps)]
     findings.keep_results(args.out, runs, results)
-    from infra.plots import plot_study
+    from toyworld.figures import plot_study
     os.makedirs(args.figures or args.out, exist_ok=True)
     figures = plot_study(results, seeds, args.figures or args.out)
     from infra.report import write_report  # a page per run, next to it (eval.py report): what each role wrote

@@ -3,7 +3,7 @@
 What it is for: watching the paper's mechanisms play out on a laptop (docs/toy_world.md). A noisy scripted oracle
 plays the real workflows (the caller passes its rollout in) on every one-digit arithmetic problem; a small BPE
 tokenizer is trained on the transcripts; a small Llama is warmed up on them by supervised learning
-(infra/toy_model.py). Each role of the oracle has a skill of its own, a careful habit and a hurried one, and a
+(toyworld/toy_model.py). Each role of the oracle has a skill of its own, a careful habit and a hurried one, and a
 knob (`KNOBS`) sets how often it is careful:
 
 | role | careful | hurried |
@@ -19,13 +19,13 @@ knob (`KNOBS`) sets how often it is careful:
 Right and wrong solver lines look alike (no length shortcut); the evaluator never states the answer; each role
 writes a format of its own (`format_of`), so a role that writes another's can be counted. The warm-up copies the
 habits; GRPO then has, in every role, a skill to reinforce that carries over to problems it has not trained on.
-`python -m infra.toy --calibrate --seed S` measures the base model against targets fixed before any RL run
-(infra/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
+`python -m toyworld.toy --calibrate --seed S` measures the base model against targets fixed before any RL run
+(toyworld/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
 world can and cannot show).
 
     python train.py --model toy --workflow voting --policy ip     # seeds 0-5: the study's models, copied
-    python -m infra.toy --calibrate --seed 0                      # the base model against its targets
-    python -m infra.toy --build --seed 6                          # another seed: built once (~33 min, 1 thread)
+    python -m toyworld.toy --calibrate --seed 0                      # the base model against its targets
+    python -m toyworld.toy --build --seed 6                          # another seed: built once (~33 min, 1 thread)
 """
 from __future__ import annotations
 
@@ -371,8 +371,8 @@ def chatml(messages: list[dict], generation_prompt: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m infra.toy --build --seed S [--out DIR]` and `--calibrate`: eval.py's toy-world commands (infra/
-    never imports the method files, whose workflows the oracle plays, so, as infra/study.py does, this runs it)."""
+    """`python -m toyworld.toy --build --seed S [--out DIR]` and `--calibrate`: eval.py's toy-world commands (infra/
+    never imports the method files, whose workflows the oracle plays, so, as toyworld/study.py does, this runs it)."""
     import argparse
     p = argparse.ArgumentParser(description="the toy world: build and calibrate a seed's toy model")
     p.add_argument("--build", action="store_true", help="build the seed's toy model (once, into the cache; the "

@@ -1,11 +1,13 @@
-"""The toy world's hooks into train.py and eval.py: its model built before it loads, what validation reads of each
-role, and `eval.py calibrate`.
+"""The toy world's one hook into the method and its machinery: its model built before it loads, where it lies,
+the regime it presets, what validation reads of each role, and `eval.py calibrate`.
 
-What it is for: keeping the toy world (docs/toy_world.md) out of the method's files. train.py calls
-`build_before_load` and `validation_tallies`, which do nothing for any other model than `toy`; `eval.py calibrate`
-runs `calibrate`. What it is not: the toy world itself (infra/toy.py, toy_model.py, calibration.py). infra/ never
-imports the concept files, so the rollout that plays the workflows (`play`: eval.play_every_problem) and the
-engine that samples the toy model (eval.toy_engine) come from the caller.
+What it is for: keeping the toy world (docs/toy_world.md) out of the method's files and out of infra/: this is
+the only toyworld module they import (tests/test_layering.py holds it). train.py calls `build_before_load` and
+`validation_tallies`, which do nothing for any other model than `toy`; policies.load_model reads `model_folder`;
+infra/flags.py presets `REGIME` under `--model toy`; eval.py's `calibrate` command is `add_calibrate` and
+`calibrate_command`. What it is not: the toy world itself (toyworld/toy.py, toy_model.py, calibration.py).
+toyworld/ never imports the concept files at the top level, so the rollout that plays the workflows (`play`:
+eval.play_every_problem) and the engine that samples the toy model (eval.toy_engine) come from the caller.
 
     python train.py --model toy --workflow voting    # the toy model of --seed, once into the cache (copied or built)
     python eval.py calibrate --seed 0                # the toy model at base against its targets
@@ -15,11 +17,14 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from infra import calibration, checkpoints, toy, toy_model
+from infra import checkpoints
 from infra.distributed import barrier, world
 from infra.roles import role_type
-from infra.runfolder import append_record, check_writable, writing
+from infra.runfolder import append_record, check_writable, usage_error, writing
 from infra.tallies import Tallies, add_mean
+from toyworld import calibration, toy, toy_model
+
+REGIME = calibration.REGIME  # the flags `--model toy` presets (infra/flags.py): the regime it is calibrated at
 
 
 def build_before_load(model: str, seed: int, play: Callable) -> None:
@@ -29,6 +34,14 @@ def build_before_load(model: str, seed: int, play: Callable) -> None:
         toy_model.build(seed, play)  # once per seed, into the cache: copied (seeds 0-5) or built
         print(calibration.calibration_warning(seed) or f"toy model of seed {seed}: calibrated", flush=True)
     barrier()
+
+
+def model_folder(seed: int) -> str:
+    """`--model toy`: the folder of the toy model of `seed` (policies.load_model loads it), once built."""
+    if not toy.ready(seed):
+        raise OSError(f"the toy model of seed {seed} is not built yet "
+                      f"(python train.py --model toy --seed {seed} builds it)")
+    return toy.folder(seed)
 
 
 def validation_tallies(model: str, episodes: list, decode: Callable) -> Tallies:
@@ -70,6 +83,19 @@ def foreign_box(role: str, seen: toy.Seen | None, text: str) -> bool:
     if role == "evaluator":
         return number is not None
     return role == "aggregator" and number is not None and not 1 <= number <= len(seen.candidates)
+
+
+def calibrate_command(args, play: Callable, toy_engine: Callable):
+    """`eval.py calibrate` (its flags: infra/commands.py): build the toy model of `args.seed` into a new folder
+    (`--build-into`) or once into the cache (`--build-only`), or calibrate it (`calibrate`)."""
+    if args.build_into:
+        check_writable(args.build_into, "--build-into", folder=True)
+        if os.path.exists(args.build_into) and os.listdir(args.build_into):
+            usage_error(f"--build-into {args.build_into}: not empty; a build writes a new folder")
+        return toy_model.build(args.seed, play, out=args.build_into)
+    if args.build_only:
+        return toy_model.build(args.seed, play)
+    return calibrate(args.seed, args.episodes, args.out, args.temperature, play, toy_engine)
 
 
 def calibrate(seed: int, episodes: int | None, out: str | None, temperature: float | None, play: Callable,

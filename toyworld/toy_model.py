@@ -1,6 +1,6 @@
 """The toy model (`--model toy`): a tokenizer and a small Llama warmed up on the toy oracle's transcripts.
 
-What it does: plays the oracle (infra/toy.py) through the real workflows on all 243 one-digit problems (the caller
+What it does: plays the oracle (toyworld/toy.py) through the real workflows on all 243 one-digit problems (the caller
 passes its rollout in), keeps a balanced share of rows for each habit (`ROWS`: every non-solver role a fair
 share, half of them careful), trains a byte-level BPE tokenizer on them, and warms a fresh Llama up on them by
 supervised learning. Built once per seed into the cache (BUILD_MINUTES, below), with a line per stage and a
@@ -8,11 +8,11 @@ progress bar over the warm-up's steps; the study's seeds 0-5 are committed as bu
 warm-up gives the same model, bit for bit, on one thread or two (bench/bench_toy_build.py checks it), so a build
 takes both cores and the study builds two seeds side by side, one thread each; not on another kind of CPU (torch's
 AVX2 and AVX512 kernels differ in the last bits: toy.json says which built it). What it is not: calibrated by
-construction; `python -m infra.toy --calibrate` checks that the warmed-up model reproduces each habit
-(infra/calibration.py).
+construction; `python -m toyworld.toy --calibrate` checks that the warmed-up model reproduces each habit
+(toyworld/calibration.py).
 
     python train.py --model toy --workflow voting --policy ip     # copies (0-5) or builds the seed's model
-    python -m infra.toy --build --seed 0 --out /tmp/seed0         # seed 0 built afresh, to hold against its copy
+    python -m toyworld.toy --build --seed 0 --out /tmp/seed0         # seed 0 built afresh, to hold against its copy
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from infra.models import CHATML
 from infra.roles import role_type
-from infra.toy import KNOBS, VERSION, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
+from toyworld.toy import KNOBS, VERSION, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
 
 EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}  # oracle episodes per problem, workflow
 # Rows of each kind; the warm-up sees each about 2.5 times. (Half as many, seen 5 times, left the model's careful
@@ -90,7 +90,7 @@ def facts() -> list[tuple[str, str]]:
         for b in range(1, 10):
             for op, r in (("+", a + b), ("-", a - b), ("×", a * b)):
                 found[f"{a} {op} {b}"] = r
-                for w in range(r - 3, r + 4):  # the evaluator's check of an attempt w (infra/toy.py inverse_check)
+                for w in range(r - 3, r + 4):  # the evaluator's check of an attempt w (toyworld/toy.py inverse_check)
                     if op == "×":
                         found[f"{w} ÷ {b}"] = f"{w // b} r {w % b}"
                     else:
@@ -293,7 +293,7 @@ def copy_committed(seed: int, out: str) -> str:
     with open(os.path.join(source, "toy.json")) as f:
         record = json.load(f)
     print(f"[toy] seed {seed}: the study's toy model, copied from {os.path.relpath(source)} (built in "
-          f"{record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m infra.toy --build "
+          f"{record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m toyworld.toy --build "
           f"--seed {seed} --out DIR builds it afresh)", flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp)
