@@ -13,6 +13,7 @@ import pytest
 from test_layering import CONCEPT, project_imports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILDS = os.path.join(ROOT, "docs", "findings", "builds.jsonl")  # the toy builds' records the page quotes
 README_MAX_LINES = 210
 PAGES = sorted(["README.md", "bench/README.md",
                 *(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))])
@@ -193,15 +194,15 @@ def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
 
 
 def test_the_readme_caption_counts_the_committed_calls():
-    """The README's caption reads the kept episodes of the study's voting-sp-s0 at step 150 (committed beside its
-    curves): the 24 generator calls all right, and 4 of the 8 aggregator calls with no readable pick (the parser's
-    `default`, solution 1), each a broken line or a box out of the solutions' range."""
-    import json
+    """The README's caption reads the kept episodes of the study's voting-sp-s0 at step 150 (committed with its
+    curves in docs/findings/results/study.jsonl): the 24 generator calls all right, and 4 of the 8 aggregator
+    calls with no readable pick (the parser's `default`, solution 1), each a broken line or a box out of the
+    solutions' range."""
     import re
 
     import workflows
-    kept = json.load(open(os.path.join(ROOT, "docs", "findings", "results", "voting-sp-s0", "samples",
-                                       "step_000150.json")))
+    from toyworld.results import records
+    (kept,) = records(os.path.join(ROOT, "docs", "findings", "results"), "voting-sp-s0", "samples/step_000150.json")
     calls = [c for episode in kept["episodes"] for c in episode["calls"]]
     generators = [c for c in calls if c["role"] == "generator"]
     aggregators = [c for c in calls if c["role"] == "aggregator"]
@@ -215,13 +216,11 @@ def test_the_readme_caption_counts_the_committed_calls():
 
 def test_the_sweep_table_is_the_committed_sweep_runs():
     """docs/findings.md's sweep table is the sweep's rule applied (`findings.sweep_choice`) to the committed compact
-    results of its 15 runs (docs/findings/results/single-lrR-sS/), on the study's seeds: the first five of the
-    AVX512 builds whose calibration record misses nothing (0, 1, 2, 3 and 5; seed 4 misses the solver)."""
-    import json
-
+    results of its 15 runs (single-lrR-sS in docs/findings/results/study.jsonl), on the study's seeds: the first five
+    of the AVX512 builds whose calibration record misses nothing (0, 1, 2, 3 and 5; seed 4 misses the solver)."""
     from toyworld import findings, study
-    records = [json.loads(open(r).read().splitlines()[-1]) for r in
-               sorted(glob.glob(os.path.join(ROOT, "docs", "findings", "avx512", "seed?.calibration.jsonl")))]
+    from toyworld.results import file_records
+    records = [file_records(BUILDS, f"avx512/seed{seed}.calibration.jsonl")[-1] for seed in range(6)]
     seeds = [r["seed"] for r in records if not r["missed"]][:study.SEEDS]
     assert seeds == [0, 1, 2, 3, 5]
     sweep = findings.sweep_choice(os.path.join(ROOT, "docs", "findings", "results"), seeds, study.SWEEP,
@@ -232,7 +231,8 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
 
 
 def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
-    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (each
+    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (study.jsonl
+    and replication.jsonl: each
     finding's comparisons and verdict, the sweep), and docs/findings.md is what the study command writes from it:
     every table between markers (calibration, sweep, summary, each finding's, the replication's) as committed. So
     a number in a table is checked from a clone by reading files, not by re-running the study."""
@@ -260,15 +260,13 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
 def test_the_calibration_tables_are_the_committed_records():
     """docs/findings.md's calibration tables, of the study's candidate seeds (built on AVX512: avx512/) and of the
     seeds rebuilt on an unrecorded CPU (rebuilt/), are `findings.calibration_table` of the committed calibration
-    records and builds (seedS.toy.json), seed by seed: the targets missed, the base model's and the oracle's
-    accuracy in each workflow, the solver's gap to its rows, the build."""
-    import json
-
+    records and builds (seedS.toy.json) in docs/findings/builds.jsonl, seed by seed: the targets missed, the base
+    model's and the oracle's accuracy in each workflow, the solver's gap to its rows, the build."""
     from toyworld import findings
+    from toyworld.results import file_records
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
-    for folder, suffix in (("avx512", ".calibration.jsonl"), ("rebuilt", ".jsonl")):
-        records = sorted(glob.glob(os.path.join(ROOT, "docs", "findings", folder, "seed?" + suffix)))
-        assert len(records) >= 6
-        builds = [json.load(open(r.replace(suffix, ".toy.json"))) for r in records]
-        table = findings.calibration_table([json.loads(open(r).read().splitlines()[-1]) for r in records], builds)
+    for folder, suffix, seeds in (("avx512", ".calibration.jsonl", 6), ("rebuilt", ".jsonl", 7)):
+        records = [file_records(BUILDS, f"{folder}/seed{seed}{suffix}")[-1] for seed in range(seeds)]
+        builds = [file_records(BUILDS, f"{folder}/seed{seed}.toy.json")[0] for seed in range(seeds)]
+        table = findings.calibration_table(records, builds)
         assert table in text, folder

@@ -241,7 +241,7 @@ def test_a_library_outside_the_tested_versions_is_one_line_at_start_up(tmp_path,
 def test_the_toy_model_runs_its_calibrated_regime_unless_a_flag_says_otherwise():
     """`--model toy` takes the regime its model is calibrated at (calibration.REGIME) as its defaults, and
     counts them as defaults in the run's first lines; a flag given on the command line wins."""
-    from infra import calibration
+    from toyworld import calibration
     parser = train.build_parser()
     args = train_flags(["--model", "toy", "--workflow", "voting", "--policy", "ip"])
     assert (args.tasks_per_step, args.group_size, args.max_new_tokens, args.temperature) == (2, 8, 32, 1.0)

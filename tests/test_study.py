@@ -417,21 +417,29 @@ def test_a_near_rows_table_gives_a_alone(tmp_path):
 
 
 def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_tables(tmp_path):
-    """keep_results copies a run's validation curves, the RESULTS training curves (to 4 decimals) and its
-    evaluations, and nothing else; a finding judged on the copy equals the one judged on the run."""
+    """keep_results copies a run's validation curves, the RESULTS training curves (to 4 decimals), its evaluations
+    and voting-sp-s0's kept samples at step 150 (KEPT_SAMPLES), and nothing else, into one file, a line per record;
+    a finding judged on the copy equals the one judged on the run."""
+    from toyworld.results import records
     out, kept = tmp_path / "runs", tmp_path / "results"
     for seed in range(3):
         folder = out / f"voting-sp-s{seed}"
-        folder.mkdir(parents=True)
+        (folder / "samples").mkdir(parents=True)
         rows = [{"step": s, "val/success": 0.5 + 0.01 * s * (seed + 1), "generator/loss_share": 0.75123456,
                  "aggregator/adv_std": 0.3, "time/rollout": 1.0} for s in range(0, 40, 10)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (folder / "eval.jsonl").write_text(json.dumps({"mode": "trained", "dataset": "math-d0-test",
                                                        "metrics": {"accuracy": 0.6}}) + "\n")
+        for step in (140, 150):
+            (folder / "samples" / f"step_000{step}.json").write_text(json.dumps({"step": step, "episodes": []}))
     findings.keep_results(str(out), [f"voting-sp-s{s}" for s in range(3)], str(kept))
-    first = json.loads((kept / "voting-sp-s0" / "metrics.jsonl").read_text().splitlines()[0])
-    assert first == {"step": 0, "val/success": 0.5, "generator/loss_share": 0.7512}
-    assert (kept / "voting-sp-s2" / "eval.jsonl").read_text() == (out / "voting-sp-s2" / "eval.jsonl").read_text()
+    lines = [json.loads(line) for line in (kept / "study.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 * (4 + 1) + 1 and os.listdir(kept) == ["study.jsonl"]
+    assert lines[0] == {"run": "voting-sp-s0", "file": "metrics.jsonl",
+                        "record": {"step": 0, "val/success": 0.5, "generator/loss_share": 0.7512}}
+    assert records(str(kept), "voting-sp-s2", "eval.jsonl") == records(str(out), "voting-sp-s2", "eval.jsonl")
+    assert records(str(kept), "voting-sp-s0", "samples/step_000150.json") == [{"step": 150, "episodes": []}]
+    assert records(str(kept), "voting-sp-s1", "samples/step_000150.json") == []  # only the caption's run
     finding = {"id": "x", "claim": "c", "comparisons": [study.c("end", ("voting-sp", "end", "success")),
                                                         study.c("test", study.ev("voting-sp"))]}
     assert findings.judge_finding(str(kept), [0, 1, 2], finding) == findings.judge_finding(str(out), [0, 1, 2],

@@ -343,12 +343,17 @@ def test_a_study_seed_copies_its_committed_model_and_any_other_build_builds(tmp_
     rollout, which this test's `play` stops at."""
     import json
     import shutil
+    import tarfile
 
     from toyworld import toy_model
-    committed = tmp_path / "models" / f"toy-v{toy.VERSION}-seed2"
-    committed.mkdir(parents=True)
-    (committed / "model.safetensors").write_bytes(b"weights")
-    (committed / "toy.json").write_text(json.dumps({"minutes": 33.5, "versions": {"cpu_capability": "AVX512"}}))
+    built = tmp_path / "built"  # what a build writes, committed as one tar
+    built.mkdir()
+    (built / "model.safetensors").write_bytes(b"weights")
+    (built / "toy.json").write_text(json.dumps({"minutes": 33.5, "versions": {"cpu_capability": "AVX512"}}))
+    (tmp_path / "models").mkdir()
+    with tarfile.open(tmp_path / "models" / f"toy-v{toy.VERSION}-seed2.tar", "w") as tar:
+        for name in ("model.safetensors", "toy.json"):
+            tar.add(built / name, arcname=name)
     monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "models"))
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
 
@@ -371,23 +376,28 @@ def test_a_study_seed_copies_its_committed_model_and_any_other_build_builds(tmp_
     assert not os.path.exists(toy.folder(2))
 
 
-def test_the_committed_models_are_the_study_candidates_as_recorded():
-    """docs/findings/models/ holds seeds 0-5 at this VERSION, each folder's toy.json the build record of
-    docs/findings/avx512/ (its last warm-up loss to every digit: the model the calibration table describes), each
-    loading as the toy model's shape (770,944 parameters, its 1,024-token vocabulary)."""
+def test_the_committed_models_are_the_study_candidates_as_recorded(tmp_path):
+    """docs/findings/models/ holds seeds 0-5 at this VERSION, one tar each of the folder a build writes, each
+    toy.json the build record of avx512/ in docs/findings/builds.jsonl (its last warm-up loss to every digit: the
+    model the calibration table describes), each loading as the toy model's shape (770,944 parameters, its
+    1,024-token vocabulary)."""
     import json
+    import tarfile
 
     from safetensors import safe_open
 
     from toyworld import toy_model
+    from toyworld.results import file_records
     seeds = [s for s in range(20) if toy_model.committed(s)]
     assert seeds == [0, 1, 2, 3, 4, 5]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    builds = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings",
+                          "builds.jsonl")
     for seed in seeds:
-        record = json.load(open(os.path.join(toy_model.committed(seed), "toy.json")))
-        recorded = json.load(open(os.path.join(root, "docs", "findings", "avx512", f"seed{seed}.toy.json")))
-        assert record == recorded, seed
-        with safe_open(os.path.join(toy_model.committed(seed), "model.safetensors"), "pt") as f:
+        with tarfile.open(toy_model.committed(seed)) as tar:
+            tar.extractall(tmp_path / str(seed), filter="data")
+        record = json.load(open(tmp_path / str(seed) / "toy.json"))
+        assert [record] == file_records(builds, f"avx512/seed{seed}.toy.json"), seed
+        with safe_open(str(tmp_path / str(seed) / "model.safetensors"), "pt") as f:
             shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
         assert sum(math.prod(s) for s in shapes.values()) == 770_944, seed
         assert shapes["model.embed_tokens.weight"] == [toy_model.VOCAB, toy_model.SHAPE["hidden_size"]]

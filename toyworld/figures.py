@@ -1,5 +1,6 @@
-"""The findings' figures (docs/findings.md), drawn from the study's compact results: finding 1's bars, then a
-row of panels per figure (STUDY_FIGURES), each line the mean over seeds with a band from the lowest to the highest.
+"""The findings' figures (docs/findings.md), drawn from the study's compact results (toyworld/results.py's
+`records`: a folder of compact files, or of run folders): finding 1's bars, then a row of panels per figure
+(STUDY_FIGURES), each line the mean over seeds with a band from the lowest to the highest.
 
 What it is for: toyworld/study.py's figures. What it is not: a run's own curves (`eval.py plot`, infra/plots.py).
 """
@@ -7,8 +8,7 @@ from __future__ import annotations
 
 import os
 
-from infra.plots import EVAL_KEYS
-from infra.runfolder import read_results
+from toyworld.results import records
 
 WORKFLOW_PANELS = [("Voting", "voting"), ("Eval-Opt", "evalopt"), ("Orch-Workers", "orchworkers")]
 
@@ -17,7 +17,7 @@ def seed_curves(out: str, name: str, seeds: list[int], key: str) -> tuple[list[i
     """(steps, one list of `key` per seed) of a grid configuration, on the steps every seed has."""
     per_seed = []
     for seed in seeds:
-        metrics = read_results(os.path.join(out, f"{name}-s{seed}", "metrics.jsonl"), ("step",), warn=False)
+        metrics = records(out, f"{name}-s{seed}", "metrics.jsonl")
         per_seed.append({m["step"]: m[key] for m in metrics if m.get(key) is not None})
     steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
     return steps, [[s[t] for t in steps] for s in per_seed]
@@ -56,8 +56,8 @@ def eval_accuracy(out: str, name: str, seeds: list[int], mode: str) -> list[floa
     """eval.py's accuracy of `mode` on each seed's final checkpoint of a configuration (seeds without it left out)."""
     values = []
     for seed in seeds:
-        records = read_results(os.path.join(out, f"{name}-s{seed}", "eval.jsonl"), EVAL_KEYS, warn=False)
-        values += [r["metrics"]["accuracy"] for r in records if r["mode"] == mode][-1:]
+        evaluated = records(out, f"{name}-s{seed}", "eval.jsonl")
+        values += [r["metrics"]["accuracy"] for r in evaluated if r["mode"] == mode][-1:]
     return values
 
 

@@ -17,27 +17,27 @@ place to change a threshold after a comparison has been seen.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import re
-import shutil
 
 from infra.runfolder import read_results
+from toyworld.results import records, write_pack
 
 WINDOW = 3          # validation points in a peak or end window
 TRAIN_LAST = 20     # training steps a training metric is averaged over at the end
 BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
 
-# What the compact results keep of a run (docs/findings/results/RUN/): its validation curves and these training
-# curves, to 4 decimals, and its evaluations: what the tables, the figures and the page's prose read.
+# What the compact results keep of a run (docs/findings/results/study.jsonl: toyworld/results.py): its validation
+# curves and these training curves, to 4 decimals, and its evaluations: what the tables, figures and prose read.
 RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/grad_norm_share", "/opt_steps",
            "/kl_base", "/coherence_scale", "/entropy", "/careful", "/own_format", "/foreign_format", "/foreign_box")
+KEPT_SAMPLES = {"voting-sp-s0": "samples/step_000150.json"}  # the kept calls the README's caption counts
 
 
 def series(out: str, name: str, seed: int, key: str) -> list[tuple[int, float]]:
-    metrics = read_results(os.path.join(out, f"{name}-s{seed}", "metrics.jsonl"), ("step",), warn=False)
+    metrics = records(out, f"{name}-s{seed}", "metrics.jsonl")
     return [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
 
 
@@ -53,8 +53,8 @@ def window_end(values: list[float]) -> float:
 def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy") -> float:
     """eval.py's `key` of `mode` on the test problems, from the run of `name` (base and the SA modes: from the
     workflow's first configuration, where the study runs them)."""
-    records = read_results(os.path.join(out, f"{name}-s{seed}", "eval.jsonl"), ("mode", "metrics"), warn=False)
-    found = [r["metrics"].get(key) for r in records if r["mode"] == mode and r.get("dataset", "").endswith("test")]
+    evaluated = records(out, f"{name}-s{seed}", "eval.jsonl")
+    found = [r["metrics"].get(key) for r in evaluated if r["mode"] == mode and r.get("dataset", "").endswith("test")]
     return found[-1] if found and found[-1] is not None else float("nan")
 
 
@@ -293,16 +293,18 @@ def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -
     return {"rule": rule, "rates": rows, "choice": max(fine, key=float) if fine else None}
 
 
-def keep_results(out: str, runs: list[str], results: str) -> None:
-    """Each run's compact results (RESULTS) into results/RUN/: metrics.jsonl and eval.jsonl, the files this
-    module and infra/plots.py read, so that the tables and figures can be drawn again from a clone."""
+def keep_results(out: str, runs: list[str], results: str, pack: str = "study.jsonl") -> None:
+    """The runs' compact results into one file, results/`pack` (toyworld/results.py): each run's metrics (RESULTS),
+    its evaluations and KEPT_SAMPLES, what this module and toyworld/figures.py read, so that the tables and figures
+    can be drawn again from a clone."""
+    rows = []
     for run in runs:
-        folder = os.path.join(results, run)
-        os.makedirs(folder, exist_ok=True)
         kept = [{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()
                  if any(k == w or k.endswith(w) or k.startswith(w) for w in RESULTS)}
                 for m in read_results(os.path.join(out, run, "metrics.jsonl"), ("step",), warn=False)]
-        with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
-            f.writelines(json.dumps(m) + "\n" for m in kept)
-        if os.path.exists(os.path.join(out, run, "eval.jsonl")):
-            shutil.copy(os.path.join(out, run, "eval.jsonl"), os.path.join(folder, "eval.jsonl"))
+        rows += [(run, "metrics.jsonl", m) for m in kept]
+        rows += [(run, "eval.jsonl", r) for r in records(out, run, "eval.jsonl")]
+        if run in KEPT_SAMPLES:
+            rows += [(run, KEPT_SAMPLES[run], r) for r in records(out, run, KEPT_SAMPLES[run])]
+    os.makedirs(results, exist_ok=True)
+    write_pack(os.path.join(results, pack), rows)

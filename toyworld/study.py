@@ -7,8 +7,8 @@ models built and calibrated side by side (eval.py calibrate), the first five see
 that would wait idle calibrates the next candidate); (1) the sweep, the single agent at three rates and the rule
 that picks the grid's (SWEEP_RULE); (2) the grid (GRID) at that rate: train.py runs validated every 10 steps on 64
 problems, then eval.py on 64 *other* problems (`--split test`; MODES, and SWAPPED on the IP runs; the grid's single
-agent is the sweep's run at that rate, copied); (3) the runs' compact results (findings.RESULTS) copied beside the
-page, and FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by
+agent is the sweep's run at that rate, copied); (3) the runs' compact results (findings.RESULTS) in one file beside
+the page, and FINDINGS, the comparisons, thresholds and rules written here before the grid ran, applied by
 toyworld/findings.py; (4) the figures, the page's tables between their markers, and an `eval.py report` page per run.
 `--replicate N` then runs the grid on the next N calibrated seeds and says, comparison by comparison, whether each
 repeats the study's sign and threshold. Each run is an ordinary `python train.py` / `python eval.py` command in its
@@ -318,7 +318,7 @@ def replicate(args, clock: Clock, results: str) -> None:
                        args.dry_run)
     if args.dry_run:
         return
-    findings.keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results)
+    findings.keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in GRID], results, "replication.jsonl")
     study["replication"] = {"seeds": seeds, "set_aside": set_aside, **seed_records(args.out, seeds, set_aside),
                             "rows": findings.replication(results, seeds, study["findings"], FINDINGS),
                             "minutes": clock.minutes()}
@@ -342,8 +342,8 @@ def evals_per_seed(grid: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/study", help="folder of the study's runs, logs and study.json")
-    p.add_argument("--results", default=None, help="folder of the compact results the tables and figures are "
-                   "drawn from (default: OUT/results; the page's: docs/findings/results)")
+    p.add_argument("--results", default=None, help="folder of the compact results (toyworld/results.py) that the "
+                   "tables and figures are drawn from (default: OUT/results; the page's: docs/findings/results)")
     p.add_argument("--seeds", type=int, default=SEEDS, help="how many seeds: the first N of 0, 1, 2, ... whose toy "
                    "model passes calibration (the others set aside, named in study.json)")
     p.add_argument("--steps", type=int, default=STEPS, help="training steps of every run")

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import tarfile
 import time
 from typing import Callable
 
@@ -43,7 +44,8 @@ VOCAB = 1024
 # rows, a different amount in each seed: the right answer's mass spread onto its neighbours, the guesses' numbers.)
 WARMUP_STEPS = 4000
 BATCH = 32
-# The study's candidate seeds 0-5 as built (docs/findings/avx512/ has their records): `build` copies them.
+# The study's candidate seeds 0-5 as built, one tar each (docs/findings/builds.jsonl has their records): `build`
+# copies them.
 COMMITTED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings", "models")
 BUILD_MINUTES = 18  # a build on the 2-core machine, measured (bench/times.json; tests/test_docs.py holds them equal)
 LR = 3e-3
@@ -281,22 +283,24 @@ def library_versions() -> dict[str, str]:
 
 def committed(seed: int) -> str | None:
     """The study's toy model of `seed` as it was built and calibrated (AVX512, one thread: its toy.json), committed
-    in docs/findings/models/ at this VERSION; None for a seed the study did not consider."""
-    path = os.path.join(COMMITTED, f"toy-v{VERSION}-seed{seed}")
-    return path if os.path.isfile(os.path.join(path, "model.safetensors")) else None
+    in docs/findings/models/ at this VERSION as one tar of the folder a build writes; None for a seed the study did
+    not consider."""
+    path = os.path.join(COMMITTED, f"toy-v{VERSION}-seed{seed}.tar")
+    return path if os.path.isfile(path) else None
 
 
 def copy_committed(seed: int, out: str) -> str:
-    """The committed model of `seed` into `out` (the cache): the study's instrument bit for bit on any CPU, in
-    seconds, where a build takes 18-35 minutes and, on another kind of CPU, makes another model."""
+    """The committed model of `seed` unpacked into `out` (the cache): the study's instrument bit for bit on any
+    CPU, in seconds, where a build takes 18-35 minutes and, on another kind of CPU, makes another model."""
     source, tmp = committed(seed), out + ".tmp"
-    with open(os.path.join(source, "toy.json")) as f:
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(source) as tar:
+        tar.extractall(tmp, filter="data")
+    with open(os.path.join(tmp, "toy.json")) as f:
         record = json.load(f)
     print(f"[toy] seed {seed}: the study's toy model, copied from {os.path.relpath(source)} (built in "
           f"{record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m toyworld.toy --build "
           f"--seed {seed} --out DIR builds it afresh)", flush=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
