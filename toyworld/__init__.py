@@ -12,6 +12,7 @@ imports it but through its one hook, toy_hooks.py.
     jobs.py         the study's commands, run side by side, forked from a server that imported torch once
     findings.py     the study's statistics: window means, paired differences, each comparison's verdict
     figures.py      the findings' figures, from the study's results
+    results.py      the compact results, a JSON Lines file per study and per replication, and their one loader
 
     python -m toyworld.toy --build --seed 6      # another seed's toy model
     python -m toyworld.study --help              # the study
