@@ -514,3 +514,17 @@ def test_the_grids_single_agent_run_is_the_sweeps_run_at_its_rate_copied(tmp_pat
     trained = [c[c.index("--run-dir") + 1].rsplit("/", 1)[1] for c in started if c[1] == "train.py"]
     assert trained == ["voting-sp-s0", "single-s1", "voting-sp-s1"]
     assert study.sweep_twin("single", "1e-3") == "single-lr1e-3" and study.sweep_twin("voting-sp", "1e-3") is None
+
+
+def test_a_run_the_compact_results_lack_is_one_line(tmp_path, capsys):
+    """`python -m toyworld.results FOLDER RUN FILE`: a run's file, a record a line; a run the folder
+    does not hold is one line on stderr, exit status 2."""
+    from toyworld import results
+    results.write_pack(str(tmp_path / "study.jsonl"), [("voting-sp-s0", "eval.jsonl", {"mode": "base"}),
+                                                       ("voting-sp-s0", "eval.jsonl", {"mode": "trained"})])
+    results.main([str(tmp_path), "voting-sp-s0", "eval.jsonl"])
+    assert capsys.readouterr().out == '{"mode": "base"}\n{"mode": "trained"}\n'
+    with pytest.raises(SystemExit) as stop:
+        results.main([str(tmp_path), "voting-sp-s9", "eval.jsonl"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"error: {tmp_path} has no eval.jsonl of the run voting-sp-s9\n"

@@ -1,18 +1,19 @@
-"""The toy world and its study: a small model whose every role has a careful and a hurried habit, an oracle that
-knows which is which, and the study that trains the paper's workflows on it (docs/toy_world.md,
-docs/findings.md). It is built on the method (the six concept files, run as commands) and on infra/; neither
-imports it but through its one hook, toy_hooks.py.
+"""The toy world and its study: a small model whose every role has a careful and a hurried habit,
+an oracle that knows which is which, and the study that trains the paper's workflows on it
+(docs/toy_world.md, docs/findings.md). It is built on the method (the six concept files, run as
+commands) and on infra/; neither imports it but through its one hook, toy_hooks.py.
 
-    toy_hooks.py    the one hook: the toy model built and found, the regime `--model toy` presets, the
-                    validation tallies of each role, `eval.py calibrate`
-    toy.py          the oracle: each role's careful and hurried habit, and how its outputs are read
-    toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up on them
+    toy_hooks.py    the one hook: the toy model built and found, the regime `--model toy`
+                    presets, each role's validation tallies, `eval.py calibrate`
+    toy.py          the oracle: each role's careful and hurried habit, how its outputs are read
+    toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up
     calibration.py  the toy model at base against targets fixed before any RL run
     study.py        the study: the sweep, the findings' grid over seeds, evaluation, verdicts
-    jobs.py         the study's commands, run side by side, forked from a server that imported torch once
-    findings.py     the study's statistics: window means, paired differences, each comparison's verdict
+    jobs.py         the study's commands side by side, forked from a server that imported torch
+    findings.py     the study's statistics: window means, paired differences, each verdict
     figures.py      the findings' figures, from the study's results
-    results.py      the compact results, a JSON Lines file per study and per replication, and their one loader
+    results.py      the compact results, a JSON Lines file per study and per replication, and
+                    their one loader
 
     python -m toyworld.toy --build --seed 6      # another seed's toy model
     python -m toyworld.study --help              # the study

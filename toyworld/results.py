@@ -1,21 +1,22 @@
-"""The study's compact results: one JSON Lines file per study and per replication, and the one loader that the
-tables, the figures and the tests read runs through.
+"""The study's compact results: one JSON Lines file per study and per replication, and the one
+loader that the tables, the figures and the tests read runs through.
 
-What it is for: a clone holds what docs/findings.md quotes in a handful of files, not a folder per run. A results
-folder (the page's: docs/findings/results/) holds `study.jsonl` (the sweep and the grid on the study's seeds),
-`replication.jsonl` (the grid on the replication's seeds) and `study.json` (the verdicts). Each line of a compact
-file is one record of one run's file, as that file holds it (findings.RESULTS: rounded to 4 decimals):
+What it is for: a clone holds what docs/findings.md quotes in a handful of files, not a folder per
+run. A results folder (the page's: docs/findings/results/) holds `study.jsonl` (the sweep and the
+grid on the study's seeds), `replication.jsonl` (the grid on the replication's seeds) and
+`study.json` (the verdicts). Each line of a compact file is one record of one run's file, as that
+file holds it (findings.RESULTS: rounded to 4 decimals), so a line diffs as a line:
 
-    {"run": "voting-sp-s0", "file": "metrics.jsonl", "record": {"step": 0, "val/success": 0.25, ...}}
-    {"run": "voting-sp-s0", "file": "eval.jsonl", "record": {"mode": "trained", "metrics": {...}, ...}}
-    {"run": "voting-sp-s0", "file": "samples/step_000150.json", "record": {"step": 150, "episodes": [...]}}
+    {"run": "voting-sp-s0", "file": "metrics.jsonl", "record": {"step": 0, "val/success": 0.25}}
+    {"run": "voting-sp-s0", "file": "eval.jsonl", "record": {"mode": "trained", "metrics": {}}}
+    {"run": "voting-sp-s0", "file": "samples/step_000150.json", "record": {"step": 150, ...}}
 
-so a line diffs as a line, and `records(folder, run, file)` gives a run's file from either kind of folder: a
-folder of compact files, or a study's --out, a folder of run folders. docs/findings/builds.jsonl holds the records
-of the toy models' builds the page quotes (calibration records, toy.json, readings) the same way, by their old
-file name (`file_records`). What it is not: the statistics (findings.py) or the runs (train.py, eval.py).
+`records(folder, run, file)` gives a run's file from either kind of folder: one of compact files,
+or a study's --out, a folder of run folders. docs/findings/builds.jsonl holds the records of the
+toy models' builds that the page quotes (calibration records, toy.json, readings) the same way, by
+their old file name (`file_records`). What it is not: the statistics (findings.py) or the runs.
 
-    python -m toyworld.results docs/findings/results voting-sp-s0 samples/step_000150.json   # a run's file
+    python -m toyworld.results docs/findings/results voting-sp-s0 samples/step_000150.json
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import os
 
 from infra.runfolder import read_results
 
-PACKS = ("study.jsonl", "replication.jsonl")  # a results folder's compact files: the study's, the replication's
+# A results folder's compact files: the study's, the replication's
+PACKS = ("study.jsonl", "replication.jsonl")
 
 
 @functools.lru_cache(maxsize=8)
@@ -45,12 +47,14 @@ def read_pack(path: str) -> dict[tuple[str, str], list[dict]]:
 
 
 def packs_in(folder: str) -> list[str]:
-    return [os.path.join(folder, name) for name in PACKS if os.path.isfile(os.path.join(folder, name))]
+    return [os.path.join(folder, name) for name in PACKS
+            if os.path.isfile(os.path.join(folder, name))]
 
 
 def records(folder: str, run: str, name: str) -> list[dict]:
-    """Run `run`'s file `name` (metrics.jsonl, eval.jsonl, samples/step_N.json) as a list of records: from the
-    compact files in `folder` when it has any, else from the run folder `folder/run` ([] when it has none)."""
+    """Run `run`'s file `name` (metrics.jsonl, eval.jsonl, samples/step_N.json) as records: from
+    the compact files in `folder` when it has any, else from the run folder `folder/run` ([] when
+    it has no such file)."""
     packs = packs_in(folder)
     if packs:
         return next((read_pack(p)[run, name] for p in packs if (run, name) in read_pack(p)), [])
@@ -64,23 +68,26 @@ def records(folder: str, run: str, name: str) -> list[dict]:
 
 
 def write_pack(path: str, rows: list[tuple[str, str, dict]]) -> None:
-    """(run, file, record) rows as a compact file, written aside and renamed (a crash leaves the old one)."""
+    """(run, file, record) rows as a compact file, written aside and renamed (a crash leaves the
+    old one)."""
     with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps({"run": run, "file": name, "record": record}) + "\n" for run, name, record in rows)
+        f.writelines(json.dumps({"run": run, "file": name, "record": record}) + "\n"
+                     for run, name, record in rows)
     os.replace(path + ".tmp", path)
 
 
 def file_records(path: str, name: str) -> list[dict]:
-    """docs/findings/builds.jsonl: the records (a JSON file's one, a JSONL file's each) of the file that was `name`
-    (`avx512/seed0.toy.json`), or its text ({"text": ...}: a reading) in order."""
+    """docs/findings/builds.jsonl: the records (a JSON file's one, a JSONL file's each) of the file
+    that was `name` (`avx512/seed0.toy.json`), or its text ({"text": ...}: a reading), in order."""
     with open(path) as f:
         rows = [json.loads(line) for line in f]
-    return [row["record"] if "record" in row else {"text": row["text"]} for row in rows if row["file"] == name]
+    return [row["record"] if "record" in row else {"text": row["text"]}
+            for row in rows if row["file"] == name]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="A run's file from a results folder: its records, one a line.")
-    p.add_argument("folder", help="a folder of compact results (docs/findings/results) or of run folders")
+    p = argparse.ArgumentParser(description="A run's file from a results folder, a record a line.")
+    p.add_argument("folder", help="a folder of compact results (docs/findings/results) or of runs")
     p.add_argument("run", help="a run's name: voting-sp-s0")
     p.add_argument("file", help="metrics.jsonl, eval.jsonl or samples/step_000150.json")
     args = p.parse_args(argv)
