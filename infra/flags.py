@@ -52,10 +52,6 @@ from infra.runfolder import read_results, read_run_args, usage_error, write_args
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device",
              "gen_batch_size", "gen_max_tokens", "micro_batch_size", "max_tokens_per_micro_batch",
              "grad_checkpointing", "vllm_gpu_memory", "val_samples")
-# `--model toy`'s preset: the regime its model is calibrated at, and a first run that learns: the study's single
-# agent at its sweep's rate rises from about 0.5 to above 0.8 by step 20 on every seed (its runs' curves in
-# docs/findings/results/single-s*/metrics.jsonl; at train.py's 5e-4 and 10 steps seed 0 fell, 0.516 to 0.391)
-TOY_PRESET = {**calibration.REGIME, "workflow": "single", "steps": 20, "lr": 1e-3}
 
 
 # ---------------------------------------------------------------- value types
@@ -198,7 +194,7 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     if args.resume:
         args = resume_args(parser, args, given)
     else:
-        preset = dict(TOY_PRESET) if args.model == "toy" else {}  # the regime it is calibrated at
+        preset = {**calibration.REGIME, **models.TOY_FIRST_RUN} if args.model == "toy" else {}  # (models.py)
         if args.cell:
             try:
                 preset.update(cells.cell_defaults(args.cell))
@@ -371,7 +367,7 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     A cell's values and `--model toy`'s regime count as defaults (`--cell` names them), as does what
     train.py resolves itself (--engine auto); the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
-    defaults.update(TOY_PRESET if args.model == "toy" else {})
+    defaults.update({**calibration.REGIME, **models.TOY_FIRST_RUN} if args.model == "toy" else {})
     if args.cell:
         defaults.update(cells.cell_defaults(args.cell))
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,
