@@ -502,8 +502,8 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
         return dict(study.c(label, ("x", "end", "y"), rule=rule), **findings.summarise(per_seed), verdict=verdict)
     exception = [0.0, -0.13, 0.0, -0.09, -0.16]
     study_json = {"seeds": [0, 1, 2, 3, 5], "findings": [
-        {"id": "1", "preconditions": [], "comparisons": [compared("Eval-Opt: trained IP - SA-RL", exception,
-                                                                   "not shown")]}],
+        {"id": "1", "verdict": "not testable here", "preconditions": [],
+         "comparisons": [compared("Eval-Opt: trained IP - SA-RL", exception, "not shown")]}],
         "replication": {"seeds": [6, 10], "rows": [
             {"finding": "1", "label": "Eval-Opt: trained IP - SA-RL", "per_seed": [-0.08, -0.24]}]}}
     after = {"findings": [{"id": "exception", "preconditions": [], "comparisons": [
@@ -515,6 +515,7 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
     finally:
         verdicts.CLAIMS = original
     assert "| the paper's claim | comparison (A - B), rule | verdict, seeds 0, 1, 2, 3, 5 |" in table
+    assert "| Only Eval-Opt under IP beats SA-RL ([finding 1: not testable here](#finding-1); predeclared," in table
     assert ("| **not shown** (2 of 5 tie at 0)<br>**the opposite** (2 of 5 tie at 0) | -0.076 [" in table
             and "-0.08 -0.24, agree 0 of 2<br>n/a |" in table)
     assert ("Rule and seeds disagree: Eval-Opt: trained IP - SA-RL: **not shown** by its rule, while no seed of 7 "
