@@ -139,7 +139,7 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
     found = disagreements({k: compared[k] for _, keys, _, _ in CLAIMS for k in keys}, rows)
     lines += ["", f"† Rule written after the data ({WRITTEN}), not before the grid: `contradicts` gives the opposite "
               f"when the mean is at most -t and A is ahead (by {findings.TIE} or more) in at most one seed. A "
-              f"difference under {findings.TIE} in size is a tie, printed 0. A held-out seed agrees when the rule "
+              f"difference under {findings.TIE} in size is a tie, printed 0.00. A held-out seed agrees when the rule "
               "applied to it alone (its threshold: one seed has no others to agree) gives the study's verdict.",
               *[f"\nRule and seeds disagree: {line}." for line in found],
               "\nNot tested here: the generator's learning to complete retried attempts (finding 2's second half) and "
@@ -155,8 +155,8 @@ def page_tables(study: dict, after: dict) -> dict[str, str]:
     for judged in after["findings"]:
         rows = [r for r in after["replication"] if r["finding"] == judged["id"]]
         held = findings.replication_table(study["replication"], after["findings"], rows).split("\n", 1)[1] \
-            if rows else ""
-        tables[f"after-{judged['id']}"] = findings.finding_table(judged) + "\n\nHeld out:\n" + held
+            if rows else ""  # (its first line names the seeds, which the page's replication table does)
+        tables[f"after-{judged['id']}"] = findings.finding_table(judged) + ("\n\nHeld out:\n" + held) * bool(rows)
     return tables
 
 
