@@ -194,7 +194,7 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     if args.resume:
         args = resume_args(parser, args, given)
     else:
-        preset = dict(toy_hooks.REGIME) if args.model == "toy" else {}  # the regime it is calibrated at
+        preset = dict(toy_hooks.PRESET) if args.model == "toy" else {}  # its regime, a first run that learns
         if args.cell:
             try:
                 preset.update(cells.cell_defaults(args.cell))
@@ -367,7 +367,7 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     A cell's values and `--model toy`'s regime count as defaults (`--cell` names them), as does what
     train.py resolves itself (--engine auto); the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
-    defaults.update(toy_hooks.REGIME if args.model == "toy" else {})
+    defaults.update(toy_hooks.PRESET if args.model == "toy" else {})
     if args.cell:
         defaults.update(cells.cell_defaults(args.cell))
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,

@@ -234,12 +234,13 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (study.jsonl
     and replication.jsonl: each
     finding's comparisons and verdict, the sweep), and docs/findings.md is what the study command writes from it:
-    every table between markers (calibration, sweep, summary, each finding's, the replication's) as committed. So
-    a number in a table is checked from a clone by reading files, not by re-running the study."""
+    every table between markers (calibration, sweep, summary, each finding's, the replication's, the verdicts and
+    the tests written after the data) as committed, and the README's verdict table. So a number in a table is
+    checked from a clone by reading files, not by re-running the study."""
     import json
     import shutil
 
-    from toyworld import findings, study
+    from toyworld import findings, study, verdicts
     results = os.path.join(ROOT, "docs", "findings", "results")
     committed = json.load(open(os.path.join(results, "study.json")))
     seeds = committed["seeds"]
@@ -251,10 +252,42 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     assert replication["seeds"] == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
     rows = findings.replication(results, replication["seeds"], committed["findings"], study.FINDINGS)
     assert same(replication["rows"], rows) and len(rows) == 20
-    page = os.path.join(ROOT, "docs", "findings.md")
+    page, readme = os.path.join(ROOT, "docs", "findings.md"), os.path.join(ROOT, "README.md")
     shutil.copy(page, tmp_path / "findings.md")
-    findings.write_tables(str(tmp_path / "findings.md"), committed)
+    shutil.copy(readme, tmp_path / "README.md")
+    verdicts.write_pages(results, committed, str(tmp_path / "findings.md"), str(tmp_path / "README.md"))
     assert (tmp_path / "findings.md").read_text() == open(page).read()
+    assert (tmp_path / "README.md").read_text() == open(readme).read()
+    for text in (open(page).read(), open(readme).read()):  # each page has its verdict table, filled
+        assert re.search(r"<!-- table:verdicts -->\n\| the paper's claim .*\n<!-- /table:verdicts -->", text, re.S)
+
+
+def test_the_verdicts_a_reader_sees_first_are_the_committed_results():
+    """The verdict table's rows, recomputed from the committed compact results: Orch-Workers SP below its base in
+    all five study seeds (the opposite, tested after the data), Eval-Opt IP against SA-RL not shown by the
+    predeclared rule (two seeds tie at 0.000) and the opposite by the contradiction test, with no seed of seven
+    above zero; and each page says both."""
+    import json
+
+    from toyworld import findings, verdicts
+    results = os.path.join(ROOT, "docs", "findings", "results")
+    committed = json.load(open(os.path.join(results, "study.json")))
+    after = verdicts.after_the_data(results, committed)
+    gains = {c["label"]: c for c in after["findings"][0]["comparisons"]}
+    assert [gains[g]["verdict"] for g in verdicts.GAINS] == ["not shown", "shown", "shown", "shown", "the opposite",
+                                                             "shown"]
+    assert gains["Orch-Workers SP: trained - base"]["negative"] == 5
+    (exception,) = after["findings"][1]["comparisons"]
+    declared = committed["findings"][0]["comparisons"][-1]
+    assert declared["label"] == exception["label"] and declared["verdict"] == "not shown"
+    assert exception["verdict"] == "the opposite" and declared["per_seed"] == exception["per_seed"]
+    held = [r["per_seed"] for r in after["replication"] if r["finding"] == "exception"][0]
+    assert sum(x == 0 for x in declared["per_seed"]) == 2 and max(declared["per_seed"] + held) == 0
+    line = ("Rule and seeds disagree: Eval-Opt: trained IP - SA-RL: **not shown** by its rule, while no seed of 7 is "
+            "above zero (2 tie at 0); by the rule written after the data, **the opposite**.")
+    for page in ("README.md", "docs/findings.md"):
+        assert line in open(os.path.join(ROOT, page)).read(), page
+    assert findings.seed_verdict("greater", 0.05, 0.09) == "shown"  # I6's seed 6: the paper's way, not the study's
 
 
 def test_the_calibration_tables_are_the_committed_records():
@@ -270,3 +303,65 @@ def test_the_calibration_tables_are_the_committed_records():
         builds = [file_records(BUILDS, f"{folder}/seed{seed}.toy.json")[0] for seed in range(seeds)]
         table = findings.calibration_table(records, builds)
         assert table in text, folder
+
+
+def test_the_findings_prose_quotes_the_committed_results():
+    """Numbers the prose of docs/findings.md and the README quote beside the tables, recomputed from the committed
+    results (study.json, the compact runs, the calibration records): the replication's counts and differences, the
+    set-aside seeds' misses, finding 4's decline seed by seed, the tests written after the data, specialisation in
+    Orch-Workers; and a comparison's word in the README is its verdict (I6: the opposite, not "not shown")."""
+    import json
+
+    from toyworld import findings, verdicts
+    results = os.path.join(ROOT, "docs", "findings", "results")
+    committed = json.load(open(os.path.join(results, "study.json")))
+    after = verdicts.after_the_data(results, committed)
+    judged = {(f["id"], c["label"]): c for f in committed["findings"] + after["findings"]
+              for c in f["preconditions"] + f["comparisons"]}
+    rows = {(r["finding"], r["label"]): r for r in committed["replication"]["rows"] + after["replication"]}
+    held = lambda key: ", ".join(findings.fmt_seed(x) for x in rows[key]["per_seed"])  # noqa: E731
+    calibration = {c["seed"]: c for c in committed["replication"]["calibration"]}
+    solve = {s: calibration[s]["habits"]["solve"]["right"] - calibration[s]["habits"]["solve"]["oracle_right"]
+             for s in (8, 9)}
+    synthesizer = calibration[7]["swaps"]["orchworkers synthesizer"]
+    agree = {}  # the study's shown rows, by how many held-out seeds agree
+    for key, r in rows.items():
+        c = judged[key]
+        n = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
+        if c["verdict"] == "shown" and key[0] not in ("gains", "exception"):
+            agree[n.count("shown")] = agree.get(n.count("shown"), 0) + 1
+    assert agree == {2: 8, 1: 3, 0: 1}
+    decline = judged[("4", "decline (peak - end): IP - SP")]["per_seed"]
+    sp = [findings.value(results, s, ("voting-sp", "decline", "success")) for s in committed["seeds"]]
+    gains = {label.split(":")[0]: judged[("gains", label)] for label in verdicts.GAINS}
+    orchestrated = judged[("specialisation", "Orch-Workers IP: trained - swapped")]
+    ev = ("1", "Eval-Opt: trained IP - SA-RL")
+    retry = held(("2", "IP: P(retry | first wrong) - P(retry | first right), end - base")).split(", ")
+    m = lambda c: findings.fmt(c["mean"])  # noqa: E731
+    page = [
+        f"seeds 8 and 9 the solver ({solve[8]:.3f} and {solve[9]:.3f}, as seed 4 did in the study)",
+        f"consequence ({synthesizer[0] - synthesizer[1]:.3f} against 0.1)",
+        "Of the study's 12 shown comparisons, 8 agree on both new seeds", "Three agree on one seed of two",
+        "One agrees on neither",
+        f"by {-decline[1]:.2f} and {-decline[4]:.2f} more in seeds 1 and 5 (where SP falls by {sp[1]:.2f} and "
+        f"{sp[4]:.2f}), by {-decline[0]:.2f} in seed 0, and by {-decline[2]:.4f} in seeds 2 and 3, just short of it",
+        f"SP declines no more than IP ({held(('4', 'decline (peak - end): IP - SP')).replace(',', ' and')})",
+        f"(Voting IP {m(gains['Voting IP'])}, Eval-Opt SP {m(gains['Eval-Opt SP'])} and IP {m(gains['Eval-Opt IP'])}, "
+        f"Orch-Workers IP {m(gains['Orch-Workers IP'])})", f"Voting SP's gain is not shown ({m(gains['Voting SP'])}",
+        f"below its base model in all five seeds ({m(gains['Orch-Workers SP'])})",
+        f"Orch-Workers SP too ({held(('gains', 'Orch-Workers SP: trained - base'))})",
+        f"held-out seeds ({held(ev)}): no seed of seven", f"is the opposite on both ({held(ev)})",
+        f"IP's retry splits ({retry[0]} shown, {retry[1]} the opposite)",
+        f"Orch-Workers' falls from 0.85 to 0.74, in 4 seeds of 5 (seed 1 gains {-orchestrated['per_seed'][1]:.2f}), "
+        f"with a 95% interval from {orchestrated['ci'][0]:+.2f} to {orchestrated['ci'][1]:+.2f}",
+    ]
+    assert f"{decline[2]:.4f}" == f"{decline[3]:.4f}" and sum(x < 0 for x in decline) == 5
+    assert gains["Orch-Workers SP"]["negative"] == 5 and orchestrated["verdict"] == "shown"
+    text = " ".join(open(os.path.join(ROOT, "docs", "findings.md")).read().split())
+    for phrase in page:
+        assert phrase in text, phrase
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    i1, i6 = (judged[("I1/I6", f"decline: IP - IP with I{k}")]["verdict"] for k in (1, 6))
+    assert f"I1 {i1}, I6 {i6}" in readme and i6 == "the opposite"
+    assert "8 of the 12 shown comparisons agree on both" in readme
+    assert "Orch-Workers' interval crosses zero" in readme and orchestrated["ci"][0] < 0

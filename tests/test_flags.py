@@ -239,8 +239,9 @@ def test_a_library_outside_the_tested_versions_is_one_line_at_start_up(tmp_path,
 
 
 def test_the_toy_model_runs_its_calibrated_regime_unless_a_flag_says_otherwise():
-    """`--model toy` takes the regime its model is calibrated at (calibration.REGIME) as its defaults, and
-    counts them as defaults in the run's first lines; a flag given on the command line wins."""
+    """`--model toy` takes the regime its model is calibrated at (calibration.REGIME) and a first run that learns
+    (the single agent, 20 steps at 1e-3: toy_hooks.FIRST_RUN) as its defaults, and counts them as defaults in the
+    run's first lines; a flag given on the command line wins."""
     from toyworld import calibration
     parser = train.build_parser()
     args = train_flags(["--model", "toy", "--workflow", "voting", "--policy", "ip"])
@@ -249,6 +250,9 @@ def test_the_toy_model_runs_its_calibrated_regime_unless_a_flag_says_otherwise()
     assert flags.changed_flags(args, parser) == ["--model toy", "--workflow voting", "--policy ip"]
     args = train_flags(["--model", "toy", "--temperature", "0.7", "--n", "4"])
     assert (args.temperature, args.group_size, args.max_new_tokens) == (0.7, 4, 32)
+    assert (args.workflow, args.steps, args.lr) == ("single", 20, 1e-3)  # a first run that learns
+    assert flags.changed_flags(train_flags(["--model", "toy", "--steps", "5"]), parser) == ["--model toy", "--steps 5"]
+    assert (train_flags(["--model", "tiny"]).steps, train_flags(["--model", "tiny"]).lr) == (10, 5e-4)
     assert train_flags(["--model", "tiny"]).temperature == 0.7  # other models: train.py's defaults
 
 

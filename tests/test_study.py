@@ -460,8 +460,96 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
     (row,) = findings.replication(str(tmp_path), [5, 6, 7], [judged], [spec])
     assert row["per_seed"] == pytest.approx([0.30, 0.02, -0.10])
     assert (row["same_sign"], row["passes"], row["seeds"], row["study"]) == (2, 1, 3, "shown")
-    table = findings.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]})
-    assert "| 4 | end: IP - SP | greater | +0.200, shown | +0.30 +0.02 -0.10 | 2 of 3 | 1 of 3 |" in table
+    table = findings.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]}, [judged])
+    # each seed by the rule alone (greater 0.05): +0.30 shown, +0.02 not shown, -0.10 the opposite; 1 agrees
+    assert ("| 4 | end: IP - SP | greater 0.05 | +0.200, shown | +0.30 +0.02 -0.10 | shown, not shown, the opposite "
+            "| 1 of 3 | 1 of 3 |") in table
+
+
+def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims_direction(tmp_path):
+    """A study verdict of "the opposite" (I6's -0.06): a held-out seed at +0.09 goes the claim's way (shown) and
+    does not agree; one at -0.06 agrees; one at +0.00003 is a tie, printed 0.00, neither."""
+    for seed, d in {6: 0.09, 10: -0.06, 11: 0.00003}.items():
+        write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + d, 0.5 + d, 0.5 + d])
+        write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5])
+    spec = {"id": "I1/I6", "claim": "", "comparisons": [
+        study.c("end: I6", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
+    judged = findings.judge_finding(str(tmp_path), [6], spec)
+    judged["comparisons"][0].update(mean=-0.06, verdict="the opposite")
+    rows = findings.replication(str(tmp_path), [6, 10, 11], [judged], [spec])
+    table = findings.replication_table({"seeds": [6, 10, 11], "set_aside": [], "rows": rows}, [judged])
+    assert "| +0.09 -0.06 0.00 | shown, the opposite, not shown | 1 of 3 | 1 of 3 |" in table
+
+
+@pytest.mark.parametrize("diffs, verdict", [
+    ([0.0, -0.13, 0.0, -0.09, -0.16], "the opposite"),  # Eval-Opt IP - SA-RL: ties are no seed for A
+    ([0.02, -0.13, 0.01, -0.09, -0.16], "not shown"),   # two seeds ahead by 0.005 or more
+    ([0.004, -0.13, 0.0, -0.09, -0.16], "the opposite"),  # +0.004 is a tie (findings.TIE)
+    ([-0.01, -0.02, 0.0, -0.01, -0.02], "not shown"),   # the mean, -0.012, is not past -0.05
+])
+def test_the_contradiction_rule_counts_a_tie_for_neither_side(diffs, verdict):
+    assert findings.verdict("contradicts", 0.05, findings.summarise(diffs)) == verdict
+    assert findings.verdict("greater", 0.05, findings.summarise([0.0, -0.13, 0.0, -0.09, -0.16])) == "not shown"
+
+
+@pytest.mark.parametrize("rule, x, verdict", [
+    ("greater", 0.05, "shown"), ("greater", 0.049, "not shown"), ("greater", -0.05, "the opposite"),
+    ("matches", -0.05, "shown"), ("matches", -0.0547, "the opposite"), ("contradicts", -0.08, "the opposite"),
+    ("contradicts", 0.06, "shown"), ("near", 0.79, "shown"), ("near", 0.81, "not shown"),
+])
+def test_one_seed_is_judged_by_its_rules_threshold_alone(rule, x, verdict):
+    assert findings.seed_verdict(rule, 0.05, x, target=0.75 if rule == "near" else None) == verdict
+
+
+def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree():
+    """A claim's row: its comparisons' verdicts, means and intervals, the held-out seeds and how many agree; a
+    verdict 'not shown' with no seed of seven on A's side (two ties) gets a line saying both."""
+    from toyworld import verdicts
+
+    def compared(label, per_seed, verdict, rule="greater"):
+        return dict(study.c(label, ("x", "end", "y"), rule=rule), **findings.summarise(per_seed), verdict=verdict)
+    exception = [0.0, -0.13, 0.0, -0.09, -0.16]
+    study_json = {"seeds": [0, 1, 2, 3, 5], "findings": [
+        {"id": "1", "verdict": "not testable here", "preconditions": [],
+         "comparisons": [compared("Eval-Opt: trained IP - SA-RL", exception, "not shown")]}],
+        "replication": {"seeds": [6, 10], "rows": [
+            {"finding": "1", "label": "Eval-Opt: trained IP - SA-RL", "per_seed": [-0.08, -0.24]}]}}
+    after = {"findings": [{"id": "exception", "preconditions": [], "comparisons": [
+        compared("Eval-Opt: trained IP - SA-RL", exception, "the opposite", "contradicts")]}], "replication": []}
+    claims = [c for c in verdicts.CLAIMS if c[0] == "Only Eval-Opt under IP beats SA-RL"]
+    original, verdicts.CLAIMS = verdicts.CLAIMS, claims
+    try:
+        table = verdicts.verdict_table(study_json, after)
+    finally:
+        verdicts.CLAIMS = original
+    assert "| the paper's claim | comparison (A - B), rule | verdict, seeds 0, 1, 2, 3, 5 |" in table
+    assert "| Only Eval-Opt under IP beats SA-RL ([finding 1: not testable here](#finding-1); predeclared," in table
+    assert ("| **not shown** (2 of 5 tie at 0)<br>**the opposite** (2 of 5 tie at 0) | -0.076 [" in table
+            and "-0.08 -0.24, agree 0 of 2<br>n/a |" in table)
+    assert ("Rule and seeds disagree: Eval-Opt: trained IP - SA-RL: **not shown** by its rule, while no seed of 7 "
+            "is above zero (2 tie at 0); by the rule written after the data, **the opposite**.") in table
+
+
+def test_the_tables_alone_are_rewritten_from_a_results_folder_and_a_folder_without_one_is_refused(tmp_path,
+                                                                                                 capsys):
+    with pytest.raises(SystemExit) as stop:
+        study.main(["--tables", "--results", str(tmp_path), "--doc", str(tmp_path / "page.md")])
+    assert stop.value.code == 2 and "holds no study.json" in capsys.readouterr().err
+    assert not (tmp_path / "page.md").exists()
+
+
+def test_the_toy_preset_is_the_studys_single_agent_which_rises_by_its_last_step():
+    """`--model toy` runs the single agent at the sweep's rate for toy_hooks.FIRST_RUN's steps: in the study's committed run
+    of every seed, validation accuracy at that step is above step 0's by more than 0.2 (the smallest rise: seed 5,
+    0.438 to 0.820)."""
+    from toyworld import toy_hooks
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings", "results")
+    committed = json.load(open(os.path.join(results, "study.json")))
+    preset = toy_hooks.FIRST_RUN
+    assert (preset["workflow"], float(committed["lr"])) == ("single", preset["lr"])
+    for seed in committed["seeds"]:
+        points = dict(findings.series(results, "single", seed, "val/success"))
+        assert points[preset["steps"]] - points[0] > 0.2, seed
 
 
 def test_a_spare_core_calibrates_the_next_candidate_beside_the_last_seed_needed(tmp_path, monkeypatch):

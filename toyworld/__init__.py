@@ -11,6 +11,7 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
     study.py        the study: the sweep, the findings' grid over seeds, evaluation, verdicts
     jobs.py         the study's commands side by side, forked from a server that imported torch
     findings.py     the study's statistics: window means, paired differences, each verdict
+    verdicts.py     the verdict table a reader sees first, and the tests written after the data
     figures.py      the findings' figures, from the study's results
     results.py      the compact results, a JSON Lines file per study and per replication, and
                     their one loader

@@ -25,6 +25,10 @@ import re
 from infra.runfolder import read_results
 from toyworld.results import records, write_pack
 
+# A difference smaller than this in size is a tie: the tables print it as 0.00, and it counts as a sign for neither
+# side (a decline of +0.00003, from metrics kept to 4 decimals, is no seed "up"). Written after the data (2026-12-04);
+# the predeclared rules count exact signs and keep them.
+TIE = 0.005
 WINDOW = 3          # validation points in a peak or end window
 TRAIN_LAST = 20     # training steps a training metric is averaged over at the end
 BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
@@ -112,9 +116,29 @@ def verdict(rule: str, threshold: float, s: dict, target: float | None = None) -
         return "shown"
     if rule == "matches" and mean >= -threshold and sum(x >= -threshold for x in per_seed) >= agree:
         return "shown"
+    if rule == "contradicts":  # written after the data (2026-12-04): a seed tied at zero is no seed for A
+        ahead = sum(x >= TIE for x in per_seed)
+        return "the opposite" if mean <= -threshold and ahead <= n - agree else "not shown"
     if mean <= -threshold and s["negative"] >= agree:
         return "the opposite"
     return "not shown"
+
+
+def seed_verdict(rule: str, threshold: float, x: float, target: float | None = None) -> str:
+    """A comparison's rule on one seed's difference `x`: its threshold alone (one seed has no others to agree; so
+    `contradicts` reads as `greater`: shown when the seed goes the claim's way by t, the opposite by -t)."""
+    if math.isnan(x):
+        return "n/a"
+    if rule == "near":
+        return "shown" if abs(x - target) <= threshold else "not shown"
+    if (rule in ("greater", "contradicts") and x >= threshold) or (rule == "matches" and x >= -threshold):
+        return "shown"
+    return "the opposite" if x <= -threshold else "not shown"
+
+
+def fmt_seed(x: float) -> str:
+    """A seed's difference in a table: two decimals, signed unless it is a tie (TIE)."""
+    return "0.00" if abs(x) < TIE else fmt(x, 2)
 
 
 def compare(out: str, seeds: list[int], comparison: dict) -> dict:
@@ -260,23 +284,29 @@ def write_tables(doc: str, study: dict) -> None:
     if study.get("builds"):
         tables["calibration"] = calibration_table(study["calibration"], study["builds"])
     if study.get("replication"):
-        tables["replication"] = replication_table(study["replication"])
+        tables["replication"] = replication_table(study["replication"], study["findings"])
     missing = fill_tables(doc, tables)
     if missing:
         print(f"warning: {doc} has no markers for the tables {missing}")
 
 
-def replication_table(rep: dict) -> str:
-    rows = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
-            f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
-            "| finding | comparison | rule | study: mean, verdict | per seed | same sign | passes the threshold |",
-            "|---|---|---|---|---|---|---|"]
-    for r in rep["rows"]:
-        label = r["label"].replace("|", "\\|")
-        per_seed = " ".join(fmt(x, 2) for x in r["per_seed"])
-        rows.append(f"| {r['finding']} | {label} | {r['rule']} | {fmt(r['study_mean'])}, {r['study']} | "
-                    f"{per_seed} | {r['same_sign']} of {r['seeds']} | {r['passes']} of {r['seeds']} |")
-    return "\n".join(rows)
+def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = None) -> str:
+    """The replication's rows (`rows`, default rep's), each held-out seed judged by its comparison's rule alone
+    (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold): whether it agrees with the
+    study's verdict, and, apart, whether it goes the claim's way (shown)."""
+    declared = {(f["id"], c["label"]): c for f in judged for c in f["preconditions"] + f["comparisons"]}
+    lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
+             f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
+             "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the rule | agrees with "
+             "the study | goes the claim's way (shown) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows if rows is not None else rep["rows"]:
+        c = declared[(r["finding"], r["label"])]
+        each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
+        label, n = r["label"].replace("|", "\\|"), len(each)
+        lines.append(f"| {r['finding']} | {label} | {r['rule']} {c['threshold']} | {fmt(r['study_mean'])}, "
+                     f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} | "
+                     f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
+    return "\n".join(lines)
 
 
 def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -> dict:

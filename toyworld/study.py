@@ -22,6 +22,7 @@ rate, a knob, a step count, a seed or a threshold after a comparison has been se
         --doc docs/findings.md                       # the whole study (docs/findings.md says how long it took)
     python -m toyworld.study --out runs/study --jobs 2 --replicate 2 --results docs/findings/results \\
         --doc docs/findings.md                       # the grid on two more seeds
+    python -m toyworld.study --tables --results docs/findings/results --doc docs/findings.md --readme README.md
 """
 from __future__ import annotations
 
@@ -31,10 +32,9 @@ import os
 import sys
 
 from infra.runfolder import copy_run, read_results
-from toyworld import calibration, findings, toy, toy_model
+from toyworld import calibration, findings, toy, toy_model, verdicts
 from toyworld.jobs import Clock, kind_of, run_all, run_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = 5
 # The study's seeds: the first SEEDS of 0, 1, ..., CANDIDATES-1 whose toy model passes calibration (eval.py
 # calibrate), a rule fixed before any RL run. A build that misses a target is not the instrument docs/toy_world.md
@@ -135,7 +135,6 @@ FINDINGS = [
                   ev(name, "swapped", f"{role}/format_ok")) for name, (label, pair) in SWAPPED.items()
                 for role in pair]},
 ]
-
 
 # ---------------------------------------------------------------- the commands
 
@@ -292,16 +291,15 @@ def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str
     multi_agent = [n for n in names if n in GRID and n != "single"]
     judged = [findings.judge_finding(results, seeds, f) for f in FINDINGS] if multi_agent else []
     return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr, "train": TRAIN,
-            "minutes": minutes, "figures": figures,
-            "sweep": findings.sweep_choice(results, seeds, SWEEP, SWEEP_RULE), "findings": judged}
+            "minutes": minutes, "figures": figures, "sweep": findings.sweep_choice(results, seeds, SWEEP, SWEEP_RULE),
+            "findings": judged}
 
 
-def write_study(out: str, results: str, study: dict, doc: str | None) -> None:
+def write_study(out: str, results: str, study: dict, doc: str | None, readme: str | None = None) -> None:
     for folder in (out, results):
         with open(os.path.join(folder, "study.json"), "w") as f:
             json.dump(study, f, indent=1)
-    if doc:
-        findings.write_tables(doc, study)
+    verdicts.write_pages(results, study, doc, readme)
 
 
 def replicate(args, clock: Clock, results: str) -> None:
@@ -309,8 +307,7 @@ def replicate(args, clock: Clock, results: str) -> None:
     each comparison's replication (`replication`) in study.json and the page's replication table."""
     with open(os.path.join(args.out, "study.json")) as f:
         study = json.load(f)
-    considered = study["seeds"] + [r["seed"] for r in study["set_aside"]]
-    candidates = [s for s in range(max(considered) + 1, CANDIDATES)]
+    candidates = list(range(max(study["seeds"] + [r["seed"] for r in study["set_aside"]]) + 1, CANDIDATES))
     clock.plan("build", args.replicate), clock.plan("calibrate", args.replicate)
     clock.plan("train", len(GRID) * args.replicate), clock.plan("eval", evals_per_seed(list(GRID)) * args.replicate)
     seeds, set_aside = calibrated_seeds(args.out, args.replicate, candidates, args.jobs, clock, args.dry_run)
@@ -322,7 +319,7 @@ def replicate(args, clock: Clock, results: str) -> None:
     study["replication"] = {"seeds": seeds, "set_aside": set_aside, **seed_records(args.out, seeds, set_aside),
                             "rows": findings.replication(results, seeds, study["findings"], FINDINGS),
                             "minutes": clock.minutes()}
-    write_study(args.out, results, study, args.doc)
+    write_study(args.out, results, study, args.doc, args.readme)
     print(f"replication: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 
 
@@ -351,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default=None, help="comma-separated grid names (default: all; single always runs)")
     p.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
     p.add_argument("--doc", default=None, help="a findings page whose marked tables are rewritten from study.json")
+    p.add_argument("--readme", default=None, help="a README whose marked verdict table is rewritten too")
+    p.add_argument("--tables", action="store_true", help="train nothing: --doc's, --readme's tables from RESULTS")
     p.add_argument("--jobs", type=int, default=1, help="commands run at once, one thread each when more than one "
                    "(2 on a 2-core machine: the toy model's small matrices keep one core busy, not two)")
     p.add_argument("--replicate", type=int, default=0, help="after the study: its grid on the next N calibrated "
@@ -362,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--only: unknown names {unknown}; the grid: {', '.join(GRID)}")
     args.out = os.path.abspath(args.out)  # the commands run from the repository
     results = os.path.abspath(args.results or os.path.join(args.out, "results"))
+    if args.tables:  # train nothing: the pages' tables from the study.json in `results`
+        return verdicts.write_pages(results, None, args.doc, args.readme)
     if args.replicate and not os.path.exists(os.path.join(args.out, "study.json")):
         p.error(f"--replicate: {args.out} holds no study.json; run the study first")
     if not args.dry_run:
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
                for run in runs]
     study = report(results, [*SWEEP, *grid], seeds, args.steps, lr, clock.minutes(), figures)
     study.update(reports=reports, set_aside=set_aside, **seed_records(args.out, seeds, set_aside))
-    write_study(args.out, results, study, args.doc)
+    write_study(args.out, results, study, args.doc, args.readme)
     print(f"study: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 
 
