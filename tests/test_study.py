@@ -539,7 +539,7 @@ def test_the_tables_alone_are_rewritten_from_a_results_folder_and_a_folder_witho
 
 
 def test_the_toy_preset_is_the_studys_single_agent_which_rises_by_its_last_step():
-    """`--model toy` runs the single agent at the sweep's rate for toy_hooks.FIRST_RUN's steps: in the study's committed run
+    """`--model toy` runs the single agent at the sweep's rate for FIRST_RUN's steps: in the study's committed run
     of every seed, validation accuracy at that step is above step 0's by more than 0.2 (the smallest rise: seed 5,
     0.438 to 0.820)."""
     from toyworld import toy_hooks

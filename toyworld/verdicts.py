@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 
-from toyworld import findings
 from infra.runfolder import usage_error
+from toyworld import findings
 
 WRITTEN = "2026-12-04"  # the day the tests below were written: after the grid and the replication had run
 WORKFLOWS = {"voting": "Voting", "evalopt": "Eval-Opt", "orchworkers": "Orch-Workers"}
