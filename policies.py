@@ -47,7 +47,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu
         if name == "tiny":
             model = tiny_model(tokenizer, seed)
         else:
-            model = random_qwen3(name, tokenizer, seed)
+            model = random_qwen3(name, tokenizer, seed, device, dtype)  # on a GPU: built there
+        models.use_tensor_cores(device)
         return model.to(device=device, dtype=dtype), tokenizer
     if name == "toy" and not toy.ready(seed):
         raise OSError(f"the toy model of seed {seed} is not built yet "
@@ -58,6 +59,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     model = model.to(device)
+    models.use_tensor_cores(device)  # CUDA: fp32 matmuls as TF32
     if tokenizer.pad_token_id is None:  # generation needs a pad id; masks never rely on it
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
@@ -114,13 +116,15 @@ def route_adapter(call_name: str, policy: str) -> str:
 
 def add_adapters(model, adapter_names: list[str], rank: int, alpha: int) -> PeftModel:
     """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as
-    the base; no dropout, as the paper)."""
+    the base; no dropout, as the paper). A bf16 model computes LoRA in bf16 on fp32 weights
+    (`models.compute_in_weights_dtype`); an fp32 one as PEFT does."""
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
                         task_type="CAUSAL_LM")
     with models.quiet_peft_deprecation():
         peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
     for name in adapter_names[1:]:
         peft_model.add_adapter(name, config)
+    models.compute_in_weights_dtype(peft_model)
     return peft_model
 
 
