@@ -234,14 +234,17 @@ class HFEngine(StepHooks):
     and cut into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt
     + max_new_tokens), the KV cache a chunk can fill), returned in the caller's order; a chunk's
     repeated prompts are prefilled once (`shared_prompt_cache`), in pieces of `prefill_columns`
-    columns where given (on CUDA: infra/memory.hf_generation_budget gives both bounds). It samples
-    with the trainer's own weights, so its hooks around an update (`StepHooks`) only measure."""
+    columns where given (on CUDA: infra/memory.hf_generation_budget gives the bounds, a row counting
+    `sampling_tokens` more for its sampling buffers). It samples with the trainer's own weights, so
+    its hooks around an update (`StepHooks`) only measure."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
-                 max_tokens: int = 1 << 62, prefill_columns: Callable | None = None):
+                 max_tokens: int = 1 << 62, prefill_columns: Callable | None = None,
+                 sampling_tokens: int = 0):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.prefill_columns = max_new_tokens, prefill_columns
+        self.sampling_tokens = sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
         if temperature > 0:
@@ -253,7 +256,8 @@ class HFEngine(StepHooks):
     def generate(self, prompts: list[list[int]], adapters: list[str | None],
                  desc: str = "") -> list[Generation]:
         # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and tokens
-        longest = [[0] * self.max_new_tokens] * len(prompts)  # each completion at its longest
+        # each completion at its longest, and its sampling buffers
+        longest = [[0] * (self.max_new_tokens + self.sampling_tokens)] * len(prompts)
         chunks = micro_batches(prompts, longest, self.batch_size, self.max_tokens)
         out: list[Generation | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc=desc, leave=False, disable=None):
