@@ -40,6 +40,7 @@ import argparse
 import glob
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -54,7 +55,8 @@ REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; 
             "transformers": "pip install -r requirements.txt", "peft": "pip install -r requirements.txt",
             "datasets": "pip install -r requirements.txt", "math_verify": "pip install -r requirements.txt",
             "safetensors": "pip install -r requirements.txt", "numpy": "pip install -r requirements.txt"}
-TARGET_LOGIT_STD = 4.0  # a trained LM's logits over the vocabulary spread this much (random weights: ~0.6)
+RATIO_ENTROPY = 0.75   # nats a sampled token: a trained model's 0.5-1 (random weights: ~11.5 over Qwen3's vocabulary)
+RATIO_BOUNDS = {"clip_frac": 0.005, "approx_kl": 1e-4}  # check_ratio gives the reasons
 BUDGET = 51200          # the cells' micro-batch token budget (cells.PAPER_HYPERPARAMETERS)
 KL = {"generator": 0.01}  # the memory check's --kl-coef: a reference pass in every micro-batch
 CHECKS = ("training", "training-sp", "memory", "eval", "bf16", "vllm", "gpu-tests")
@@ -181,35 +183,83 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     return ("pass" if ok and peak <= plan["allocated"] and reserved <= plan["reserved"] else "FAIL"), detail
 
 
-def check_bf16(small: bool, model: str) -> tuple[str, str]:
-    """The same 8 rows' log-probs in fp32 and bf16 on one device: mean |difference| per token. Random weights get
-    their LM head scaled (in both dtypes alike) so the logits' std over the vocabulary is TARGET_LOGIT_STD."""
+def entropy_scale(lm, rows: list[tuple[list[int], int]], temperature: float, target: float) -> float:
+    """The factor on the LM head at which the next-token entropy over `rows`' positions from `start` on (each
+    row (ids, start); the positions that predict its sampled tokens), at `temperature`, is
+    `target` nats, against its weights before any scaling: bisection on its log (entropy falls as the head
+    grows). A random model's head gives ~11.5 nats
+    over Qwen3's vocabulary, where a trained model's sampled tokens have 0.5-1."""
+    import torch
+    base = lm.get_base_model()
+    with torch.no_grad():
+        hidden = torch.cat([base.get_decoder()(input_ids=torch.tensor([ids], device=lm.device)
+                                               ).last_hidden_state[0, max(start - 1, 0):-1] for ids, start in rows])
+        logits = base.get_output_embeddings()(hidden).float() / temperature
+
+        def entropy(log_scale: float) -> float:
+            return torch.distributions.Categorical(logits=math.exp(log_scale) * logits).entropy().mean().item()
+        low, high = -8.0, 8.0  # the factor's log, relative to the head now: e^-8 to e^8
+        for _ in range(30):
+            mid = (low + high) / 2
+            low, high = (mid, high) if entropy(mid) > target else (low, mid)
+    return math.exp((low + high) / 2) * getattr(base.get_output_embeddings(), "scaled", 1.0)
+
+
+def sample_rows(lm, tokenizer, prompts: list[list[int]], per_group: int, new: int, scale: float) -> list:
+    """GRPO rows of `per_group` samples per prompt (advantages +-1) with the LM head at `scale` (a new parameter:
+    the tied input embedding keeps its weights)."""
     import torch
 
     import policies
+    from grpo import Row
+    head = lm.get_base_model().get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach() * scale / getattr(head, "scaled", 1.0),
+                                     requires_grad=False)
+    head.scaled = scale
+    calls = [p for p in prompts for _ in range(per_group)]
+    samples = policies.HFEngine(lm, tokenizer, new, 0.7).generate(calls, ["generator"] * len(calls))
+    return [Row(p, s.completion_ids, (-1.0) ** k, "generator", "generator")
+            for k, (p, s) in enumerate(zip(calls, samples))]
+
+
+def check_ratio(small: bool, model: str) -> tuple[str, str]:
+    """bf16's importance ratio at identical weights: sampled rows, then a zero-learning-rate update in three
+    mini-batches; mini-batches 2-3 take their old log-probs from the no-grad path (shared prompt cache,
+    policy_logprobs' micro-batches) and their new ones from the update's (gradients, checkpointing, full rows),
+    so their clip fraction and approx KL are what numerics alone cause. The random head is scaled until the
+    next-token entropy is RATIO_ENTROPY nats, a trained model's. Bounds (RATIO_BOUNDS): approx KL 1e-4 nats a
+    token is an RMS log-prob difference of sqrt(2e-4) = 0.014, a ratio within 1.4%, 14 times inside the clip's
+    0.2; clip fraction 0.5%: at most 1 token in 200 losing its gradient by chance."""
+    import torch
+
+    import policies
+    from grpo import UpdateSettings, make_optimizers, mini_batches, update_policy
     device = "cpu" if small else "cuda"
-    got, g, scale, spread = {}, torch.Generator().manual_seed(2), 1.0, None
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.manual_seed(0)
-        lm, _ = policies.load_model(model, dtype, device)
-        if dtype == torch.float32:  # the rows: token ids the vocabulary has
-            vocab = min(1000, lm.config.vocab_size)
-            prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in torch.randint(16, 200, (8,))]
-            completions = [torch.randint(0, vocab, (int(n),), generator=g).tolist()
-                           for n in torch.randint(8, 128, (8,))]
-            with torch.no_grad():
-                spread = lm(input_ids=torch.tensor([prompts[0] + completions[0]], device=device)).logits.std(-1)
-                spread = spread.mean().item()
-            scale = TARGET_LOGIT_STD / spread if model.startswith(("random-", "tiny")) else 1.0
-        head = lm.get_output_embeddings()  # a new parameter: the (tied) input embedding keeps its weights
-        head.weight = torch.nn.Parameter(head.weight.detach() * scale, requires_grad=False)
-        got[dtype] = torch.cat(policies.policy_logprobs(lm, None, prompts, completions)).float()
-        del lm
-    diff = (got[torch.float32] - got[torch.bfloat16]).abs()
-    how = f"LM head x{scale:.2f}: logit std {spread:.2f} -> {spread * scale:.2f}" if scale != 1.0 else \
-        f"trained weights, logit std {spread:.2f}"
-    return ("pass" if diff.mean() < 0.05 else "FAIL"), (f"{how}; {len(diff)} tokens: mean |fp32 - bf16| "
-                                                        f"{diff.mean():.4f}, max {diff.max():.3f} nats")
+    torch.manual_seed(0)
+    base, tokenizer = policies.load_model(model, torch.bfloat16, device)
+    lm = policies.add_adapters(base, ["generator"], rank=64, alpha=32)
+    policies.enable_grad_checkpointing(lm)
+    groups, per_group, (prompt_len, new) = 3, 4 if small else 8, (32, 32) if small else (256, 256)
+    g = torch.Generator().manual_seed(3)
+    vocab = min(1000, lm.config.vocab_size)
+    prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(groups)]
+    random_head, rows, scale = model.startswith(("random-", "tiny")), [], 1.0
+    for _ in range(2 if random_head else 1):  # a random head: scaled on the prompts, then on their samples
+        if random_head:
+            scored = [(r.prompt_ids + r.completion_ids, len(r.prompt_ids)) for r in rows]
+            scale = entropy_scale(lm, scored or [(p, 0) for p in prompts], 0.7, RATIO_ENTROPY)
+        rows = sample_rows(lm, tokenizer, prompts, per_group, new, scale)
+    cfg = UpdateSettings(mini_batch_size=per_group, micro_batch_size=per_group, temperature=0.7)
+    opts = make_optimizers(lm, ["generator"], UpdateSettings(lr=0.0, weight_decay=0.0), 10)
+    m = update_policy(lm, rows, opts, cfg)
+    tokens = sum(len(r.completion_ids) for r in rows)
+    later = tokens - sum(len(r.completion_ids) for r in mini_batches(rows, cfg)[0].rows)
+    clip, kl = (m[f"generator/{k}"] * tokens / later for k in ("clip_frac", "approx_kl"))  # mini-batch 1: 0
+    detail = (f"LM head x{scale:.2f}, sampled tokens' entropy {m['generator/entropy']:.2f} nats (target "
+              f"{RATIO_ENTROPY}); {len(rows)} rows, {later} tokens in mini-batches 2-3: clip fraction {clip:.4f} "
+              f"(bound {RATIO_BOUNDS['clip_frac']}), approx KL {kl:.2e} (bound {RATIO_BOUNDS['approx_kl']:.0e})")
+    ok = clip <= RATIO_BOUNDS["clip_frac"] and kl <= RATIO_BOUNDS["approx_kl"] and not m["nonfinite_steps"]
+    return ("pass" if ok else "FAIL"), detail
 
 
 def check_pytest(marker: str, path: str, needs: str | None, timeout: int) -> tuple[str, str]:
