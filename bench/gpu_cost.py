@@ -53,8 +53,9 @@ def voting_math_stages(problems: int = 64, samples: int = 8) -> list[Stage]:
 
 def decode_line(rows: int, context: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
     """(a, b) of a decode step's time a + b x rows x context through two steps measured at one call's `rows`,
-    at contexts context[0] < context[1]: b the time per cached token read, a the rest (weights, host)."""
-    b = (seconds[1] - seconds[0]) / (rows * (context[1] - context[0]))
+    at contexts context[0] < context[1]: b the time per cached token read, a the rest (weights, host). A pair
+    whose end step is the faster (noise where the cache costs nothing yet) reads as no growth: b = 0."""
+    b = max(0.0, (seconds[1] - seconds[0]) / (rows * (context[1] - context[0])))
     return seconds[0] - b * rows * context[0], b
 
 

@@ -588,9 +588,9 @@ def test_lora_computes_in_the_weights_dtype_on_fp32_master_weights(dtype):
     """Issue 57: PEFT keeps a bf16 model's LoRA weights in fp32 and casts each LoRA input up to fp32, so its
     matmuls miss the GPU's tensor cores. A bf16 model's LoRA matmuls run in bf16 (input and output of lora_A and
     lora_B), while the parameters, their gradients and AdamW's step stay fp32: one AdamW step at lr 1e-6 moves
-    every lora_A weight (|w| <= 0.125, kaiming's bound for 64 inputs) by 1e-6 (Adam's first step is lr x sign(grad)), which bf16 weights, whose
-    spacing near 0.1 is 2^-11 ~ 5e-4, would round away. An fp32 model (the CPU's runs) is untouched: fp32
-    throughout, as PEFT does it."""
+    every lora_A weight (|w| <= 0.125, kaiming's bound for 64 inputs) by 1e-6 (Adam's first step is lr x
+    sign(grad)), which bf16 weights, whose spacing near 0.1 is 2^-11 ~ 5e-4, would round away. An fp32 model
+    (the CPU's runs) is untouched: fp32 throughout, as PEFT does it."""
     torch.manual_seed(0)
     model, _ = load_model("tiny-qwen3", dtype)
     lm = add_adapters(model, ["gen", "agg"], rank=4, alpha=8)
