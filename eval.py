@@ -191,10 +191,9 @@ def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_
         return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
                                       max_new_tokens, temperature, top_p, vllm_memory, dtype, seed,
                                       drift=drift)
-    fits = memory.hf_generation_budget(model, rows)  # rows 0: as many as the memory holds
-    return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p, fits.rows,
-                             share_prompts, max_tokens or fits.tokens, fits.prefill_columns,
-                             0 if max_tokens else fits.sampling_tokens)
+    fits = memory.hf_generation_budget(model, rows, max_tokens)  # 0s: what fits on CUDA
+    return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p,
+                             share_prompts=share_prompts, **vars(fits))
 
 
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None,
@@ -464,9 +463,8 @@ def main(argv: list[str] | None = None):
         return commands.run(args, ROLES, play_every_problem, toy_engine)
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
-    # one device per process (under torchrun each rank's, evaluating a share of the tasks), current
-    # before the model or the engine is built; a note when a library is outside the tested versions
     memory.configure_allocator(args.engine, args.device)  # before CUDA starts (infra/memory.py)
+    # one device per process (torchrun: a rank's, with its share of the tasks), before the model
     args.device = distributed.claim_device(distributed.init_distributed(args.device) or args.device)
     if note := version_note():
         print(note)

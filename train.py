@@ -133,7 +133,7 @@ def run(argv: list[str] | None) -> str:
     cfg = settings_from_flags(args)  # typed, resolved; the method's rules checked
     if cfg.resume and flags.nothing_to_train(args):  # before args.json takes this --steps
         return cfg.run_dir
-    memory.configure_allocator(cfg.engine, cfg.device)  # before CUDA starts: HF's rollout, no cached leftovers
+    memory.configure_allocator(cfg.engine, cfg.device)  # before CUDA starts (infra/memory.py)
     # one device per process, current before any model or engine: torchrun's rank's, or --device
     device = distributed.claim_device(distributed.init_distributed(cfg.device) or cfg.device)
     train_tasks, val_tasks = load_tasks(cfg)  # a bad row stops here, naming the file and the row
@@ -390,9 +390,8 @@ class Settings:
     max_prompt_tokens: int = setting(4096, "--max-prompt-tokens", "a longer prompt ends its "
                                      "episode, as in the paper (prompt_overflow)",
                                      within="[1, inf)")
-    gen_batch_size: int = setting(0, "--gen-batch-size", "rows per generate() call (memory "
-                                  "only); 0 = on CUDA as many as fit in the free memory, on CPU 64",
-                                  within="[0, inf)")
+    gen_batch_size: int = setting(0, "--gen-batch-size", "rows per generate() call; 0 = on CUDA "
+                                  "what fits in the free memory, on CPU 64", within="[0, inf)")
     gen_max_tokens: int = setting(0, "--gen-max-tokens", "hf: tokens per generate() call, rows x "
                                   "(prompt + new tokens); 0 = on CUDA what fits in the free "
                                   "memory (infra/memory.py), on CPU none", within="[0, inf)")

@@ -145,15 +145,15 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
     steps = (2, 6) if small else (8, 24)
     budget = memory.hf_generation_budget(lm, 0)
-    rows = 8 if small else max(1, budget.tokens // (end + steps[1] + budget.sampling_tokens))
-    engine = policies.HFEngine(lm, tokenizer, steps[0], 0.7, batch_size=rows, max_tokens=budget.tokens,
-                               prefill_columns=budget.prefill_columns, sampling_tokens=budget.sampling_tokens)
+    rows = 8 if small else max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
+    budget.batch_size = rows
+    engine = policies.HFEngine(lm, tokenizer, steps[0], 0.7, **vars(budget))
     vocab = min(1000, lm.config.vocab_size)
     prompt = [(7 * i) % vocab for i in range(end)]
     decode_step_seconds(engine, prompt[:start], rows, (1, 2))  # warm-up: kernels, the allocator's first blocks
     seconds = tuple(decode_step_seconds(engine, prompt[:n], rows, steps) for n in (start, end))
     return dict(decode_rows=rows, decode_context=(start, end), decode_step_s=seconds,
-                budget_tokens=budget.tokens, sampling_tokens=budget.sampling_tokens)
+                budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens)
 
 
 def update_rows(small: bool, vocab: int):

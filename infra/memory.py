@@ -210,24 +210,25 @@ CPU_GENERATION_ROWS = 64  # rows per generate() call where no memory budget appl
 
 @dataclass
 class GenerationBudget:
-    """What one HF generate() call may hold (policies.HFEngine): at most `rows` rows and `tokens` tokens, where
-    a row counts its prompt, its new tokens and `sampling_tokens` (its sampling buffers); the prefill in pieces
-    (`prefill_columns`, None: one pass)."""
-    rows: int
-    tokens: int
+    """What one HF generate() call may hold, as policies.HFEngine's keywords: at most `batch_size` rows and
+    `max_tokens` tokens, where a row counts its prompt, its new tokens and `sampling_tokens` (its sampling
+    buffers); the prefill in pieces (`prefill_columns`, None: one pass)."""
+    batch_size: int
+    max_tokens: int
     prefill_columns: object = None
     sampling_tokens: int = 0
 
 
-def hf_generation_budget(model, rows: int = 0) -> GenerationBudget:
-    """`--gen-batch-size` (rows; 0: from the budget) and `--gen-max-tokens 0`: on CUDA the tokens that fit in the
-    free memory when the engine is built (weights and adapters loaded) beside a prefill piece, each row also
-    counting its sampling buffers, so rows 0 leaves the rows to the token budget (a call of short rows holds
-    more of them); on the CPU no token bound, one prefill pass, rows 0 meaning CPU_GENERATION_ROWS."""
+def hf_generation_budget(model, rows: int = 0, tokens: int = 0) -> GenerationBudget:
+    """`--gen-batch-size` (rows) and `--gen-max-tokens` (tokens), 0 for what fits: on CUDA the tokens that fit
+    in the free memory when the engine is built (weights and adapters loaded) beside a prefill piece, each row
+    also counting its sampling buffers, so rows 0 leaves the rows to the token budget (a call of short rows
+    holds more of them); on the CPU no token bound, one prefill pass, rows 0 meaning CPU_GENERATION_ROWS.
+    Tokens given are taken as they are (rows x (prompt + new))."""
     import torch
     param = next(model.parameters())
     if not param.is_cuda:
-        return GenerationBudget(rows or CPU_GENERATION_ROWS, 1 << 62)
+        return GenerationBudget(rows or CPU_GENERATION_ROWS, tokens or 1 << 62)
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     size = param.element_size()
@@ -237,6 +238,8 @@ def hf_generation_budget(model, rows: int = 0) -> GenerationBudget:
     act = prefill_activation_bytes_per_token(c.hidden_size, c.intermediate_size,
                                              c.num_attention_heads * head_dim, size, lora)
     per_token = generation_bytes_per_token(kv, c.num_hidden_layers, repeated)
+    if tokens:
+        return GenerationBudget(rows or 1 << 62, tokens, prefill_columns)
     tokens = generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token,
                                generation_fixed_bytes(act, 0, c.vocab_size))
     return GenerationBudget(rows or 1 << 62, tokens, prefill_columns, sampling_tokens(per_token, c.vocab_size))

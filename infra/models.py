@@ -173,13 +173,14 @@ def model_problem(name: str) -> str | None:
 # ---------------------------------------------------------------- precision on the GPU
 
 def use_tensor_cores(device: str) -> None:
-    """CUDA: fp32 matmuls (a `--dtype float32` run's, the fp32 LM-head chunks) on the tensor cores as TF32 (10-bit
-    mantissa, fp32 range), as torch's default does not. The CPU is left alone: its runs stay bit for bit."""
+    """CUDA: fp32 matmuls (a `--dtype float32` run's) on the tensor cores as TF32 (10-bit mantissa, fp32 range),
+    as torch's default does not; distributed.claim_device sets it. The CPU is left alone: its runs stay bit for
+    bit."""
     if torch.device(device).type == "cuda":
         torch.set_float32_matmul_precision("high")
 
 
-def compute_in_weights_dtype(peft_model) -> torch.dtype | None:
+def compute_in_weights_dtype(peft_model):
     """LoRA's matmuls in the base weights' dtype (bf16 on a GPU), its parameters fp32 master weights.
 
     PEFT keeps a bf16 model's LoRA weights in fp32 (`autocast_adapter_dtype`) and casts each LoRA input up to
@@ -189,12 +190,11 @@ def compute_in_weights_dtype(peft_model) -> torch.dtype | None:
     weights and state (LORA_BYTES in infra/memory.py): an update of 1e-6 on a weight near 1e-2 is below bf16's
     resolution (2^-8 relative) and would be lost in bf16 weights. PEFT's input cast is turned off (a bf16 input
     need not go through fp32 first). The LM head is outside the decoder (no LoRA; its logits go to fp32 in
-    policies._head_logprobs). An fp32 model is left as it is: the CPU's runs do not change. Returns the compute
-    dtype, or None when nothing changed."""
+    policies._head_logprobs). An fp32 model is left as it is: the CPU's runs do not change. Returns the model."""
     decoder = peft_model.get_base_model().get_decoder()
     dtype = decoder.get_input_embeddings().weight.dtype
     if dtype == torch.float32 or getattr(decoder, "compute_dtype", None) == dtype:
-        return None
+        return peft_model
     for module in peft_model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):  # PEFT's tuner layers
             module.cast_input_dtype_enabled = False
@@ -206,7 +206,7 @@ def compute_in_weights_dtype(peft_model) -> torch.dtype | None:
         with torch.autocast(device, dtype=dtype):
             return forward(*args, **kwargs)
     decoder.forward, decoder.compute_dtype = forward_in_dtype, dtype
-    return dtype
+    return peft_model
 
 
 # ---------------------------------------------------------------- library versions

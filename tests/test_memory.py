@@ -176,7 +176,8 @@ def test_the_hf_budget_reads_the_models_shape_and_the_free_memory(monkeypatch):
     free - fixed) / 122,925) = 473,025 tokens, each row counting its sampling buffers, 151,936 x 24 = 3,646,464
     bytes, as ceil(3,646,464 / 122,925) = 30 tokens more: 473,025 // (33,792 + 30) = 13 aggregator rows, as the
     worked example (13 x 33,822 x 122,925 + fixed = 55,843,563,662 bytes, within 0.8 of free). --gen-batch-size
-    caps the rows, 0 leaves them to the tokens. On the CPU: no token bound, one prefill pass, rows 0 -> 64."""
+    caps the rows, 0 leaves them to the tokens; --gen-max-tokens is taken as given. On the CPU: no token bound,
+    one prefill pass, rows 0 -> 64."""
     import policies
     model, _ = policies.load_model("tiny")
     assert memory.hf_generation_budget(model, 0) == memory.GenerationBudget(64, 1 << 62, None, 0)
@@ -184,9 +185,11 @@ def test_the_hf_budget_reads_the_models_shape_and_the_free_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (worked_example(), 80_000_000_000))
     budget = memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 64)
     assert budget == memory.GenerationBudget(64, 473_025, memory.prefill_columns, 30)
-    assert memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0).rows == 1 << 62
+    assert memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0).batch_size == 1 << 62
+    assert memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0, 9000) == \
+        memory.GenerationBudget(1 << 62, 9000, memory.prefill_columns, 0)  # --gen-max-tokens as given
     held = 13 * (AGGREGATOR_WIDTH + 30) * 122_925 + 1_795_162_112
-    assert budget.tokens // (AGGREGATOR_WIDTH + 30) == 13 and held == 55_843_563_662
+    assert budget.max_tokens // (AGGREGATOR_WIDTH + 30) == 13 and held == 55_843_563_662
     assert held <= memory.GENERATION_FRACTION * worked_example()
 
 
@@ -208,8 +211,7 @@ def test_rows_per_generate_call_come_from_the_budget_on_cuda(monkeypatch):
     assert calls(cpu) == [64] * 15 + [40]
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (worked_example(), 80_000_000_000))
     budget = memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0)
-    cuda = policies.HFEngine(model, tokenizer, 256, 0.7, batch_size=budget.rows, max_tokens=budget.tokens,
-                             sampling_tokens=budget.sampling_tokens)
+    cuda = policies.HFEngine(model, tokenizer, 256, 0.7, **vars(budget))
     assert calls(cuda) == [689, 311]
 
 
