@@ -614,3 +614,16 @@ def test_lora_computes_in_the_weights_dtype_on_fp32_master_weights(dtype):
     # every weight moved by lr, within fp32's rounding (spacing near 0.125: 7e-9, 0.7% of 1e-6; bound 3%)
     assert moved.min() > 0.97e-6 and moved.max() < 1.03e-6
     assert torch.get_float32_matmul_precision() == "highest"  # TF32 is for CUDA only
+
+
+def test_fp32_matmuls_run_as_tf32_on_cuda_only(monkeypatch):
+    """fp32 matmuls (a --dtype float32 run's) use the tensor cores as TF32 on CUDA; the CPU's stay fp32, so its
+    runs keep their numbers (the device claimed by train.py and eval.py: infra/distributed.claim_device)."""
+    from infra import distributed, models
+    asked = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", asked.append)
+    models.use_tensor_cores("cpu")
+    assert asked == []
+    models.use_tensor_cores("cuda:1")
+    assert asked == ["high"]
+    assert distributed.claim_device("cpu") == "cpu" and asked == ["high"]
