@@ -183,8 +183,9 @@ def measure_update(lm, small: bool) -> dict:
     short = [Row(r.prompt_ids[:64], r.completion_ids[:32], r.advantage, r.role, r.adapter) for r in rows]
     update_policy(lm, short, opts, cfg)  # warm-up
     cuda = next(lm.parameters()).is_cuda
-    if cuda:
+    if cuda:  # the decode's cached blocks go back first: the peaks are the update's own
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     metrics = update_policy(lm, rows, opts, cfg)
