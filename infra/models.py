@@ -17,6 +17,7 @@ import inspect
 import os
 import re
 import shutil
+import types
 import warnings
 
 import torch
@@ -198,14 +199,14 @@ def compute_in_weights_dtype(peft_model):
     for module in peft_model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):  # PEFT's tuner layers
             module.cast_input_dtype_enabled = False
-    forward = decoder.forward
+    forward = type(decoder).forward
 
-    @functools.wraps(forward)
-    def forward_in_dtype(*args, **kwargs):
-        device = decoder.get_input_embeddings().weight.device.type
-        with torch.autocast(device, dtype=dtype):
-            return forward(*args, **kwargs)
-    decoder.forward, decoder.compute_dtype = forward_in_dtype, dtype
+    @functools.wraps(forward)  # its signature too: policies.cache_kwarg reads it
+    def forward_in_dtype(self, *args, **kwargs):
+        with torch.autocast(self.get_input_embeddings().weight.device.type, dtype=self.compute_dtype):
+            return forward(self, *args, **kwargs)
+    # a method of this decoder (a deep copy's is its copy's)
+    decoder.forward, decoder.compute_dtype = types.MethodType(forward_in_dtype, decoder), dtype
     return peft_model
 
 
