@@ -185,15 +185,15 @@ def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_
     """The sampling engine (train.py's too): vLLM (its own copy of the base weights, the adapters
     synced in; `drift`: its log-prob check, training only) or HF generate on the model itself,
     each call at most `rows` rows and `max_tokens` tokens (0: on CUDA what fits in the free
-    memory, the prefill in pieces: infra/memory.py)."""
+    memory, the prefill in pieces; rows 0: on CUDA as many as fit, on CPU 64: infra/memory.py)."""
     if engine == "vllm":
         eos = policies.eos_token_ids(model, tokenizer)
         return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
                                       max_new_tokens, temperature, top_p, vllm_memory, dtype, seed,
                                       drift=drift)
-    fits, columns = memory.hf_generation_budget(model, rows)
-    return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p, rows,
-                             share_prompts, max_tokens or fits, columns)
+    fits = memory.hf_generation_budget(model, rows, max_tokens)  # 0s: what fits on CUDA
+    return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p,
+                             share_prompts=share_prompts, **vars(fits))
 
 
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None,
@@ -463,8 +463,8 @@ def main(argv: list[str] | None = None):
         return commands.run(args, ROLES, play_every_problem, toy_engine)
     check_eval_args(args)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
-    # one device per process (under torchrun each rank's, evaluating a share of the tasks), current
-    # before the model or the engine is built; a note when a library is outside the tested versions
+    memory.configure_allocator(args.engine, args.device)  # before CUDA starts (infra/memory.py)
+    # one device per process (torchrun: a rank's, with its share of the tasks), before the model
     args.device = distributed.claim_device(distributed.init_distributed(args.device) or args.device)
     if note := version_note():
         print(note)

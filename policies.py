@@ -45,10 +45,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu
     attention, which is exact with shared prompt passes (EXACT_WITH_HOLES)."""
     if name in BUILTIN_MODELS:
         tokenizer = tiny_tokenizer()
-        if name == "tiny":
-            model = tiny_model(tokenizer, seed)
-        else:
-            model = random_qwen3(name, tokenizer, seed)
+        model = tiny_model(tokenizer, seed) if name == "tiny" else \
+            random_qwen3(name, tokenizer, seed, device, dtype)  # on a GPU: built there
         return model.to(device=device, dtype=dtype), tokenizer
     path = toy_hooks.model_folder(seed) if name == "toy" else name  # train.py builds the toy model
     if name == "smollm2":
@@ -113,14 +111,14 @@ def route_adapter(call_name: str, policy: str) -> str:
 
 def add_adapters(model, adapter_names: list[str], rank: int, alpha: int) -> PeftModel:
     """Wrap `model` with one LoRA adapter per name, on every linear layer (B = 0, so each starts as
-    the base; no dropout, as the paper)."""
+    the base; no dropout, as the paper), computed in the weights' dtype (infra/models.py)."""
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
                         task_type="CAUSAL_LM")
     with models.quiet_peft_deprecation():
         peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
     for name in adapter_names[1:]:
         peft_model.add_adapter(name, config)
-    return peft_model
+    return models.compute_in_weights_dtype(peft_model)  # bf16: LoRA's matmuls in bf16
 
 
 def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
@@ -225,18 +223,19 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
 
 
 class HFEngine(StepHooks):
-    """Batched sampling with `model.generate`, each row under its own adapter: rows sorted by prompt
-    and cut into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt
-    + max_new_tokens), the KV cache a chunk can fill), returned in the caller's order; a chunk's
-    repeated prompts are prefilled once (`shared_prompt_cache`), in pieces of `prefill_columns`
-    columns where given (on CUDA: infra/memory.hf_generation_budget gives both bounds). It samples
-    with the trainer's own weights, so its hooks around an update (`StepHooks`) only measure."""
+    """Batched sampling with `model.generate`, each row under its own adapter: rows by prompt, cut
+    into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt +
+    max_new_tokens + `sampling_tokens`, its sampling buffers): on CUDA infra/memory's budget),
+    returned in the caller's order; a chunk's repeated prompts are prefilled once
+    (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given. It samples with
+    the trainer's own weights, so its hooks around an update (`StepHooks`) only measure."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
-                 max_tokens: int = 1 << 62, prefill_columns: Callable | None = None):
-        self.model, self.tokenizer = model, tokenizer
-        self.max_new_tokens, self.prefill_columns = max_new_tokens, prefill_columns
+                 max_tokens: int = 1 << 62, prefill_columns: Callable | None = None,
+                 sampling_tokens: int = 0):
+        self.model, self.tokenizer, self.prefill_columns = model, tokenizer, prefill_columns
+        self.max_new_tokens, self.sampling_tokens = max_new_tokens, sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
         if temperature > 0:
@@ -248,7 +247,7 @@ class HFEngine(StepHooks):
     def generate(self, prompts: list[list[int]], adapters: list[str | None],
                  desc: str = "") -> list[Generation]:
         # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and tokens
-        longest = [[0] * self.max_new_tokens] * len(prompts)  # each completion at its longest
+        longest = [[0] * (self.max_new_tokens + self.sampling_tokens)] * len(prompts)  # as filled
         chunks = micro_batches(prompts, longest, self.batch_size, self.max_tokens)
         out: list[Generation | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc=desc, leave=False, disable=None):

@@ -36,7 +36,7 @@ import policies
 import tasks
 import workflows
 from eval import make_engine, play_every_problem
-from infra import checkpoints, distributed, flags, samples, vllm_engine
+from infra import checkpoints, distributed, flags, memory, samples, vllm_engine
 from infra.flags import RESUMABLE
 from infra.runfolder import (
     GracefulStop,
@@ -134,6 +134,7 @@ def run(argv: list[str] | None) -> str:
     cfg = settings_from_flags(args)  # typed, resolved; the method's rules checked
     if cfg.resume and flags.nothing_to_train(args):  # before args.json takes this --steps
         return cfg.run_dir
+    memory.configure_allocator(cfg.engine, cfg.device)  # before CUDA starts (infra/memory.py)
     # one device per process, current before any model or engine: torchrun's rank's, or --device
     device = distributed.claim_device(distributed.init_distributed(cfg.device) or cfg.device)
     train_tasks, val_tasks = load_tasks(cfg)  # a bad row stops here, naming the file and the row
@@ -390,8 +391,8 @@ class Settings:
     max_prompt_tokens: int = setting(4096, "--max-prompt-tokens", "a longer prompt ends its "
                                      "episode, as in the paper (prompt_overflow)",
                                      within="[1, inf)")
-    gen_batch_size: int = setting(64, "--gen-batch-size", "rows per generate() call (memory only)",
-                                  within="[1, inf)")
+    gen_batch_size: int = setting(0, "--gen-batch-size", "rows per generate() call; 0 = on CUDA "
+                                  "what fits in the free memory, on CPU 64", within="[0, inf)")
     gen_max_tokens: int = setting(0, "--gen-max-tokens", "hf: tokens per generate() call, rows x "
                                   "(prompt + new tokens); 0 = on CUDA what fits in the free "
                                   "memory (infra/memory.py), on CPU none", within="[0, inf)")

@@ -9,6 +9,7 @@ Both sides decode greedily with the same max_new_tokens and min_new_tokens, so t
 
     python bench/bench_engine.py                  # tiny random model (seconds)
     python bench/bench_engine.py --model smollm2  # the packaged 135M model (a few minutes on 2 cores)
+    python bench/bench_engine.py --model random-qwen3-0.6b --device cuda --dtype bfloat16 --prompts 64  # a GPU
 """
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ from workflows import WorkflowOptions, solver_messages  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
-    """Median seconds of `repeats` runs after one warm-up."""
+    """Median seconds of `repeats` runs after one warm-up (on CUDA, each run waited for)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
     times = []
     for _ in range(repeats):
+        sync()
         t = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -45,9 +49,11 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = p.parse_args()
     torch.manual_seed(0)
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, getattr(torch, args.dtype), args.device)
     model = add_adapters(model, ["shared"], rank=16, alpha=32)
     prompts = [chat_prompt_ids(tok, solver_messages(t, WorkflowOptions())) for t in synthetic_math(args.prompts, 1)]
 
@@ -56,7 +62,7 @@ def main() -> None:
     gen_kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                       pad_token_id=tok.pad_token_id)
     engine_tokens = args.prompts * args.new_tokens
-    ids, mask = left_pad(prompts, tok.pad_token_id)
+    ids, mask = (t.to(args.device) for t in left_pad(prompts, tok.pad_token_id))
 
     def ours():
         engine.model.generation_config.min_new_tokens = args.new_tokens  # same work as the bare side
@@ -88,8 +94,8 @@ def main() -> None:
                 mb = samples[s:s + args.micro_batch]
                 seqs = [x.prompt_ids + x.completion_ids for x in mb]
                 width = max(map(len, seqs))
-                ids = torch.tensor([q + [0] * (width - len(q)) for q in seqs])
-                attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs])
+                ids = torch.tensor([q + [0] * (width - len(q)) for q in seqs], device=args.device)
+                attn = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=args.device)
                 labels = torch.full_like(ids, -100)
                 for i, x in enumerate(mb):
                     labels[i, len(x.prompt_ids):len(seqs[i])] = ids[i, len(x.prompt_ids):len(seqs[i])]

@@ -2,36 +2,47 @@
 
 Each check prints what it measured and holds it to a bound; a table at the end says pass, FAIL or skip (and why),
 and the exit status is 0 only when no check failed. A missing requirement is one line and exit 1, before any check.
-`gpu_check.json` is rewritten after every check, so a run killed part-way leaves every finished result (and the
+A lease is 15 minutes of device time, the machine's start included, so the checks come in two parts, each one
+command of at most 5 minutes (`gpu_check.sh 1`, `gpu_check.sh 2`), in order of value; each check has its own time
+bound (CHECKS: past it, it fails), and one whose bound no longer fits in what is left of its part is skipped, said
+so. `gpu_check.json` is rewritten after every check, so a run killed part-way leaves every finished result (and the
 check it was in).
-  1. training: 2 steps of the Voting-IP cell configuration with a learnable stand-in reward, validated before and
-     after (bench/gpu_check_runs.py): finite, both adapters with a gradient; allocated and reserved peaks.
-  2. training-sp: one step of the Voting-SP cell configuration with --kl-coef on both roles: SP's per-role
-     gradients and the KL reference pass, finite.
+  part 1
+  1. training: one step of the Voting-IP cell configuration with a learnable stand-in reward, validated before
+     and after (bench/gpu_check_runs.py), the rows per generate() call from the memory budget: finite, both adapters
+     with a gradient; rollout and update tokens/s; allocated and reserved peaks, reserved within 1.5x allocated.
+  2. ratio: bf16's importance ratio at identical weights: a zero-learning-rate update in three mini-batches, the
+     clip fraction and approximate KL of mini-batches 2-3 (old log-probs from the no-grad path, new ones from the
+     update's), the random LM head scaled until the sampled tokens' entropy is a trained model's (~0.75 nat).
+  part 2
   3. memory: an IP generator update of three mini-batches (the later two need the no-grad old-log-prob pass),
      each one padded micro-batch at a cell's token budget (51,200) of rows that share one prompt (so the no-grad
      passes hold its KV cache) and differ in length, the widest 12,799 tokens (not a multiple of 8: the
      alignment copy of the mask), with --kl-coef's reference pass in every micro-batch; on the Qwen3-0.6B shape
      in bf16 with checkpointing and LoRA 64: the SDPA kernels that ran, the allocated and reserved peaks, each
      against the plan (infra/memory.plan_bytes), and update tokens/s after a warm-up update.
-  4. eval: eval.py on the training check's run, prompts near Voting-math's evaluation limit (25,600 tokens), the
+  4. cost-1.7b, cost-4b (then cost-0.6b): at the random Qwen3 shape, built on the GPU, the update at a cell's
+     budget with the 4B math cell's widest row, the decode step at the start and end of a long generation, the
+     peaks against the plan; the cost table of a Voting math step and a 500-step cell (bench/gpu_cost.py).
+  5. eval: eval.py on the training check's run, prompts near Voting-math's evaluation limit (25,600 tokens), the
      HF engine: no episode cut short, and on CUDA the allocated peak within the HF budget's own bound.
-  5. bf16: the same rows' log-probs in bf16 and fp32, mean difference under 0.05 nats a token, with the random LM
-     head scaled so the logits spread as a trained model's do (std 4 over the vocabulary; random weights: ~0.6,
-     where any dtype agrees).
-  6. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
-  7. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
+  6. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
+  7. training-sp: one step of the Voting-SP cell configuration with --kl-coef on both roles: SP's per-role
+     gradients and the KL reference pass, finite.
+  8. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
 Nothing is downloaded: Qwen/Qwen3-0.6B where it is in the local hub cache, else `random-qwen3-0.6b` (its shape,
 random weights). Runs and data go under --work (/tmp/gpu_check); only `gpu_check.json` (the summary: versions,
-results, the runs' metrics) goes to --out ($OUT), next to the log gpu_check.sh writes there. Wheels in .whl/
-(gpu_check.sh --fetch-wheels) are installed into /tmp/gpu-check-site where the machine lacks their package.
-`--small` rehearses it on the CPU with tiny-qwen3 and small sizes (the memory bounds, vLLM and the GPU tests skip);
-`--preflight` (this CPU machine) installs .whl/ into a fresh folder for the lent machine's Python and imports what
-the checks need from it, before any device time is spent. Estimated 5 minutes on one H200 (bench/README.md).
+results, the runs' metrics, the cost table) goes to --out ($OUT), next to the log gpu_check.sh writes there.
+Wheels in .whl/ (gpu_check.sh --fetch-wheels) are installed into /tmp/gpu-check-site where the machine lacks their
+package. `--small` rehearses every check on the CPU with tiny-qwen3 and small sizes, with no time bounds (the
+memory bounds, vLLM and the GPU tests skip); `--preflight` (this CPU machine) installs .whl/ into a fresh folder for
+the lent machine's Python and imports what the checks need from it, before any device time is spent. No part has
+been timed on a GPU yet (bench/README.md).
 
-    bash bench/gpu_check.sh                    # on the GPU machine: under 8 minutes
+    bash bench/gpu_check.sh 1                  # on the GPU machine: part 1, at most 5 minutes
+    bash bench/gpu_check.sh 2                  # then part 2, at most 5 minutes
     bash bench/gpu_check.sh --only memory      # one check again (comma-separated names: training,memory,...)
-    bash bench/gpu_check.sh --small            # CPU rehearsal, about 2 minutes
+    bash bench/gpu_check.sh --small            # CPU rehearsal of every check
     python3 bench/gpu_check.py --preflight     # CPU: the wheels install and import; versions
 """
 from __future__ import annotations
@@ -40,7 +51,9 @@ import argparse
 import glob
 import importlib.util
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,16 +61,23 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from gpu_check_runs import check_eval, check_training, check_training_sp, write_data  # noqa: E402 (bench/)
+from gpu_cost import check_cost, plan_terms  # noqa: E402 (bench/)
 from gpu_wheels import SITE, VERSIONS, install_wheels, preflight, versions  # noqa: E402 (bench/, beside this file)
 
 REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; README, 'Two commands')",
             "transformers": "pip install -r requirements.txt", "peft": "pip install -r requirements.txt",
             "datasets": "pip install -r requirements.txt", "math_verify": "pip install -r requirements.txt",
             "safetensors": "pip install -r requirements.txt", "numpy": "pip install -r requirements.txt"}
-TARGET_LOGIT_STD = 4.0  # a trained LM's logits over the vocabulary spread this much (random weights: ~0.6)
+RATIO_ENTROPY = 0.75   # nats a sampled token: a trained model's 0.5-1 (random weights: ~11.5 over Qwen3's vocabulary)
+RATIO_BOUNDS = {"clip_frac": 0.005, "approx_kl": 1e-4}  # check_ratio gives the reasons
 BUDGET = 51200          # the cells' micro-batch token budget (cells.PAPER_HYPERPARAMETERS)
 KL = {"generator": 0.01}  # the memory check's --kl-coef: a reference pass in every micro-batch
-CHECKS = ("training", "training-sp", "memory", "eval", "bf16", "vllm", "gpu-tests")
+# Each check: (its part, its time bound in seconds), in order of value within a part. The bounds are guesses
+# from the first GPU run's times (2 training steps took 233 s then; the decode is unchanged); none is measured yet.
+CHECKS = {"training": (1, 200), "ratio": (1, 45),
+          "memory": (2, 60), "cost-1.7b": (2, 80), "cost-4b": (2, 110), "eval": (2, 60), "gpu-tests": (2, 60),
+          "cost-0.6b": (2, 60), "training-sp": (2, 120), "vllm": (2, 120)}
+PART_SECONDS = 270  # a part's checks; gpu_check.sh kills the command at 300 s, imports and wheels included
 
 
 def missing_requirements(small: bool) -> list[str]:
@@ -123,18 +143,6 @@ class SDPACalls:
             ("aten::_scaled_dot_product_", "aten::_efficient_attention", "aten::_flash_attention"))})
 
 
-def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: int) -> dict[str, float]:
-    """The plan's peaks of this update (infra/memory.plan_bytes, with --kl-coef's pass), in bytes."""
-    from infra import memory
-    from policies import LOGPROB_CHUNK
-    c = lm.config
-    ckpt, full = (k * 1024 for k in memory.QWEN3_LAYER_KIB["0.6B"])
-    m = memory.Footprint(params, lora, c.num_hidden_layers, ckpt, full,
-                         memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim),
-                         memory.HEAD_COPIES * LOGPROB_CHUNK * c.vocab_size * 4)
-    return memory.plan_bytes(m, adapters, 1, budget, longest, kl=True)
-
-
 def check_memory(small: bool, model: str) -> tuple[str, str]:
     """An IP generator update of 3 padded mini-batches at the token budget with --kl-coef: a warm-up update
     (profiled: the SDPA kernel), then a timed one (peaks, tokens/s); on CUDA the allocated and reserved peaks
@@ -173,7 +181,7 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
         f"(4, 1, {longest}, {longest})" in masks and m.get("generator/kl_base") is not None
     if device == "cpu":
         return ("pass" if ok else "FAIL"), detail + "; the plan's bounds need CUDA (skipped)"
-    plan = plan_terms(lm, params, lora, 2, budget, longest)
+    plan = plan_terms(lm, params, lora, 2, budget, longest, kl=True)
     peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     detail += (f"; peak allocated {peak / 2 ** 30:.1f} GiB, reserved {reserved / 2 ** 30:.1f} GiB; plan "
                + ", ".join(f"{k} {v / 2 ** 30:.1f}" for k, v in plan.items()) + f" GiB (allocated / plan "
@@ -181,43 +189,94 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     return ("pass" if ok and peak <= plan["allocated"] and reserved <= plan["reserved"] else "FAIL"), detail
 
 
-def check_bf16(small: bool, model: str) -> tuple[str, str]:
-    """The same 8 rows' log-probs in fp32 and bf16 on one device: mean |difference| per token. Random weights get
-    their LM head scaled (in both dtypes alike) so the logits' std over the vocabulary is TARGET_LOGIT_STD."""
+def entropy_scale(lm, rows: list[tuple[list[int], int]], temperature: float, target: float) -> float:
+    """The factor on the LM head at which the next-token entropy over `rows`' positions from `start` on (each
+    row (ids, start); the positions that predict its sampled tokens), at `temperature`, is
+    `target` nats, against its weights before any scaling: bisection on its log (entropy falls as the head
+    grows). A random model's head gives ~11.5 nats
+    over Qwen3's vocabulary, where a trained model's sampled tokens have 0.5-1."""
+    import torch
+    base = lm.get_base_model()
+    with torch.no_grad():
+        hidden = torch.cat([base.get_decoder()(input_ids=torch.tensor([ids], device=lm.device)
+                                               ).last_hidden_state[0, max(start - 1, 0):-1] for ids, start in rows])
+        logits = base.get_output_embeddings()(hidden).float() / temperature
+
+        def entropy(log_scale: float) -> float:
+            return torch.distributions.Categorical(logits=math.exp(log_scale) * logits).entropy().mean().item()
+        low, high = -8.0, 8.0  # the factor's log, relative to the head now: e^-8 to e^8
+        for _ in range(30):
+            mid = (low + high) / 2
+            low, high = (mid, high) if entropy(mid) > target else (low, mid)
+    return math.exp((low + high) / 2) * getattr(base.get_output_embeddings(), "scaled", 1.0)
+
+
+def sample_rows(lm, tokenizer, prompts: list[list[int]], per_group: int, new: int, scale: float) -> list:
+    """GRPO rows of `per_group` samples per prompt (advantages +-1) with the LM head at `scale` (a new parameter:
+    the tied input embedding keeps its weights)."""
     import torch
 
     import policies
+    from grpo import Row
+    head = lm.get_base_model().get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach() * scale / getattr(head, "scaled", 1.0),
+                                     requires_grad=False)
+    head.scaled = scale
+    calls = [p for p in prompts for _ in range(per_group)]
+    samples = policies.HFEngine(lm, tokenizer, new, 0.7).generate(calls, ["generator"] * len(calls))
+    return [Row(p, s.completion_ids, (-1.0) ** k, "generator", "generator")
+            for k, (p, s) in enumerate(zip(calls, samples))]
+
+
+def check_ratio(small: bool, model: str) -> tuple[str, str]:
+    """bf16's importance ratio at identical weights: sampled rows, then a zero-learning-rate update in three
+    mini-batches; mini-batches 2-3 take their old log-probs from the no-grad path (shared prompt cache,
+    policy_logprobs' micro-batches) and their new ones from the update's (gradients, checkpointing, full rows),
+    so their clip fraction and approx KL are what numerics alone cause. The random head is scaled until the
+    next-token entropy is RATIO_ENTROPY nats, a trained model's. Bounds (RATIO_BOUNDS): approx KL 1e-4 nats a
+    token is an RMS log-prob difference of sqrt(2e-4) = 0.014, a ratio within 1.4%, 14 times inside the clip's
+    0.2; clip fraction 0.5%: at most 1 token in 200 losing its gradient by chance."""
+    import torch
+
+    import policies
+    from grpo import UpdateSettings, make_optimizers, mini_batches, update_policy
     device = "cpu" if small else "cuda"
-    got, g, scale, spread = {}, torch.Generator().manual_seed(2), 1.0, None
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.manual_seed(0)
-        lm, _ = policies.load_model(model, dtype, device)
-        if dtype == torch.float32:  # the rows: token ids the vocabulary has
-            vocab = min(1000, lm.config.vocab_size)
-            prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in torch.randint(16, 200, (8,))]
-            completions = [torch.randint(0, vocab, (int(n),), generator=g).tolist()
-                           for n in torch.randint(8, 128, (8,))]
-            with torch.no_grad():
-                spread = lm(input_ids=torch.tensor([prompts[0] + completions[0]], device=device)).logits.std(-1)
-                spread = spread.mean().item()
-            scale = TARGET_LOGIT_STD / spread if model.startswith(("random-", "tiny")) else 1.0
-        head = lm.get_output_embeddings()  # a new parameter: the (tied) input embedding keeps its weights
-        head.weight = torch.nn.Parameter(head.weight.detach() * scale, requires_grad=False)
-        got[dtype] = torch.cat(policies.policy_logprobs(lm, None, prompts, completions)).float()
-        del lm
-    diff = (got[torch.float32] - got[torch.bfloat16]).abs()
-    how = f"LM head x{scale:.2f}: logit std {spread:.2f} -> {spread * scale:.2f}" if scale != 1.0 else \
-        f"trained weights, logit std {spread:.2f}"
-    return ("pass" if diff.mean() < 0.05 else "FAIL"), (f"{how}; {len(diff)} tokens: mean |fp32 - bf16| "
-                                                        f"{diff.mean():.4f}, max {diff.max():.3f} nats")
+    torch.manual_seed(0)
+    base, tokenizer = policies.load_model(model, torch.bfloat16, device)
+    lm = policies.add_adapters(base, ["generator"], rank=64, alpha=32)
+    policies.enable_grad_checkpointing(lm)
+    groups, per_group, (prompt_len, new) = 3, 4 if small else 8, (32, 32) if small else (256, 128)
+    g = torch.Generator().manual_seed(3)
+    vocab = min(1000, lm.config.vocab_size)
+    prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(groups)]
+    random_head, rows, scale = model.startswith(("random-", "tiny")), [], 1.0
+    for length in (new // 4, new) if random_head else (new,):  # random: scaled on short samples first
+        if random_head:
+            scored = [(r.prompt_ids + r.completion_ids, len(r.prompt_ids)) for r in rows]
+            scale = entropy_scale(lm, scored or [(p, 0) for p in prompts], 0.7, RATIO_ENTROPY)
+        rows = sample_rows(lm, tokenizer, prompts, per_group, length, scale)
+    cfg = UpdateSettings(mini_batch_size=per_group, micro_batch_size=per_group, temperature=0.7)
+    opts = make_optimizers(lm, ["generator"], UpdateSettings(lr=0.0, weight_decay=0.0), 10)
+    m = update_policy(lm, rows, opts, cfg)
+    tokens = sum(len(r.completion_ids) for r in rows)
+    later = tokens - sum(len(r.completion_ids) for r in mini_batches(rows, cfg)[0].rows)
+    clip, kl = (m[f"generator/{k}"] * tokens / later for k in ("clip_frac", "approx_kl"))  # mini-batch 1: 0
+    detail = (f"LM head x{scale:.2f}, sampled tokens' entropy {m['generator/entropy']:.2f} nats (target "
+              f"{RATIO_ENTROPY}); {len(rows)} rows, {later} tokens in mini-batches 2-3: clip fraction {clip:.4f} "
+              f"(bound {RATIO_BOUNDS['clip_frac']}), approx KL {kl:.2e} (bound {RATIO_BOUNDS['approx_kl']:.0e})")
+    ok = clip <= RATIO_BOUNDS["clip_frac"] and kl <= RATIO_BOUNDS["approx_kl"] and not m["nonfinite_steps"]
+    return ("pass" if ok else "FAIL"), detail
 
 
 def check_pytest(marker: str, path: str, needs: str | None, timeout: int) -> tuple[str, str]:
     """pytest on the GPU-visible machine (MARL_GPU_TESTS=1 keeps the GPU visible to the tests)."""
     if needs:
         return "skip", needs
+    env = {**os.environ, "MARL_GPU_TESTS": "1"}
+    if marker == "vllm" and env.get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True":
+        del env["PYTORCH_CUDA_ALLOC_CONF"]  # ours (main): vLLM's sleep mode refuses it
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", marker, path, "-p", "no:randomly"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "MARL_GPU_TESTS": "1"})
+                          capture_output=True, text=True, timeout=timeout, env=env)
     last = (done.stdout.strip().splitlines() or ["?"])[-1]
     return ("pass" if done.returncode == 0 and "passed" in last else "FAIL"), last
 
@@ -247,11 +306,15 @@ def checks(args, model: str, summary: dict) -> dict:
                 data.update(write_data(args.work, args.small, tokenizer(model)))
             return check(args.small, model, args.work, data, summary)
         return run
-    return {"training": runs(check_training), "training-sp": runs(check_training_sp),
-            "memory": lambda: check_memory(args.small, model), "eval": runs(check_eval),
-            "bf16": lambda: check_bf16(args.small, model),
-            "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, 240),
-            "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, 180)}
+    return {"training": runs(check_training), "ratio": lambda: check_ratio(args.small, model),
+            "memory": lambda: check_memory(args.small, model),
+            **{f"cost-{scale.lower()}": (lambda scale=scale: check_cost(args.small, scale, summary))
+               for scale in ("1.7B", "4B")},
+            "eval": runs(check_eval),
+            "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, CHECKS["gpu-tests"][1]),
+            "cost-0.6b": lambda: check_cost(args.small, "0.6B", summary),
+            "training-sp": runs(check_training_sp),
+            "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, CHECKS["vllm"][1])}
 
 
 def tokenizer(model: str):
@@ -279,21 +342,48 @@ def write_summary(out: str, summary: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def bounded(check, seconds: int | None):
+    """check() within `seconds` (None: unbounded): past them, a TimeoutError in this process (a subprocess it
+    waits on is killed as the exception passes)."""
+    if seconds is None:
+        return check()
+
+    def ran_past(signum, frame):
+        raise TimeoutError(f"ran past its {seconds} s bound")
+    previous = signal.signal(signal.SIGALRM, ran_past)
+    signal.alarm(seconds)
+    try:
+        return check()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def chosen(args, todo: dict) -> list[str]:
+    """The checks this command runs, in order: --only's, a part's, or (--small, or no part named) all."""
+    if args.only:
+        return [name for name in todo if name in args.only]
+    return [name for name in todo if not args.part or CHECKS.get(name, (1, 0))[0] == args.part]
+
+
 def run_checks(args, summary: dict, todo: dict) -> list[tuple[str, str, str, float]]:
-    """(name, status, detail, seconds) of every check --only keeps, each printed as it ends; the summary is
+    """(name, status, detail, seconds) of every check this command runs, each printed as it ends, each within
+    its time bound (not in --small); one whose bound no longer fits in PART_SECONDS is skipped. The summary is
     written before each check (naming it `running`) and after it (with its result)."""
-    results = []
+    results, began = [], time.time()
     summary["results"] = []
-    for name, check in todo.items():
-        if args.only and name not in args.only:
-            continue
+    for name in chosen(args, todo):
+        bound = None if args.small else CHECKS.get(name, (1, None))[1]
+        start = time.time()
         summary["running"] = name
         write_summary(args.out, summary)
-        start = time.time()
-        try:
-            status, detail = check()
-        except Exception as e:  # a check that breaks is a failed check, in one line
-            status, detail = "FAIL", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        if bound and args.part and start - began + bound > PART_SECONDS:
+            status, detail = "skip", f"its {bound} s bound no longer fits in the part's {PART_SECONDS} s"
+        else:
+            try:
+                status, detail = bounded(todo[name], bound)
+            except Exception as e:  # a check that breaks is a failed check, in one line
+                status, detail = "FAIL", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         release_gpu_memory()  # the next check (a subprocess among them) finds the GPU as free as it can be
         results.append((name, status, detail, time.time() - start))
         summary["results"].append(dict(check=name, result=status, seconds=round(time.time() - start, 1),
@@ -309,6 +399,7 @@ def main() -> int:
     p.add_argument("--small", action="store_true", help="CPU rehearsal: tiny-qwen3, small sizes")
     p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="where gpu_check.json goes")
     p.add_argument("--work", default="/tmp/gpu_check/work", help="the training run and its data (not --out)")
+    p.add_argument("part", nargs="?", type=int, choices=(1, 2), help="the part to run (default: both, 10 minutes)")
     p.add_argument("--only", type=lambda s: s.split(","), default=None,
                    help="comma-separated checks: " + ",".join(CHECKS))
     p.add_argument("--preflight", action="store_true", help="CPU: install .whl/ as the lent machine would, import")
@@ -329,11 +420,16 @@ def main() -> int:
         return 1
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
+    if not args.small:  # before CUDA starts; vLLM's check (a pytest of its own) is given torch's default back
+        from infra import memory
+        memory.configure_allocator("hf", "cuda")
     summary = {"header": header(args.small, SITE)}
     results = run_checks(args, summary, checks(args, summary["header"]["model"], summary))
     print("\n| check | result | seconds | detail |\n|---|---|---|---|")
     for name, status, detail, seconds in results:
         print(f"| {name} | {status} | {seconds:.0f} | {detail} |")
+    if summary.get("cost_table"):
+        print(f"\nA Voting math step and a 500-step cell on this GPU (bench/gpu_cost.py):\n{summary['cost_table']}")
     return 1 if any(status == "FAIL" for _, status, _, _ in results) else 0
 
 

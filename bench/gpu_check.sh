@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The GPU check (bench/gpu_check.py): what a cell runs (IP and SP --kl-coef training with validation, memory against
-# the plan with allocated and reserved peaks, eval.py at a cell's prompt lengths), bf16 against fp32, vLLM against
-# HF and the GPU tests, each held to a bound, then a table; exit 0 only when no check failed. About 5 minutes on one
-# H200 (bench/README.md), killed at 8. What comes back is $OUT/gpu_check.log (this output) and $OUT/gpu_check.json
-# (the summary, rewritten after every check: a kill leaves the finished ones): 2 small files; the runs stay under
+# The GPU check (bench/gpu_check.py) in two parts that each fit one command of a lease (at most 5 minutes each;
+# a lease is 15 minutes of device time, the machine's start included), checks in order of value, each with its
+# own time bound: part 1 training (IP, rollout and update tokens/s, reserved against allocated) and bf16's
+# importance ratio; part 2 memory against the plan, the cost at the 1.7B and 4B shapes (bench/gpu_cost.py), eval
+# at a cell's prompt lengths, the GPU tests, then SP training, the 0.6B cost and vLLM as time allows. Exit 0 only
+# when no check failed. What comes back is $OUT/gpu_check.log (this output) and $OUT/gpu_check.json (the summary,
+# rewritten after every check: a kill leaves the finished ones): 2 small files; the runs stay under
 # /tmp/gpu_check/work. Python packages the GPU image lacks come as wheels in .whl/ (Python 3.12, x86-64): fetch them
 # where a registry is reachable (`--fetch-wheels`), check them on the CPU machine (`python3 bench/gpu_check.py
 # --preflight`), then carry .whl with the command.
 #
-#   bash bench/gpu_check.sh                  # on the GPU machine (OUT set by it; else /tmp/gpu_check)
+#   bash bench/gpu_check.sh 1                # on the GPU machine: part 1 (OUT set by it; else /tmp/gpu_check)
+#   bash bench/gpu_check.sh 2                # part 2, on the same machine (eval reads part 1's training run)
 #   bash bench/gpu_check.sh --only memory    # one check again
-#   bash bench/gpu_check.sh --small          # CPU rehearsal: tiny-qwen3, small sizes (the GPU-only checks skip)
+#   bash bench/gpu_check.sh --small          # CPU rehearsal of every check: tiny-qwen3, small sizes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--fetch-wheels" ]; then  # what gpu_check.py imports beyond torch, transformers, peft, accelerate
@@ -24,8 +27,13 @@ fi
 OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 export OUT HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-timeout 480 python3 bench/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
+case " $* " in
+    *" --small "*) limit=480 ;;                       # every check on the CPU
+    *" 1 "*|*" 2 "*|*" --only "*) limit=300 ;;        # one part, or named checks
+    *) limit=600 ;;                                   # both parts in one command
+esac
+timeout "$limit" python3 bench/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
 status=${PIPESTATUS[0]}
-[ "$status" -eq 124 ] && echo "error: the GPU check ran past 8 minutes (gpu_check.json holds the finished checks)" \
+[ "$status" -eq 124 ] && echo "error: the GPU check ran past $limit s (gpu_check.json holds the finished checks)" \
     | tee -a "$OUT/gpu_check.log" >&2
 exit "$status"

@@ -24,6 +24,9 @@ import tasks, workflows, {program}
 workflows.grade_many = lambda ts, outs: [tasks.Grade(float(len(o) % 2 == 0), o[:8], True, "parity") for o in outs]
 {program}.main(sys.argv[1:])
 """
+# the training check's reserved peak against its allocated one: the first GPU run had 77.8 / 13.2 = 5.9 with the
+# default allocator (issue 57); growing segments and an emptied cache after the rollout should hold it near 1
+RESERVED_OVER_ALLOCATED = 1.5
 EVAL_NEW_TOKENS = (8, 32)  # --small, GPU: eval.py's response length (the prompts are what is checked)
 
 
@@ -78,21 +81,22 @@ def training_flags(small: bool, data: dict) -> list[str]:
     """The runs' sizes, and their data: the cell's format from local files, or where `datasets` does not import
     (the cells' split needs it) the synthetic math task, said in `data["note"]`."""
     sizes = ["--device", "cpu", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16"] if small else \
-        ["--tasks-per-step", "8", "--max-new-tokens", "256", "--gen-batch-size", "256"]
+        ["--tasks-per-step", "8", "--max-new-tokens", "256"]  # rows per generate() call: the memory budget
     if data.get("note"):
         return [*sizes, "--task", "math", "--data", "", "--val-data", ""]
     return [*sizes, "--data", data["data"], "--val-data", data["val"]]
 
 
 def check_training(small: bool, model: str, work: str, data: dict, summary: dict) -> tuple[str, str]:
-    """2 steps of the Voting-IP cell configuration, validated before the first and after the last (30 problems):
-    every step finite, both adapters with a non-zero gradient, the validation counted; the step time, the
-    trainer's allocated and reserved peaks, vLLM's drift where it ran. Its run folder is the eval check's."""
+    """One step of the Voting-IP cell configuration, validated before and after it (30 problems; the first
+    validation warms the engine, so the step's rollout rate is a warm one): the step finite, both adapters with a
+    non-zero gradient, the validation counted; the step time, rollout and update tokens/s, the trainer's
+    allocated and reserved peaks, vLLM's drift where it ran. Its run folder is the eval check's."""
     import importlib.util
     engine = "vllm" if not small and importlib.util.find_spec("vllm") else "hf"
     run = os.path.join(work, "run-ip")
-    status, last = run_program("train", ["--cell", "Voting-IP-0.6B-Math", "--model", model, "--steps", "2",
-                                         "--val-every", "2", "--engine", engine, "--overwrite", "--run-dir", run,
+    status, last = run_program("train", ["--cell", "Voting-IP-0.6B-Math", "--model", model, "--steps", "1",
+                                         "--val-every", "1", "--engine", engine, "--overwrite", "--run-dir", run,
                                          *training_flags(small, data)], 300)
     if status != 0:
         return "FAIL", f"train.py exited {status}: {last}"
@@ -101,11 +105,17 @@ def check_training(small: bool, model: str, work: str, data: dict, summary: dict
     trained = [m for m in steps if m["step"] > 0]
     grads = {r: max(m[f"{r}/grad_norm"] for m in trained) for r in ("generator", "aggregator")}
     validated = [m["step"] for m in steps if m.get("val/success") is not None]
-    ok = [m["step"] for m in trained] == [1, 2] and validated == [0, 2] and min(grads.values()) > 0 and \
+    ok = [m["step"] for m in trained] == [1] and validated == [0, 1] and min(grads.values()) > 0 and \
         not any(m["nonfinite_steps"] for m in trained)
     seconds = sum(m["time_rollout"] + m["time_update"] for m in trained) / len(trained)
-    detail = (f"{engine}, {seconds:.1f} s a step, validation at steps {validated}, gradient norms generator "
+    rates = ", ".join(f"{k} {' then '.join(f'{m[k]:,.0f}' for m in trained)}" for k in ("rollout_tok_s", "update_tok_s")
+                      if k in trained[0])
+    detail = (f"{engine}, {seconds:.1f} s a step ({rates}), validation at steps {validated}, gradient norms generator "
               f"{grads['generator']:.3g} aggregator {grads['aggregator']:.3g}{peaks(trained[-1])}")
+    if "memory/peak_gib" in trained[-1]:  # the allocator grows segments, the cache is emptied after the rollout
+        ratio = max(m["memory/peak_reserved_gib"] / m["memory/peak_gib"] for m in trained)
+        ok = ok and ratio <= RESERVED_OVER_ALLOCATED
+        detail += f", reserved / allocated {ratio:.2f} (bound {RESERVED_OVER_ALLOCATED})"
     if "vllm/logprob_drift" in trained[-1]:
         detail += f", vllm/logprob_drift {max(m['vllm/logprob_drift'] for m in trained):.2g}"
     return ("pass" if ok else "FAIL"), detail + data.get("note", "")
@@ -165,19 +175,18 @@ def check_eval(small: bool, model: str, work: str, data: dict, summary: dict) ->
     detail = f"{record['tasks']} problems, prompts up to {prompt} tokens, {new} new: prompt_overflow {overflow:.2f}"
     ok = overflow == 0
     if "memory/peak_gib" in record:
-        bound = eval_bound(model, run, rows=3 * record["tasks"], width=prompt + new)
+        bound = eval_bound(model, rows=3 * record["tasks"], width=prompt + new)
         ok = ok and record["memory/peak_gib"] <= bound
         detail += peaks(record) + f" (bound {bound:.1f} GiB)"
     return ("pass" if ok else "FAIL"), detail
 
 
-def eval_bound(model: str, run: str, rows: int, width: int) -> float:
+def eval_bound(model: str, rows: int, width: int) -> float:
     """What the HF budget allows the eval check's largest call, with the weights and adapters (GiB)."""
     import torch
 
     import policies
     from infra import memory
-    args = json.load(open(os.path.join(run, "args.json")))
     lm, _ = policies.load_model(model, torch.bfloat16, "cpu")
     c, size = lm.config, 2
     lora = sum(p.numel() for p in policies.add_adapters(lm, ["generator", "aggregator"], 64, 32).parameters()
@@ -186,7 +195,8 @@ def eval_bound(model: str, run: str, rows: int, width: int) -> float:
     repeated = memory.repeated_kv_bytes_per_token(c.num_attention_heads, c.num_key_value_heads, c.head_dim, size)
     act = memory.prefill_activation_bytes_per_token(c.hidden_size, c.intermediate_size,
                                                     c.num_attention_heads * c.head_dim, size, lora=True)
-    call = rows * width * memory.generation_bytes_per_token(kv, c.num_hidden_layers, repeated) + \
-        memory.generation_fixed_bytes(act, args["gen_batch_size"], c.vocab_size)
+    per_token = memory.generation_bytes_per_token(kv, c.num_hidden_layers, repeated)
+    call = rows * (width + memory.sampling_tokens(per_token, c.vocab_size)) * per_token + \
+        memory.generation_fixed_bytes(act, 0, c.vocab_size)
     weights = size * sum(p.numel() for p in lm.parameters() if not p.requires_grad) + 4 * lora
     return (weights + call) / memory.GIB

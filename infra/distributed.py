@@ -24,6 +24,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from infra import models
+
 DIST_TIMEOUT_MIN = 30  # a rank that waits this long for the others in a collective gives up with an error
 _created_group = False  # whether init_distributed created the process group (only that one is destroyed)
 
@@ -61,12 +63,14 @@ def init_distributed(device: str = "auto") -> str | None:
 def claim_device(device: str) -> str:
     """One device per process, made the current device before any model or engine is built: `auto` resolved,
     and for CUDA torch.cuda.set_device, so that memory counters and anything that names bare `cuda` (a
-    generate() cache, a checkpoint's tensors) are on it. Under torchrun `device` is init_distributed's rank
-    device; vLLM's own worker takes cuda:{LOCAL_RANK} there, the same GPU (vllm_engine.engine_problem)."""
+    generate() cache, a checkpoint's tensors) are on it, with fp32 matmuls as TF32. Under torchrun `device` is
+    init_distributed's rank device; vLLM's own worker takes cuda:{LOCAL_RANK} there, the same GPU
+    (vllm_engine.engine_problem)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         torch.cuda.set_device(int(device.partition(":")[2] or 0))
+    models.use_tensor_cores(device)  # CUDA: fp32 matmuls as TF32
     return device
 
 

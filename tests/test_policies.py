@@ -581,3 +581,49 @@ def test_the_drift_check_takes_rows_of_every_adapter_that_sampled():
     assert sorted(seen) == sorted(c.adapter for c in rows)
     assert out["vllm/logprob_drift/aggregator"] == [16.0, 32] and out["vllm/logprob_drift/generator"] == [16.0, 32]
     assert out["vllm/logprob_drift"] == [32.0, 64]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_computes_in_the_weights_dtype_on_fp32_master_weights(dtype):
+    """Issue 57: PEFT keeps a bf16 model's LoRA weights in fp32 and casts each LoRA input up to fp32, so its
+    matmuls miss the GPU's tensor cores. A bf16 model's LoRA matmuls run in bf16 (input and output of lora_A and
+    lora_B), while the parameters, their gradients and AdamW's step stay fp32: one AdamW step at lr 1e-6 moves
+    every lora_A weight (|w| <= 0.125, kaiming's bound for 64 inputs) by 1e-6 (Adam's first step is lr x
+    sign(grad)), which bf16 weights, whose spacing near 0.1 is 2^-11 ~ 5e-4, would round away. An fp32 model
+    (the CPU's runs) is untouched: fp32 throughout, as PEFT does it."""
+    torch.manual_seed(0)
+    model, _ = load_model("tiny-qwen3", dtype)
+    lm = add_adapters(model, ["gen", "agg"], rank=4, alpha=8)
+    seen = set()
+    for name, module in lm.named_modules():
+        if name.endswith(("lora_A.gen", "lora_B.gen")):
+            module.register_forward_hook(lambda m, i, o: seen.add((i[0].dtype, o.dtype)))
+    params = adapter_parameters(lm, "gen")
+    _randomize_lora(lm, seed=1, names=("lora_B",))
+    opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+    lora_a = [p for n, p in lm.named_parameters() if "lora_A.gen" in n]
+    before = [p.detach().clone() for p in lora_a]
+    with use_adapter(lm, "gen"):
+        lm.train()
+        logp, mask, _ = completion_logprobs(lm, [[1, 2, 3], [4, 5]], [[6, 7], [8, 9, 10]])
+        (logp * mask).sum().backward()
+        opt.step()
+    assert seen == {(dtype, dtype)}  # fp32 model: fp32 as before; bf16 model: bf16 in and out
+    assert {p.dtype for p in params} == {p.grad.dtype for p in params} == {torch.float32}
+    moved = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(lora_a, before)])
+    # every weight moved by lr, within fp32's rounding (spacing near 0.125: 7e-9, 0.7% of 1e-6; bound 3%)
+    assert moved.min() > 0.97e-6 and moved.max() < 1.03e-6
+    assert torch.get_float32_matmul_precision() == "highest"  # TF32 is for CUDA only
+
+
+def test_fp32_matmuls_run_as_tf32_on_cuda_only(monkeypatch):
+    """fp32 matmuls (a --dtype float32 run's) use the tensor cores as TF32 on CUDA; the CPU's stay fp32, so its
+    runs keep their numbers (the device claimed by train.py and eval.py: infra/distributed.claim_device)."""
+    from infra import distributed, models
+    asked = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", asked.append)
+    models.use_tensor_cores("cpu")
+    assert asked == []
+    models.use_tensor_cores("cuda:1")
+    assert asked == ["high"]
+    assert distributed.claim_device("cpu") == "cpu" and asked == ["high"]

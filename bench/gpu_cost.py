@@ -1,0 +1,259 @@
+"""What a cell costs on one GPU: the GPU check's measurements at a Qwen3 shape, and hours a step and a 500-step cell.
+
+What it is for: the cost check of bench/gpu_check.py at each `random-qwen3` shape (0.6B, 1.7B, 4B, built on the
+GPU): the update's tokens/s at a cell's token budget with the 4B math cell's widest training row (2 rows of
+25,599 tokens in 51,200), the decode step's time at the start and at the end of a long generation (a call of the
+rows the HF budget fits at the end's width), and the update's peaks against the plan (infra/memory.plan_bytes).
+From those, `cost_rows` extrapolates a Voting math cell's step (64 problems x 8 samples: 1,536 generator rows,
+then 512 aggregator rows, every response at its 5,120-token limit: an upper bound) for
+
+  - the HF engine, as measured: each stage in calls of the rows the budget fits, each call 5,120 decode steps of
+    a + b x rows x context seconds (a line through the two measured steps: a the weights' and the host's share,
+    b the KV cache read per token of context), then the update at its measured tokens/s;
+  - vLLM, estimated: its decode at the H200's memory bandwidth (4.8 TB/s, NVIDIA's H200 datasheet): each decode
+    step reads the weights once and each row's KV cache, so its time is a floor any engine pays (vLLM's own
+    overheads unmeasured here), with its KV pool at the cells' --vllm-gpu-memory 0.4 of 141 GB less the weights;
+    the update as measured (vLLM only samples).
+
+What it is not: a measured step. A paper-length step is not run: one 64-row call at 5,120 tokens alone takes
+minutes. The random shapes' sampled tokens decode to empty text in the byte tokenizer, so the aggregator's prompt
+length is set directly (3 solutions at the limit and its instructions).
+
+    python3 bench/gpu_check.py --only cost-1.7b      # on the GPU machine
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+H200_HBM_BYTES_S = 4.8e12   # NVIDIA H200 datasheet: HBM3e, 4.8 TB/s
+H200_BYTES = 141e9          # NVIDIA H200 datasheet: 141 GB
+VLLM_FRACTION = 0.4         # the cells' --vllm-gpu-memory (infra/cells.PAPER_HYPERPARAMETERS)
+CELL_STEPS = 500            # a cell's training steps (infra/cells.PAPER_HYPERPARAMETERS)
+NEW_TOKENS = 5120           # math's response limit (infra/cells.PAPER_LENGTHS)
+GENERATOR_PROMPT = 512      # a math problem in the rLLM template, rounded up
+AGGREGATOR_PROMPT = 3 * NEW_TOKENS + 512  # 3 solutions at the limit and the aggregator's instructions
+SHAPES = {"0.6B": "random-qwen3-0.6b", "1.7B": "random-qwen3-1.7b", "4B": "random-qwen3-4b"}
+
+
+@dataclass
+class Stage:
+    """One workflow stage of a training step: `rows` calls of `prompt` tokens, each answered in `new` tokens."""
+    rows: int
+    prompt: int
+    new: int
+
+
+def voting_math_stages(problems: int = 64, samples: int = 8) -> list[Stage]:
+    """A Voting math step: 3 generators per episode, then one aggregator reading their 3 solutions."""
+    return [Stage(3 * problems * samples, GENERATOR_PROMPT, NEW_TOKENS),
+            Stage(problems * samples, AGGREGATOR_PROMPT, NEW_TOKENS)]
+
+
+def decode_line(rows: int, context: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
+    """(a, b) of a decode step's time a + b x rows x context through two steps measured at one call's `rows`,
+    at contexts context[0] < context[1]: b the time per cached token read, a the rest (weights, host). A pair
+    whose end step is the faster (noise where the cache costs nothing yet) reads as no growth: b = 0."""
+    b = max(0.0, (seconds[1] - seconds[0]) / (rows * (context[1] - context[0])))
+    return seconds[0] - b * rows * context[0], b
+
+
+def call_rows(budget_tokens: int, sampling_tokens: int, stage: Stage) -> int:
+    """Rows of `stage` one HF generate() call holds (infra/memory.GenerationBudget): its tokens over each row's
+    prompt, new tokens and sampling buffers."""
+    return max(1, budget_tokens // (stage.prompt + stage.new + sampling_tokens))
+
+
+def hf_stage_seconds(stage: Stage, rows_per_call: int, a: float, b: float) -> float:
+    """A stage in calls of `rows_per_call` rows (the last one partial), each `stage.new` decode steps at the
+    line's time, the context growing from the prompt to prompt + new: its mean is at prompt + new / 2."""
+    full, rest = divmod(stage.rows, rows_per_call)
+    mean_context = stage.prompt + stage.new / 2
+    seconds = full * stage.new * (a + b * rows_per_call * mean_context)
+    return seconds + (stage.new * (a + b * rest * mean_context) if rest else 0.0)
+
+
+def roofline_stage_seconds(stage: Stage, weight_bytes: float, kv_token_bytes: float) -> float:
+    """A stage at the memory bandwidth (the vLLM estimate): calls of the rows its KV pool holds, each decode
+    step reading the weights once and every row's cache so far."""
+    pool = VLLM_FRACTION * H200_BYTES - weight_bytes
+    rows_per_call = max(1, int(pool // ((stage.prompt + stage.new) * kv_token_bytes)))
+    calls = math.ceil(stage.rows / rows_per_call)
+    cache_reads = stage.rows * stage.new * (stage.prompt + stage.new / 2) * kv_token_bytes
+    return (calls * stage.new * weight_bytes + cache_reads) / H200_HBM_BYTES_S
+
+
+def update_tokens(stages: list[Stage]) -> int:
+    """Tokens the update runs over: every row's prompt and completion (the old-log-prob pass is in the measured
+    rate: the memory and cost checks time whole updates)."""
+    return sum(s.rows * (s.prompt + s.new) for s in stages)
+
+
+def cost_rows(measured: dict[str, dict], stages: list[Stage] | None = None) -> list[dict]:
+    """Per measured shape: hours of a step's rollout and update, a step and a 500-step cell, HF as measured and
+    vLLM estimated. `measured[scale]` holds update_tok_s, decode_rows, decode_context (start, end),
+    decode_step_s (start, end), budget_tokens, sampling_tokens, weight_bytes, kv_token_bytes."""
+    stages = stages or voting_math_stages()
+    out = []
+    for scale, m in measured.items():
+        a, b = decode_line(m["decode_rows"], m["decode_context"], m["decode_step_s"])
+        hf = sum(hf_stage_seconds(s, call_rows(m["budget_tokens"], m["sampling_tokens"], s), a, b) for s in stages)
+        vllm = sum(roofline_stage_seconds(s, m["weight_bytes"], m["kv_token_bytes"]) for s in stages)
+        update = update_tokens(stages) / m["update_tok_s"]
+        out.append(dict(scale=scale, hf_rollout_h=hf / 3600, vllm_rollout_h=vllm / 3600, update_h=update / 3600,
+                        hf_step_h=(hf + update) / 3600, vllm_step_h=(vllm + update) / 3600,
+                        hf_cell_h=CELL_STEPS * (hf + update) / 3600, vllm_cell_h=CELL_STEPS * (vllm + update) / 3600))
+    return out
+
+
+def cost_table(rows: list[dict]) -> str:
+    """The cost rows as the markdown table bench/README.md and docs/cells.md quote."""
+    lines = ["| shape | rollout HF (h) | rollout vLLM est. (h) | update (h) | step HF (h) | step vLLM est. (h) | "
+             f"{CELL_STEPS} steps HF (h) | {CELL_STEPS} steps vLLM est. (h) |", "|---|" + "---:|" * 7]
+    for r in rows:
+        lines.append(f"| {r['scale']} | " + " | ".join(f"{r[k]:.2f}" for k in (
+            "hf_rollout_h", "vllm_rollout_h", "update_h", "hf_step_h", "vllm_step_h", "hf_cell_h", "vllm_cell_h"))
+            + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the measurement (GPU; --small on the CPU)
+
+def decode_step_seconds(engine, prompt: list[int], rows: int, steps: tuple[int, int]) -> float:
+    """One decode step's time for `rows` rows of `prompt`: two calls of steps[0] and steps[1] new tokens, the
+    difference over the extra steps, so the (shared, one-row) prefill and the call's setup cancel."""
+    import torch
+    times = []
+    for new in steps:
+        engine.max_new_tokens = new
+        engine.sampling["min_new_tokens"] = new  # every row runs every step (no early EOS)
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        engine.generate([prompt] * rows, ["generator"] * rows)
+        sync()
+        times.append(time.perf_counter() - start)
+    return (times[1] - times[0]) / (steps[1] - steps[0])
+
+
+def measure_decode(lm, tokenizer, small: bool) -> dict:
+    """The decode step at the start (a generator's prompt) and at the end (that prompt + the response limit) of a
+    long generation, for the rows the HF budget fits at the end's width; a warm-up call first."""
+    import policies
+    from infra import memory
+    start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
+    steps = (2, 6) if small else (8, 24)
+    budget = memory.hf_generation_budget(lm, 0)
+    rows = 8 if small else max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
+    budget.batch_size = rows
+    engine = policies.HFEngine(lm, tokenizer, steps[0], 0.7, **vars(budget))
+    vocab = min(1000, lm.config.vocab_size)
+    prompt = [(7 * i) % vocab for i in range(end)]
+    decode_step_seconds(engine, prompt[:start], rows, (1, 2))  # warm-up: kernels, the allocator's first blocks
+    seconds = tuple(decode_step_seconds(engine, prompt[:n], rows, steps) for n in (start, end))
+    return dict(decode_rows=rows, decode_context=(start, end), decode_step_s=seconds,
+                budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens)
+
+
+def update_rows(small: bool, vocab: int):
+    """The 4B math cell's widest training row twice in one micro-batch at the cells' budget: a shared prompt at
+    the prompt limit less one (20,479) and responses of 5,120 and 5,119 tokens, 25,599 + 25,598 = 51,197 <=
+    51,200 (--small: 200 + 55 and 54 in 512); both rows of one mini-batch (ratio 1: no old-log-prob pass)."""
+    import torch
+
+    from grpo import Row
+    prompt, new, budget = (200, 55, 512) if small else (20479, NEW_TOKENS, 51200)
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(0, vocab, (prompt,), generator=g).tolist()
+    rows = [Row(shared, torch.randint(0, vocab, (n,), generator=g).tolist(), sign, "generator", "generator")
+            for n, sign in ((new, 1.0), (new - 1, -1.0))]
+    return rows, budget, prompt + new
+
+
+def measure_update(lm, small: bool) -> dict:
+    """The update's tokens/s on `update_rows` after a warm-up update of short rows, and its CUDA peaks."""
+    import torch
+
+    from grpo import Row, UpdateSettings, make_optimizers, update_policy
+    rows, budget, longest = update_rows(small, min(1000, lm.config.vocab_size))
+    opts = make_optimizers(lm, ["aggregator", "generator"], UpdateSettings(lr=1e-6, weight_decay=0.0), 10)
+    cfg = UpdateSettings(mini_batch_size=2, micro_batch_size=512, max_tokens_per_micro_batch=budget,
+                         temperature=0.7)
+    short = [Row(r.prompt_ids[:64], r.completion_ids[:32], r.advantage, r.role, r.adapter) for r in rows]
+    update_policy(lm, short, opts, cfg)  # warm-up
+    cuda = next(lm.parameters()).is_cuda
+    if cuda:  # the decode's cached blocks go back first: the peaks are the update's own
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    metrics = update_policy(lm, rows, opts, cfg)
+    if cuda:
+        torch.cuda.synchronize()
+    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    out = dict(update_tok_s=tokens / (time.perf_counter() - start), update_budget=budget, update_longest=longest,
+               update_finite=not metrics["nonfinite_steps"])
+    if cuda:
+        out.update(peak_bytes=torch.cuda.max_memory_allocated(), reserved_bytes=torch.cuda.max_memory_reserved())
+    return out
+
+
+def scale_of(config) -> str | None:
+    """The Qwen3 scale ("0.6B", "1.7B", "4B") whose published shape `config` has, else None."""
+    from infra.models import QWEN3_SHAPES
+    for scale, name in SHAPES.items():
+        shape = QWEN3_SHAPES[name]
+        if all(getattr(config, k, None) == v for k, v in shape.items() if k != "vocab_size"):
+            return scale
+    return None
+
+
+def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: int,
+               kl: bool = False) -> dict[str, float]:
+    """The plan's peaks of an update of this model (infra/memory.plan_bytes), in bytes, with the layer figures
+    of its own scale (QWEN3_LAYER_KIB; the shape and vocabulary from its config)."""
+    from infra import memory
+    from policies import LOGPROB_CHUNK
+    c = lm.config
+    ckpt, full = (k * 1024 for k in memory.QWEN3_LAYER_KIB[scale_of(c) or "4B"])  # unknown: the largest
+    m = memory.Footprint(params, lora, c.num_hidden_layers, ckpt, full,
+                         memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim),
+                         memory.HEAD_COPIES * LOGPROB_CHUNK * c.vocab_size * 4)
+    return memory.plan_bytes(m, adapters, 1, budget, longest, kl=kl)
+
+
+def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
+    """One shape's cost figures (`measure_decode`, `measure_update`) into summary["cost"], and the cost table of
+    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks within the plan."""
+    import torch
+
+    import policies
+    from infra import memory
+    model = "tiny-qwen3" if small else SHAPES[scale]
+    device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
+    torch.manual_seed(0)
+    base, tokenizer = policies.load_model(model, dtype, device)
+    params = sum(p.numel() for p in base.parameters())
+    lm = policies.add_adapters(base, ["aggregator", "generator"], rank=64, alpha=32)
+    policies.enable_grad_checkpointing(lm)
+    lora = sum(p.numel() for p in policies.adapter_parameters(lm, "generator"))
+    c = lm.config
+    m = {**measure_decode(lm, tokenizer, small), **measure_update(lm, small), "weight_bytes": 2 * params,
+         "kv_token_bytes": memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}
+    summary.setdefault("cost", {})[scale] = m
+    summary["cost_table"] = cost_table(cost_rows(summary["cost"]))
+    start, end = m["decode_step_s"]
+    detail = (f"{model}: update {m['update_tok_s']:,.0f} tok/s (2 rows, widest {m['update_longest']}, budget "
+              f"{m['update_budget']}); decode step {1e3 * start:.1f} ms at {m['decode_context'][0]} tokens, "
+              f"{1e3 * end:.1f} ms at {m['decode_context'][1]}, {m['decode_rows']} rows a call")
+    ok = m["update_finite"] and all(math.isfinite(t) and t > 0 for t in (m["update_tok_s"], start, end))
+    if "peak_bytes" not in m:
+        return ("pass" if ok else "FAIL"), detail + "; the plan's bounds need CUDA (skipped)"
+    plan = plan_terms(lm, params, lora, 2, m["update_budget"], m["update_longest"])
+    m["plan_allocated_bytes"], m["plan_reserved_bytes"] = plan["allocated"], plan["reserved"]
+    detail += (f"; peak allocated {m['peak_bytes'] / memory.GIB:.1f} GiB against a plan of "
+               f"{plan['allocated'] / memory.GIB:.1f}, reserved {m['reserved_bytes'] / memory.GIB:.1f} against "
+               f"{plan['reserved'] / memory.GIB:.1f}")
+    ok = ok and m["peak_bytes"] <= plan["allocated"] and m["reserved_bytes"] <= plan["reserved"]
+    return ("pass" if ok else "FAIL"), detail
