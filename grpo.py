@@ -13,13 +13,14 @@ role type's adapter holds its own, so a role with three instances takes three op
 training step (finding 4).
 
 `update_policy` is the update on one page: per adapter, mini-batches; per mini-batch, zero_grad,
-micro-batches (log-probs, ratio, clipped loss: `micro_batch_loss`, whose loss line names every
-term; backward), clip, step. `UpdateSettings` holds every knob of advantages, loss and optimizer,
+micro-batches (`micro_batch_loss`: each term of its loss line computed there or in a function it
+calls; backward), clip, step. `UpdateSettings` holds every knob of advantages, loss and optimizer,
 and `policy_problem` the settings SP or IP rules out. What the update reports goes through one
 seam, `UpdateReport` (infra/update_report.py: per-role statistics, each role's own gradient under
-SP, I6's scale), which changes no number. Under torchrun two calls to infra/distributed.py give
-each rank its rows and sum the gradients; one process never meets ranks. Metrics are counted as
-numerator and denominator (infra/tallies.py) and turned into rates once, at the end.
+SP, I6's scale), which changes no number. Under torchrun, infra/distributed.py gives every rank
+the global batch's rows to cut into the same mini-batches, marks the rows each rank trains and
+sums the gradients; one process takes the other branch and never meets ranks. Metrics are counted
+as numerator and denominator (infra/tallies.py) and turned into rates once, at the end.
 
     python -m pytest tests/test_grpo.py      # hand-computed checks of everything here
 """

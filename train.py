@@ -303,7 +303,8 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
 def build_parser() -> flags.Parser:
     """Every flag, in groups, made from the settings' fields; each help ends with its default and
     names the paper's value where ours differs."""
-    p = flags.Parser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
+    p = flags.Parser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False,
+                     presets=True)  # --help: what --cell and --model toy set beside each default
     p.add_settings(Settings)
     p.add_settings(workflows.WorkflowOptions)
     p.add_settings(grpo.UpdateSettings)
