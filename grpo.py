@@ -431,7 +431,8 @@ def update_policy(model, rows: list[Row], optimizers: dict, cfg: UpdateSettings,
     Returns the step's metrics (`role/name`); `grad_ema` carries I6's state between steps.
     `report` only records (`UpdateReport`). Under torchrun each rank cuts the mini-batches of
     every rank's rows and trains its own rows of each, and `distributed.sum_gradients` adds the
-    ranks' gradients, so each rank steps as one process would; for one process it does nothing."""
+    ranks' gradients, so each rank steps as one process would (one process: the `else` branch,
+    and `sum_gradients` does nothing)."""
     unknown = {r.adapter for r in rows if r.completion_ids} - set(optimizers)
     assert not unknown, f"rows for adapters without an optimizer: {sorted(unknown)}"
     grad_ema = {} if grad_ema is None else grad_ema
