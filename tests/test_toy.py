@@ -1,6 +1,7 @@
 """The toy world's oracle (toyworld/toy.py) and its calibration (toyworld/calibration.py, eval.py calibrate): every
 habit does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
 target with its measured value."""
+import dataclasses
 import math
 import os
 import random
@@ -200,8 +201,8 @@ def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
     messages = workflows.solver_messages(val[0], workflows.WorkflowOptions())
     assert chat_prompt_ids(tok, messages) == tok(toy.chatml(messages), add_special_tokens=False).input_ids
     for workflow, roles in workflows.ROLES.items():
-        eps = workflows.run_episodes(val, 1, workflow, options, "outcome", engine, chat_encoder(tok),
-                                     lambda name: BASE, None)
+        eps = workflows.rollout(val, 1, dataclasses.replace(options, workflow=workflow), engine,
+                                chat_encoder(tok), lambda name: BASE)
         m = rates(workflows.episode_tallies(eps))
         for role in roles:
             assert m[f"{role}/format_ok"] >= 0.8, (workflow, role, m[f"{role}/format_ok"])
@@ -217,7 +218,7 @@ def small_calibration(small_toy, tmp_path_factory):
     few = tasks.synthetic_math(243, difficulty=0, seed=0)[:12]
 
     def play(workflow, n, engine, encode, route=lambda name: name):
-        return workflows.rollout(few, n, workflow, engine, encode, route, workflows.WorkflowOptions())
+        return workflows.rollout(few, n, workflows.WorkflowOptions(workflow), engine, encode, route)
     out = tmp_path_factory.mktemp("out") / "calibration.jsonl"
     with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stopped:
         patch.setattr(toy, "CACHE_DIR", small_toy[0])  # built: calibrate finds the model there
