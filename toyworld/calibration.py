@@ -186,7 +186,7 @@ def report(seed: int, temperature: float, success: dict, oracle_success: dict, h
     for kind, h in habits.items():
         lines.append(
             f"{kind:<11}{h['calls']:>6}{h['careful']:>9.3f}{h['oracle_careful']:>8.3f}{h['right']:>8.3f}"
-                     f"{h['oracle_right']:>8.3f}{h['own_format']:>9.3f}{h['foreign_format']:>9.3f}")
+            f"{h['oracle_right']:>8.3f}{h['own_format']:>9.3f}{h['foreign_format']:>9.3f}")
     rows = checks(habits, struct, swaps)
     lines += [f"{'ok  ' if held else 'MISS'} {name:<40} {value:>8.3f}   target {target}"
               for name, value, target, held in rows]
@@ -249,14 +249,13 @@ def calibration_warning(seed: int) -> str | None:
     it passes."""
     record = calibration_record(seed)
     if record is None:
-        return (f"note: no calibration record for the toy model of seed {seed} here "
-                f"(python -m toyworld.toy --calibrate --seed {seed}, about 3 minutes)")
+        return (f"note: no calibration record for the toy model of seed {seed} here (python -m "
+                f"toyworld.toy --calibrate --seed {seed}, about 3 minutes)")
     if record["missed"]:
         return (
             f"warning: the toy model of seed {seed} misses {len(record['missed'])} calibration "
-            "target(s) "
-                f"({', '.join(record['missed'])}); the study sets such a seed aside "
-                "(docs/toy_world.md)")
+            f"target(s) ({', '.join(record['missed'])}); the study sets such a seed aside "
+            "(docs/toy_world.md)")
     return None
 
 
@@ -268,9 +267,8 @@ def measure(play, engine, tokenizer, encode, seed: int, episodes: int | None,
     def route(name: str) -> str:  # a plain model: names pick no adapter
         return name
     say = lambda what: print(f"[toy] seed {seed} calibration: {what}", flush=True)  # noqa: E731
-    say(f"the model plays every workflow on all 243 problems "
-        f"({', '.join(map(str, EPISODES.values()))} episodes "
-        "a problem)")
+    say("the model plays every workflow on all 243 problems "
+        f"({', '.join(map(str, EPISODES.values()))} episodes a problem)")
     runs = {w: play(w, episodes or n, engine, encode, route) for w, n in EPISODES.items()}
     say("the oracle plays the same")
     oracle = Oracle(seed, KNOBS, tokenizer)

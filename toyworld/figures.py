@@ -86,10 +86,9 @@ def plot_transfer(out: str, seeds: list[int], folder: str, plt) -> str:
     ax.set_xticks(range(len(WORKFLOW_PANELS)), [t for t, _ in WORKFLOW_PANELS])
     ax.set(ylabel="accuracy (eval.py, 64 test problems x 2)", ylim=(0, 1.02), xlabel=" ")
     return _finish(fig, [ax], folder, "finding1_transfer",
-                   f"Finding 1: trained workflows against the single agent's "
-                   f"adapter in the structure\n(mean of {len(seeds)} seeds; whiskers: lowest and "
-                   "highest; held-out "
-                   "test problems)")
+                   "Finding 1: trained workflows against the single agent's adapter in the "
+                   f"structure\n(mean of {len(seeds)} seeds; whiskers: lowest and highest; "
+                   "held-out test problems)")
 
 
 def plot_panels(out: str, seeds: list[int], folder: str, name: str, title: str, panels: list,

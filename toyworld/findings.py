@@ -216,9 +216,8 @@ def finding_table(result: dict) -> str:
             label = c["label"].replace("|", "\\|")
             rows.append(
                 f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
-                        f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / "
-                        f"{c['negative']} | "
-                        f"{c['verdict']} |")
+                f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} "
+                f"| {c['verdict']} |")
     rows.append(f"\n**Verdict: {result['verdict']}.**")
     return "\n".join(rows)
 
@@ -278,8 +277,7 @@ def calibration_table(records: list[dict], builds: list[dict]) -> str:
     across them: docs/toy_world.md)."""
     rows = [
         "| seed | targets missed | single / Voting / Eval-Opt / Orch-Workers, base model | the "
-        "oracle, same "
-            "workflows | solver right - oracle | build |", "|---|---|---|---|---|---|"]
+        "oracle, same workflows | solver right - oracle | build |", "|---|---|---|---|---|---|"]
     workflows = ("single", "voting", "evalopt", "orchworkers")
     for record, build in zip(records, builds):
         missed = f"{len(record['missed'])}: " + ", ".join(record["missed"]) if record[
@@ -343,17 +341,16 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
     lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
              f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
              "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the "
-             "rule | agrees with "
-             "the study | goes the claim's way (shown) |", "|---|---|---|---|---|---|---|---|"]
+             "rule | agrees with the study | goes the "
+             "claim's way (shown) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows if rows is not None else rep["rows"]:
         c = declared[(r["finding"], r["label"])]
         each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
         label, n = r["label"].replace("|", "\\|"), len(each)
         lines.append(
             f"| {r['finding']} | {label} | {r['rule']} {c['threshold']} | {fmt(r['study_mean'])}, "
-                     f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} "
-                     "| "
-                     f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
+            f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} | "
+            f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
     return "\n".join(lines)
 
 

@@ -132,8 +132,7 @@ def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None,
         stop_running([process for process, *_ in running])
         print(
             "stopped; the same command goes on from here (finished runs are kept, a stopped run "
-            "resumes from "
-              "its last checkpoint)", file=sys.stderr, flush=True)
+            "resumes from its last checkpoint)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -106,8 +106,8 @@ def ev(name: str, mode: str = "trained", key: str = "accuracy") -> tuple:
 FINDINGS = [
     {"id": "1",
      "claim": "SA-RL in the structure matches or beats trained Voting and Orch-Workers; only "
-     "Eval-Opt IP "
-     "beats it", "preconditions": [c("Voting SP gains over its base", ev("voting-sp"), ev(
+     "Eval-Opt IP beats "
+     "it", "preconditions": [c("Voting SP gains over its base", ev("voting-sp"), ev(
          "voting-sp", "base"))],
      "comparisons": [
          c("Voting: SA-RL - trained SP", ev("voting-sp", "sa-transfer"), ev("voting-sp"),
@@ -134,8 +134,7 @@ FINDINGS = [
            ("voting-sp", "peak", "success"))]},
     {"id": "4",
      "claim": "IP steps once per instance and declines after its peak; merging the steps delays "
-     "the "
-     "decline", "comparisons": [
+     "the decline", "comparisons": [
          c("decline (peak - end): IP - SP", ("voting-ip", "decline", "success"), (
              "voting-sp", "decline", "success")),
          c("decline: IP - IP merged", ("voting-ip", "decline", "success"),
@@ -320,16 +319,15 @@ def calibrated_seeds(out: str, wanted: int, candidates: list[int], jobs: int, cl
         if missed and len(seeds) < wanted:
             print(
                 f"seed {seed}: its toy model misses {len(missed)} calibration target(s) "
-                f"({', '.join(missed)}); "
-                  "set aside", flush=True)
+                f"({', '.join(missed)}); set aside", flush=True)
             set_aside.append({"seed": seed, "missed": missed})
         elif not missed and len(seeds) < wanted:
             seeds.append(seed)
     if len(seeds) < wanted:
         raise SystemExit(
             f"error: only {len(seeds)} of seeds {candidates[0]}-{candidates[-1]} have a calibrated "
-                         f"toy model ({wanted} wanted); set aside: "
-                         f"{', '.join(str(r['seed']) for r in set_aside)}")
+            f"toy model ({wanted} wanted); set aside: "
+            f"{', '.join(str(r['seed']) for r in set_aside)}")
     return seeds, set_aside
 
 
@@ -430,12 +428,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/study",
                    help="folder of the study's runs, logs and study.json")
     p.add_argument("--results", default=None,
-                   help="folder of the compact results (toyworld/results.py) that the "
-                   "tables and figures are drawn from (default: OUT/results; the page's: "
+                   help="folder of the compact results (toyworld/results.py) that the tables and "
+                   "figures are drawn from (default: OUT/results; the page's: "
                    "docs/findings/results)")
     p.add_argument("--seeds", type=int, default=SEEDS,
-                   help="how many seeds: the first N of 0, 1, 2, ... whose toy "
-                   "model passes calibration (the others set aside, named in study.json)")
+                   help="how many seeds: the first N of 0, 1, 2, ... whose toy model passes "
+                   "calibration (the others set aside, named in study.json)")
     p.add_argument("--steps", type=int, default=STEPS, help="training steps of every run")
     p.add_argument("--samples", type=int, default=2, help="eval.py samples per test problem")
     p.add_argument("--only", default=None,
@@ -448,12 +446,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tables", action="store_true",
                    help="train nothing: --doc's, --readme's tables from RESULTS")
     p.add_argument("--jobs", type=int, default=1,
-                   help="commands run at once, one thread each when more than one "
-                   "(2 on a 2-core machine: the toy model's small matrices keep one core busy, not "
-                   "two)")
+                   help="commands run at once, one thread each when more than one (2 on a 2-core "
+                   "machine: the toy model's small matrices keep one core busy, not two)")
     p.add_argument("--replicate", type=int, default=0,
-                   help="after the study: its grid on the next N calibrated "
-                   "seeds, and whether each comparison replicates")
+                   help="after the study: its grid on the next N calibrated seeds, and whether "
+                   "each comparison replicates")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     grid = list(GRID) if not args.only else ["single", *[n for n in args.only.split(",")

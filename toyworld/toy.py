@@ -416,8 +416,8 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     p = argparse.ArgumentParser(description="the toy world: build and calibrate a seed's toy model")
     p.add_argument("--build", action="store_true",
-                   help="build the seed's toy model (once, into the cache; the "
-                   "study's seeds copy their committed model, docs/findings/models/)")
+                   help="build the seed's toy model (once, into the cache; the study's seeds copy "
+                   "their committed model, docs/findings/models/)")
     p.add_argument("--out", default=None,
                    help="with --build: build afresh into this folder, copying nothing")
     p.add_argument("--calibrate", action="store_true",

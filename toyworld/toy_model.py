@@ -243,8 +243,7 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
             minutes = (time.time() - start) / 60
             print(
                 f"{desc}: step {i + 1:,} of {total:,}, loss {per_token:.3f}, {minutes:.1f} "
-                "minutes, about "
-                  f"{minutes * (total - i - 1) / (i + 1):.1f} left", flush=True)
+                f"minutes, about {minutes * (total - i - 1) / (i + 1):.1f} left", flush=True)
     return losses
 
 
@@ -341,10 +340,8 @@ def copy_committed(seed: int, out: str) -> str:
         record = json.load(f)
     print(
         f"[toy] seed {seed}: the study's toy model, copied from {os.path.relpath(source)} (built "
-        "in "
-          f"{record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m "
-          "toyworld.toy --build "
-          f"--seed {seed} --out DIR builds it afresh)", flush=True)
+        f"in {record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m "
+        f"toyworld.toy --build --seed {seed} --out DIR builds it afresh)", flush=True)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -375,8 +372,8 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None,
         rows, fact_rows = encoded_rows(tokenizer, calls, known, seed)
         model = fresh_model(tokenizer)
         say(f"warming up a {sum(p.numel() for p in model.parameters()):,}-parameter Llama on "
-            f"{len(rows):,} habit "
-            f"rows and {len(fact_rows):,} fact rows, {torch.get_num_threads()} thread(s)")
+            f"{len(rows):,} habit rows and {len(fact_rows):,} fact rows, {torch.get_num_threads()} "
+            "thread(s)")
         losses = warm_up(model, rows, seed, steps, fact_rows, desc=f"[toy] seed {seed} warm-up")
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)

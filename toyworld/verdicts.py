@@ -56,8 +56,8 @@ CLAIMS = [
                                            "finding-1",
      "predeclared, then tested for its contradiction after the data"),
     ("Eval-Opt's evaluator learns when to retry", [(
-        "2", f"{p}: P(retry | first wrong) - P(retry | first right), "
-                                                         "end - base") for p in ("SP", "IP")],
+        "2", f"{p}: P(retry | first wrong) - P(retry | first right), end "
+                                                         "- base") for p in ("SP", "IP")],
                                                          "finding-2", ""),
     ("Under SP a role's share of the update is set by its outputs' count", [
         ("3", "SP generators' loss share (3 of 4 outputs)")], "finding-3",
@@ -139,7 +139,7 @@ def disagreements(compared: dict, rows: dict) -> list[str]:
             test = compared.get(("exception", c["label"]))
             lines.append(
                 f"{c['label']}: **not shown** by its rule, while no seed of {len(seeds)} is "
-                         f"{'above' if below else 'below'} zero ({ties(seeds)} tie at 0)"
+                f"{'above' if below else 'below'} zero ({ties(seeds)} tie at 0)"
                          + (f"; by the rule written after the data, **{test['verdict']}**" if test
                             else ""))
     return lines
@@ -155,9 +155,9 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
         ]) + after["replication"]}
     held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
     lines = [
-        f"| the paper's claim | comparison (A - B), rule | verdict, seeds "
-        f"{', '.join(map(str, study['seeds']))} "
-             f"| mean [95% interval] | held-out seeds {held} |", "|---|---|---|---|---|"]
+        "| the paper's claim | comparison (A - B), rule | verdict, seeds "
+        f"{', '.join(map(str, study['seeds']))} | mean [95% interval] | "
+        f"held-out seeds {held} |", "|---|---|---|---|---|"]
     for claim, keys, anchor, note in CLAIMS:
         cs = [compared[k] for k in keys]
         after_mark = [" †" if k[0] in ("gains", "exception") else "" for k in keys]
@@ -176,19 +176,14 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
     found = disagreements({k: compared[k] for _, keys, _, _ in CLAIMS for k in keys}, rows)
     lines += ["",
               f"† Rule written after the data ({WRITTEN}), not before the grid: `contradicts` "
-              "gives the opposite "
-              f"when the mean is at most -t and A is ahead (by {findings.TIE} or more) in at most "
-              "one seed. A "
-              f"difference under {findings.TIE} in size is a tie, printed 0.00. A held-out seed "
-              "agrees when the rule "
-              "applied to it alone (its threshold: one seed has no others to agree) gives the "
-              "study's verdict.",
+              f"gives the opposite when the mean is at most -t and A is ahead (by {findings.TIE} "
+              f"or more) in at most one seed. A difference under {findings.TIE} in size is a tie, "
+              "printed 0.00. A held-out seed agrees when the rule applied to it alone (its "
+              "threshold: one seed has no others to agree) gives the study's verdict.",
               *[f"\nRule and seeds disagree: {line}." for line in found],
               "\nNot tested here: the generator's learning to complete retried attempts (finding "
-              "2's second half) and "
-              "finding 4's rise in entropy have no comparison. Not testable in a toy world: scale "
-              "(0.6B-4B) and code "
-              "tasks."]
+              "2's second half) and finding 4's rise in entropy have no comparison. Not testable "
+              "in a toy world: scale (0.6B-4B) and code tasks."]
     return "\n".join(lines)
 
 
