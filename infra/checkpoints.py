@@ -189,9 +189,8 @@ def stop_on_write_error(e: WriteError, run_dir: str) -> None:
     and why, the last good checkpoint, and how to continue (a partial checkpoint was removed;
     nothing reads it)."""
     steps = checkpoint_steps(run_dir) if os.path.isdir(run_dir) else []
-    then = (
-        f"the last good checkpoint is step {steps[-1]}; once it can be written, continue with: "
-        "python "
-        f"train.py --resume {run_dir}") if steps else "no checkpoint was saved; start the run again once it can be written"
+    then = (f"the last good checkpoint is step {steps[-1]}; once it can be written, continue "
+            f"with: python train.py --resume {run_dir}" if steps
+            else "no checkpoint was saved; start the run again once it can be written")
     print(f"error: {e}; {then}", file=sys.stderr)
     raise SystemExit(1)

@@ -9,6 +9,7 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
     toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up
     calibration.py  the toy model at base against targets fixed before any RL run
     study.py        the study: the sweep, the findings' grid over seeds, evaluation, verdicts
+    declared.py     what the study fixed before its runs: the grid, the sweep's rule, FINDINGS
     jobs.py         the study's commands side by side, forked from a server that imported torch
     findings.py     the study's statistics: window means, paired differences, each verdict
     verdicts.py     the verdict table a reader sees first, and the tests written after the data

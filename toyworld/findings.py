@@ -1,6 +1,6 @@
 """The toy-world study's statistics: its runs' compact results (`keep_results`), per-seed numbers
 read from them, paired differences, and the verdict of each predeclared comparison
-(toyworld/study.py's FINDINGS), written as the tables of docs/findings.md.
+(toyworld/declared.py's FINDINGS), written as the tables of docs/findings.md.
 
 What it does: reads each configuration's runs (one per seed) into per-seed values, of validation
 curves as window means (the peak: the best mean of 3 consecutive validation points; the end: the
@@ -248,7 +248,7 @@ def replication(results: str, seeds: list[int], judged: list[dict], specs: list[
     difference has the sign of the study's mean, and passes the rule's threshold on its own
     (greater: >= t; matches: >= -t; near: within t of the target). `judged`: the study's findings
     (judge_finding: a comparison's `a` and `b` are its per-seed values there); `specs`: the same
-    findings as declared (toyworld/study.py's FINDINGS)."""
+    findings as declared (toyworld/declared.py's FINDINGS)."""
     declared = {(f["id"], c["label"]): c for f in specs for c in f.get("preconditions", []) + f[
         "comparisons"]}
     rows = []
@@ -355,7 +355,7 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
 
 
 def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -> dict:
-    """The learning-rate sweep judged (toyworld/study.py's SWEEP and SWEEP_RULE): each swept rate's
+    """The learning-rate sweep judged (toyworld/declared.py's SWEEP and SWEEP_RULE): each swept rate's
     per-seed peak and end (window means) and whether the run declined; the largest rate that holds
     in all but one seed (None: none)."""
     rows = {}

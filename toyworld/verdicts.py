@@ -6,7 +6,7 @@ data (AFTER_THE_DATA), labelled so.
 What it does: judges AFTER_THE_DATA with toyworld/findings.py (on the study's seeds and the
 replication's), and writes the verdict table and the after-the-data tables from study.json's content
 and those judgments, between the pages' markers. What it is not: a rule for the predeclared
-comparisons (toyworld/study.py's FINDINGS, fixed before the grid ran), or a reader of run folders
+comparisons (toyworld/declared.py's FINDINGS, fixed before the grid ran), or a reader of run folders
 (findings.judge_finding reads them). """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ WORKFLOWS = {"voting": "Voting", "evalopt": "Eval-Opt", "orchworkers": "Orch-Wor
 
 
 def on_test(name: str, mode: str = "trained") -> tuple:
-    """eval.py's accuracy on the test problems (toyworld/study.py's ev(); base and SA-RL run on the
+    """eval.py's accuracy on the test problems (toyworld/declared.py's ev(); base and SA-RL run on the
     -sp run)."""
     return (name, f"eval:{mode}", "accuracy")
 
