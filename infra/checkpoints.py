@@ -5,10 +5,12 @@ standard PEFT folders, and atomic checkpoints (written into step_N.tmp, flushed,
 crash never leaves a half checkpoint that could be read). What it is not: the optimizer or the
 update (grpo.py builds those; this file only stores their state_dicts).
 
-    RUN/checkpoints/step_000010/adapters/<adapter>/   adapter_model.safetensors +
-    adapter_config.json (PEFT)
-    RUN/checkpoints/step_000010/state.pt              optimizer and schedule per adapter, I6 state, random states
-    RUN/checkpoints/step_000010/state.json            {"step": 10}: written last, so its presence means complete
+    RUN/checkpoints/step_000010/adapters/<adapter>/
+        adapter_model.safetensors + adapter_config.json (PEFT)
+    RUN/checkpoints/step_000010/state.pt
+        optimizer and schedule per adapter, I6 state, random states
+    RUN/checkpoints/step_000010/state.json
+        {"step": 10}: written last, so its presence means complete
 """
 from __future__ import annotations
 

@@ -75,8 +75,8 @@ def dapo_rows(source: str, split: str = "train", limit: int | None = None,
                 raise DataError(f"{source}: row {i}: missing or empty field {name!r}")
         index = _get(row, "extra_info.index")
         out.append(dict(id=str(index) if index is not None else f"{stem}-{i}", question=question,
-                        answer=answer, kind="math",
-                        metadata={"source": source, "row": i, "data_source": row.get("data_source")}))
+                        answer=answer, kind="math", metadata={
+                            "source": source, "row": i, "data_source": row.get("data_source")}))
     return out
 
 
@@ -147,8 +147,8 @@ def _read_rows(source: str, split: str, config: str | None, limit: int | None) -
     except DataError:
         raise
     except Exception as e:
-        raise DataError(
-            f"{source}: cannot load: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(f"{source}: cannot load: {first_line}") from e
 
 
 def _hub_reachable() -> bool:

@@ -19,22 +19,12 @@ import json
 import os
 import pathlib
 import re
-import statistics
 
 from infra.cells import cell_name
+from infra.report_warnings import SMOOTH, role_warnings, series, smooth
 from infra.runfolder import NAME_KEYS, check_writable, read_results, read_run_args, today_names, usage_error
 from infra.samples import read_samples
 
-FORMAT_MIN = 0.8                            # a role's format compliance below this: a warning
-# a role's response length up or down by more than this fraction
-LENGTH_CHANGE = 0.5
-# a step over this many times the median of the steps before it
-JUMPS = {"grad_norm": 3.0, "entropy": 2.0}
-JUMP_WINDOW, JUMP_HISTORY = 10, 5           # that median: over up to 10 steps before, once 5 exist
-# training metrics: a running mean over 5 steps (series of 30 or more)
-SMOOTH = 5
-# validation accuracy this far below its earlier peak: a warning
-DROP_MIN = 0.05
 # The curves: (id, title, [(metric, style)]); `{role}` is drawn for each role, `*` matches any
 # parser path
 CHARTS = [
@@ -85,11 +75,6 @@ def read_run(run_dir: str) -> dict:
             "roles": list(roles), "samples": samples}
 
 
-def series(metrics: list[dict], key: str) -> list[tuple[int, float]]:
-    """(step, value) of a metric, on the steps that logged it with a value."""
-    return [(m["step"], float(m[key])) for m in metrics if isinstance(m.get(key), (int, float))]
-
-
 def differing_flags(run: dict, runs: list[dict]) -> tuple[str, dict]:
     """The flags that differ from train.py's defaults (a run from before defaults.json: from the
     other runs)."""
@@ -102,100 +87,6 @@ def differing_flags(run: dict, runs: list[dict]) -> tuple[str, dict]:
     return what, {k: v for k, v in run["args"].items() if k not in (
         "run_dir", "resume", "overwrite")
                   and v != base.get(k) and not (v in empty and base.get(k) in empty)}
-
-
-# ---------------------------------------------------------------- warnings (pure: metrics in,
-# warnings out)
-
-def role_warnings(metrics: list[dict], roles: list[str]) -> list[dict]:
-    """What a reader should look at, from the metrics alone: per role, a response length up or down
-    by more than LENGTH_CHANGE, format compliance under FORMAT_MIN, a gradient-norm or entropy jump
-    (JUMPS); for the run, the step where validation accuracy fell furthest below its earlier peak
-    (at least DROP_MIN). Validation metrics are read where the run has them, training ones otherwise
-    (jumps: of `smooth`ed training values; SP: the role's own gradient norm). Each: kind, role,
-    step, chart, text."""
-    out = []
-    for role in roles:
-        out += length_warning(metrics, role) + format_warning(metrics, role)
-        for key, factor in JUMPS.items():  # SP: the role's own gradient, not the shared adapter's
-            own = series(metrics, f"{role}/role_grad_norm") if key == "grad_norm" else []
-            label = "own gradient norm" if own else key.replace("_", " ")
-            out += jump_warning(smooth(own or series(metrics, f"{role}/{key}")), role, key, factor,
-                                label)
-    val = series(metrics, "val/success")
-    peak, worst = (None, None), (0.0, None, None)
-    for step, value in val:
-        if peak[0] is not None and peak[0] - value > worst[0]:
-            worst = (peak[0] - value, step, peak)
-        if peak[0] is None or value > peak[0]:
-            peak = (value, step)
-    if worst[0] >= DROP_MIN:
-        drop, step, (top, top_step) = worst
-        out.append({"kind": "validation drop", "role": None, "step": step, "chart": "val", "text":
-                    f"validation accuracy fell to {top - drop:.3f} at step {step}, {drop:.3f} "
-                    f"below its peak {top:.3f} (step {top_step})"})
-    return out
-
-
-def preferred(metrics: list[dict], key: str) -> tuple[list[tuple[int, float]], str]:
-    """The validation series of a role metric where there is one (held-out tasks, fixed), else the
-    training one."""
-    val = series(metrics, f"val/{key}")
-    return (val, "validation") if val else (series(metrics, key), "training")
-
-
-def length_warning(metrics: list[dict], role: str) -> list[dict]:
-    points, where = preferred(metrics, f"{role}/response_len")
-    if len(points) < 2:
-        return []
-    # training lengths are noisy: 5-step means
-    k = 1 if where == "validation" else min(5, len(points) // 2)
-    first = statistics.mean(v for _, v in points[:k])
-    last = statistics.mean(v for _, v in points[-k:])
-    if first <= 0 or abs(last / first - 1) <= LENGTH_CHANGE:
-        return []
-    return [{"kind": "length", "role": role, "step": points[-1][0], "chart": "len", "text":
-             f"{role}'s {where} response length {'grew' if last > first else 'shrank'} from "
-             f"{first:.1f} to {last:.1f} tokens (x{last / first:.2f}) by step {points[-1][0]}"}]
-
-
-def format_warning(metrics: list[dict], role: str) -> list[dict]:
-    points, where = preferred(metrics, f"{role}/format_ok")
-    if not points or min(v for _, v in points) >= FORMAT_MIN:
-        return []
-    step, low = min(points, key=lambda p: p[1])
-    start = "from the start, " if points[0][1] < FORMAT_MIN else ""
-    return [{"kind": "format", "role": role, "step": step, "chart": "format", "text":
-             f"{role}'s {where} format compliance is below {FORMAT_MIN} {start}at its lowest "
-             f"{low:.3f} (step {step})"}]
-
-
-def smooth(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """A running mean over the last SMOOTH points, on series long enough to be noisy (per-step
-    metrics)."""
-    if len(points) < 6 * SMOOTH:
-        return points
-    return [(s, statistics.mean(v for _, v in points[max(0, i - SMOOTH + 1):i + 1])) for i, (
-        s, _) in enumerate(points)]
-
-
-def jump_warning(points: list[tuple[int, float]], role: str, key: str, factor: float,
-                 label: str) -> list[dict]:
-    """The first step whose (smoothed) value is over `factor` x the median of the JUMP_WINDOW steps
-    before it."""
-    jumps = []
-    for i in range(JUMP_HISTORY, len(points)):
-        before = statistics.median(v for _, v in points[max(0, i - JUMP_WINDOW):i])
-        if before > 0 and points[i][1] > factor * before:
-            jumps.append((points[i][0], points[i][1], before))
-    if not jumps:
-        return []
-    step, value, before = jumps[0]
-    more = f"; {len(jumps) - 1} more such steps" if len(jumps) > 1 else ""
-    return [{"kind": f"{key} jump", "role": role, "step": step, "chart": "grad"
-             if key == "grad_norm" else key,
-             "text": f"{role}'s {label} jumped to {value:.3g} at step {step}, "
-             f"x{value / before:.1f} the median {before:.3g} of the steps before{more}"}]
 
 
 # ---------------------------------------------------------------- curves as inline SVG
@@ -227,7 +118,8 @@ def svg_chart(lines: list[dict], xmax: int, ylim: tuple[float, float], marks: li
     each warned step."""
     w, h, left, bottom, top, lo, hi = 420, 170, 44, 20, 8, *ylim
     x = lambda s: f"{left + (w - left - 8) * s / max(xmax, 1):.1f}"  # noqa: E731
-    y = lambda v: f"{top + (h - top - bottom) * (1 - (v - lo) / ((hi - lo) or 1)):.1f}"  # noqa: E731
+    span = (hi - lo) or 1
+    y = lambda v: f"{top + (h - top - bottom) * (1 - (v - lo) / span):.1f}"  # noqa: E731
     out = [f'<svg viewBox="0 0 {w} {h}" width="100%" role="img">']
     out += [
         f'<line x1="{left}" x2="{w - 8}" y1="{y(v)}" y2="{y(v)}" stroke="#ddd"/><text '
@@ -310,20 +202,21 @@ def call_cell(c: dict | None, step: int) -> str:
     # what each role's parser read: an answer, a pick, a verdict, strategies
     m = c.get("metrics", {})
     verdict = {True: "Correct", False: "Incorrect", None: "unparseable"}.get(m.get("verdict"))
-    parsed = f"answer {c['parsed']!r}" if c.get(
-        "parsed") is not None else f"pick {m['pick'] + 1}" if "pick" in m \
-        else f"verdict {verdict}" if "verdict" in m else f"{m['strategies']} strategies" if "strategies" in m \
-        else "no answer parsed"
+    parsed = (f"answer {c['parsed']!r}" if c.get("parsed") is not None
+              else f"pick {m['pick'] + 1}" if "pick" in m
+              else f"verdict {verdict}" if "verdict" in m
+              else f"{m['strategies']} strategies" if "strategies" in m
+              else "no answer parsed")
     meta = [f"adapter {c['adapter']}", parsed, own and f"own {own}", f"reward {c['reward']:g}",
             f"{c['response_tokens']} tokens"]
     meta += ["cut at the length limit"] if c.get("truncated") else []
     meta += [f"parser path {m['parse']}"] if m.get("parse") else []
     prompt = "\n\n".join(f"[{msg['role']}]\n{msg['content']}" for msg in c["messages"])
-    return (
-        f'<td class="{own}" data-step="{step}"><div '
-        f'class="meta">{html.escape(" · ".join(filter(None, meta)))}</div><details><summary>prompt '
-        f'({len(c["messages"])} messages)</summary><pre>{html.escape(prompt)}</pre></details><pre '
-        f'class="out">{html.escape(c["output"])}</pre></td>')
+    meta_text = html.escape(" · ".join(filter(None, meta)))
+    return (f'<td class="{own}" data-step="{step}"><div class="meta">{meta_text}</div>'
+            f'<details><summary>prompt ({len(c["messages"])} messages)</summary>'
+            f'<pre>{html.escape(prompt)}</pre></details>'
+            f'<pre class="out">{html.escape(c["output"])}</pre></td>')
 
 
 def episode_block(eps: list[dict | None], shown: list[tuple[int, str]]) -> str:
@@ -410,38 +303,43 @@ def run_header(run: dict, runs: list[dict], i: int, warnings: list[dict]) -> str
                     for w in warnings)
     return (f'<div class="run"><h2>{html.escape(run["name"])}</h2><table>'
             + "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
-            + f'</table><p><b>flags that {what}:</b> {flag_text}</p><div '
-            'class="warnings"><h3>warnings '
-            f'({len(warnings)})</h3><ul>{items or "<li>none</li>"}</ul></div></div>')
+            + f'</table><p><b>flags that {what}:</b> {flag_text}</p>'
+            + f'<div class="warnings"><h3>warnings ({len(warnings)})</h3>'
+            + f'<ul>{items or "<li>none</li>"}</ul></div></div>')
 
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#222}h2{margin:4px 0}
 h4{margin:6px 0 2px;font-size:13px}.run,.chart{border:1px solid #ddd;border-radius:6px;padding:8px}
-.grid{display:grid;grid-template-columns:repeat(var(--n),minmax(360px,600px));gap:12px;margin-bottom:8px}
-.flow{grid-template-columns:repeat(auto-fill,minmax(380px,1fr))}.heads{grid-template-columns:repeat(var(--n),1fr)}
-.heads .run{columns:2 430px}.run h2{column-span:all}.warnings{break-inside:avoid}code{white-space:nowrap}
+.grid{display:grid;grid-template-columns:repeat(var(--n),minmax(360px,600px));gap:12px}
+.grid{margin-bottom:8px}.flow{grid-template-columns:repeat(auto-fill,minmax(380px,1fr))}
+.heads{grid-template-columns:repeat(var(--n),1fr)}.heads .run{columns:2 430px}
+.run h2{column-span:all}.warnings{break-inside:avoid}code{white-space:nowrap}
 svg text{font-size:10px;fill:#555}.legend{font-size:11px}.key{margin-right:10px;white-space:nowrap}
 .key i{display:inline-block;width:18px;margin:0 3px 3px 0}.warn{color:#a00}.none,.absent{color:#888}
 table{border-collapse:collapse}th,td{text-align:left;vertical-align:top;padding:3px 6px}
 .task table{width:100%;table-layout:fixed}.task td,.task th{border:1px solid #e4e4e4}
 .task tr>th:first-child{width:120px}td.right{background:#f0fff0}td.wrong{background:#fff3f3}
-.meta{font-size:11px;color:#555}pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font-size:12px}
+.meta{font-size:11px;color:#555}
+pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;font-size:12px}
 pre.out{background:#f7f7f7;padding:3px}.task{border-top:2px solid #ccc;margin-top:12px}
 .filters{position:sticky;top:0;background:#fff;padding:4px 0}"""
 SCRIPT = """function applyFilter(sec){
-  const roles = new Set([...sec.querySelectorAll('input[data-role]')].filter(b => b.checked).map(b => b.dataset.role));
+  const roles = new Set([...sec.querySelectorAll('input[data-role]')].filter(b => b.checked)
+                         .map(b => b.dataset.role));
   const o = sec.querySelector('select').value;
   sec.querySelectorAll('tr[data-role]').forEach(tr => { tr.hidden = !roles.has(tr.dataset.role); });
   sec.querySelectorAll('.task').forEach(t => { const f = t.dataset.first, l = t.dataset.last;
     t.hidden = !(o === 'all' || (o === 'right' && l === '1') || (o === 'wrong' && l === '0')
-                 || (o === 'improved' && f === '0' && l === '1') || (o === 'worse' && f === '1' && l === '0')); });
+                 || (o === 'improved' && f === '0' && l === '1')
+                 || (o === 'worse' && f === '1' && l === '0')); });
 }
 document.querySelectorAll('section.episodes').forEach(sec => sec.querySelectorAll('input, select')
   .forEach(el => el.addEventListener('change', () => applyFilter(sec))));
 document.querySelectorAll('a.to-episodes').forEach(a => a.addEventListener('click', () => {
   const sec = document.getElementById(a.dataset.run + '-episodes'), only = a.dataset.role;
   if (!sec.classList.contains('episodes')) return;  // a run without samples
-  sec.querySelectorAll('input[data-role]').forEach(b => { b.checked = !only || b.dataset.role === only; });
+  sec.querySelectorAll('input[data-role]')
+    .forEach(b => { b.checked = !only || b.dataset.role === only; });
   applyFilter(sec);
 }));"""
 

@@ -10,8 +10,10 @@ flags.py, checkpoints are checkpoints.py.
     RUN/metrics.jsonl        one line per training step (and step 0: validation before training)
     RUN/eval.jsonl           one line per evaluation (eval.py)
     RUN/checkpoints/step_N/  adapters and optimizer state (checkpoints.py)
-    RUN/defaults.json        train.py's defaults when the run was written (eval.py report shows what differs)
-    RUN/samples/step_N.json  the episodes of a few fixed validation tasks at each validation (samples.py)
+    RUN/defaults.json        train.py's defaults when the run was written (eval.py report shows
+                             what differs)
+    RUN/samples/step_N.json  the episodes of a few fixed validation tasks at each validation
+                             (samples.py)
     RUN/trajectories/...     eval.py --dump: one JSON file per episode
 """
 from __future__ import annotations
@@ -264,10 +266,8 @@ def dump_trajectories(episodes: list, folder: str) -> list[str]:
 # ---------------------------------------------------------------- stopping
 
 WHY = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-       errno.EROFS: "the "
-       "file system is read-only", errno.ENOENT: "the folder is gone", errno.EACCES: "permission denied",
-       errno.EPERM:
-       "permission denied"}
+       errno.EROFS: "the file system is read-only", errno.ENOENT: "the folder is gone",
+       errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
 
 
 class WriteError(Exception):

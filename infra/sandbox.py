@@ -624,7 +624,8 @@ def _isolation() -> _Isolation:
             if _ISOLATION is not None:
                 return _ISOLATION
             version = "%d.%d" % sys.version_info[:2]
-            note = f"root but no Python {version} usable by an unprivileged uid: sandboxes run as root"
+            note = (f"root but no Python {version} usable by an unprivileged uid: sandboxes run "
+                    "as root")
         else:
             note = "not root: sandboxes keep our uid"
         warnings.warn(f"code sandbox is weaker here ({note}); landlock ABI {abi or 'unavailable'}",

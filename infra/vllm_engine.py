@@ -91,8 +91,8 @@ class VLLMEngine(StepHooks):
             from vllm.platforms import current_platform
         except ImportError:
             raise SystemExit("error: " + VLLM_MISSING) from None
-        self.LoRARequest, self.tokenizer, self.eos_ids, self.to_generation = LoRARequest, tokenizer, eos_ids, \
-            to_generation
+        self.LoRARequest, self.tokenizer = LoRARequest, tokenizer
+        self.eos_ids, self.to_generation = eos_ids, to_generation
         self.model, self.drift = model, drift
         rank = lora_rank(model)
         if rank > VLLM_LORA_RANKS[-1]:
