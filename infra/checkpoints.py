@@ -124,8 +124,7 @@ def save_checkpoint(run_dir: str, step: int, model: PeftModel, optimizers: dict,
 
 
 def _write_checkpoint(tmp: str, final: str, step: int, model: PeftModel, optimizers: dict,
-                      grad_ema: dict,
-                      states: list) -> None:
+                      grad_ema: dict, states: list) -> None:
     """Write into `tmp`, flush every file to disk, then rename `tmp` to `final` (the checkpoint
     appears whole)."""
     shutil.rmtree(tmp, ignore_errors=True)

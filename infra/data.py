@@ -324,13 +324,10 @@ def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
         task_id = (row.get("id") or row.get("task_id") or row.get("question_id")
                    or meta.get("question_id"))
         out.append(dict(id=str(task_id) if task_id is not None else f"{stem}-{i}",
-                          question=_code_question(problem, starter), answer="", kind="code",
-                          metadata={"tests": tests, "starter_code": starter, "func_name": name,
-                                    "source": source,
-                                    "row": i}))
+                        question=_code_question(problem, starter), answer="", kind="code",
+                        metadata={"tests": tests, "starter_code": starter, "func_name": name,
+                                  "source": source, "row": i}))
     if dropped:
-        print(
-            f"warning: {source}: {dropped} problem(s) without tests dropped, as the reference "
-            "drops them",
-              file=sys.stderr)
+        print(f"warning: {source}: {dropped} problem(s) without tests dropped, as the reference "
+              "drops them", file=sys.stderr)
     return out

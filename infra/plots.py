@@ -13,9 +13,8 @@ from infra.runfolder import NAME_KEYS, dataset_name, read_results, read_run_args
 
 # what plots and tables read of a record
 EVAL_KEYS = ("cell", "dataset", "mode", "step", "n", "tasks", "metrics")
-ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"), (
-    "response_len", "response length (tokens)"),
-               ("loss_share", "loss share")]
+ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"),
+               ("response_len", "response length (tokens)"), ("loss_share", "loss share")]
 
 
 def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) -> dict[str, tuple]:
@@ -63,12 +62,11 @@ def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) ->
         steps = [m for m in metrics if m["step"] > 0]
         for j, role in enumerate(roles[args["workflow"]]):
             for panel, (key, _) in zip(axes.flat, ROLE_PANELS):
-                points = [(m["step"], m[f"{role}/{key}"]) for m in steps if m.get(
-                    f"{role}/{key}") is not None]
+                points = [(m["step"], m[f"{role}/{key}"])
+                          for m in steps if m.get(f"{role}/{key}") is not None]
                 if points:
-                    panel.plot(*zip(*points), color=colors[i % len(colors)], linestyle=[
-                        "-", "--", ":", "-."][j % 4],
-                               label=f"{label} {role}")
+                    panel.plot(*zip(*points), color=colors[i % len(colors)],
+                               linestyle=["-", "--", ":", "-."][j % 4], label=f"{label} {role}")
     for panel, (_, title) in zip([ax, *axes.flat], [("", ""), *ROLE_PANELS]):
         panel.set(xlabel="training step", **({"title": title} if title else {}))
         panel.xaxis.get_major_locator().set_params(integer=True)

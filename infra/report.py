@@ -71,8 +71,7 @@ def read_run(run_dir: str) -> dict:
     roles.update(dict.fromkeys(k.split("/")[-2] for k in keys if re.fullmatch(
         r"(val/)?\w+/response_len", k)))
     return {"dir": run_dir, "name": cell_name(args), "args": args, "metrics": metrics,
-            "defaults": defaults,
-            "roles": list(roles), "samples": samples}
+            "defaults": defaults, "roles": list(roles), "samples": samples}
 
 
 def differing_flags(run: dict, runs: list[dict]) -> tuple[str, dict]:
@@ -223,8 +222,8 @@ def episode_block(eps: list[dict | None], shown: list[tuple[int, str]]) -> str:
     """One task and sample: a row per call (in order), a column per shown step, the outcome in the
     last row."""
     task, sample = next((e["task"], e["sample"]) for e in eps if e)
-    calls = list(dict.fromkeys((c["name"], c["turn"], c["role"]) for e in eps if e for c in e[
-        "calls"]))
+    calls = list(dict.fromkeys((c["name"], c["turn"], c["role"]) for e in eps if e
+                               for c in e["calls"]))
     outcome = ["" if e is None else str(int(bool(e["correct"]))) for e in eps]
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in shown)
     rows = [f'<tr><th>call</th>{head}</tr>']

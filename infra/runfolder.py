@@ -244,8 +244,7 @@ def episode_record(ep) -> dict:
              for c in ep.calls]
     record = {"task": {"id": ep.task.id, "question": ep.task.question, "answer": ep.task.answer},
               "sample": ep.sample, "final_answer": ep.final_answer, "correct": ep.correct,
-              "metrics": ep.metrics,
-              "calls": calls}
+              "metrics": ep.metrics, "calls": calls}
     # plain types only: it may be gathered over ranks
     return json.loads(json.dumps(record, default=str))
 

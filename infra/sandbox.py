@@ -263,8 +263,7 @@ class _Sandbox:
         try:
             proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=self.work,
                                     env=_sandbox_env(self.work), start_new_session=True,
-                                    close_fds=True,
-                                    pass_fds=(status_w,), **kwargs)
+                                    close_fds=True, pass_fds=(status_w,), **kwargs)
         except BaseException:
             os.close(status_r)
             raise
@@ -588,8 +587,7 @@ class _Isolation:
         is (fork for Popen(user=...) copies the page tables: ~120 ms from a 3 GB process)."""
         if self.setpriv:  # also: no capability can ever come back, setuid binaries are inert
             return [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                    "--inh-caps=-all",
-                    "--bounding-set=-all", "--no-new-privs", "--", *cmd], {}
+                    "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", *cmd], {}
         return cmd, {"user": uid, "group": uid, "extra_groups": []}
 
 
@@ -605,8 +603,7 @@ def code_sandbox_info() -> dict:
     """How code is sandboxed on this machine: python, uid_mode, landlock_abi, note."""
     iso = _isolation()
     return {"python": iso.python, "uid_mode": iso.uid_mode, "landlock_abi": iso.landlock_abi,
-            "note": iso.note,
-            "setpriv": iso.setpriv}
+            "note": iso.note, "setpriv": iso.setpriv}
 
 
 def _isolation() -> _Isolation:
@@ -629,8 +626,7 @@ def _isolation() -> _Isolation:
         else:
             note = "not root: sandboxes keep our uid"
         warnings.warn(f"code sandbox is weaker here ({note}); landlock ABI {abi or 'unavailable'}",
-                      RuntimeWarning,
-                      stacklevel=1)
+                      RuntimeWarning, stacklevel=1)
         _ISOLATION = _Isolation(sys.executable, False, abi, kill_bin,
                                 f"{note}, landlock ABI {abi or 'unavailable'}")
         return _ISOLATION
@@ -922,10 +918,10 @@ def _harness_read(fd, n):
 
 
 # What the child runs: the harness functions' own source, then the call of its entry point.
-_HARNESS_SOURCE = "\n\n".join(inspect.getsource(f) for f in (
-    _harness_main, _harness_build, _harness_serve, _harness_encode, _harness_failed,
-    _harness_landlock,
-    _harness_resolve, _harness_read)) + "\n_harness_main()\n"
+_HARNESS_SOURCE = "\n\n".join(inspect.getsource(f)
+                              for f in (_harness_main, _harness_build, _harness_serve,
+                                        _harness_encode, _harness_failed, _harness_landlock,
+                                        _harness_resolve, _harness_read)) + "\n_harness_main()\n"
 
 
 # ---------------------------------------------------------------- judging outputs (in the calling

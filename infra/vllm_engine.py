@@ -105,8 +105,7 @@ class VLLMEngine(StepHooks):
         before, self.slept = cuda_memory(), False
         self.start_free = before[1]
         self.llm = LLM(**llm_arguments(model_path, model, dtype, seed, gpu_memory, max_model_len,
-                                       self.can_sleep,
-                                       current_platform.is_cpu()))
+                                       self.can_sleep, current_platform.is_cpu()))
         after = cuda_memory()
         # vLLM's weights and KV cache live in torch's allocator: torch counts them even while vLLM
         # sleeps
@@ -213,8 +212,7 @@ class VLLMEngine(StepHooks):
             if not rows:
                 continue
             results = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in rows],
-                                        self.sampling,
-                                        lora_request=requests, use_tqdm=False)
+                                        self.sampling, lora_request=requests, use_tqdm=False)
             for i, r in zip(rows, results):
                 ids = list(r.outputs[0].token_ids)
                 logprobs = [step[t].logprob for step, t in zip(r.outputs[0].logprobs, ids)]
@@ -223,8 +221,7 @@ class VLLMEngine(StepHooks):
 
 
 def llm_arguments(model_path: str, model, dtype: str, seed: int, gpu_memory: float,
-                  max_model_len: int | None,
-                  sleep: bool, cpu: bool) -> dict:
+                  max_model_len: int | None, sleep: bool, cpu: bool) -> dict:
     """The `vllm.LLM` arguments of a cell's engine (bench/vllm_smoke.py builds its engine with the
     same): LoRA slots for every adapter of `model`, at the smallest rank vLLM reserves that holds
     them. Under torchrun each rank runs its own engine (tensor parallel 1) on its share of the
@@ -293,9 +290,8 @@ def vllm_drift(calls: list, measure: Callable) -> dict[str, list[float]]:
     rows = drift_rows(calls)
     if not rows:
         return {}
-    per_adapter = measure([c.prompt_ids for c in rows], [c.completion_ids for c in rows], [
-        c.adapter for c in rows],
-                          [c.sample_logprobs for c in rows])
+    per_adapter = measure([c.prompt_ids for c in rows], [c.completion_ids for c in rows],
+                          [c.adapter for c in rows], [c.sample_logprobs for c in rows])
     out = {f"vllm/logprob_drift/{a}": [total, tokens] for a, (total, tokens) in per_adapter.items()}
     out["vllm/logprob_drift"] = [sum(t for t, _ in per_adapter.values()),
                                  sum(n for _, n in per_adapter.values())]

@@ -65,8 +65,9 @@ class MixedEngine:
         out = [None] * len(prompts)
         for idx, engine in ((mine, self.oracle), (others, self.model_engine)):
             if idx:
-                for i, g in zip(idx, engine.generate([prompts[i] for i in idx], [adapters[
-                    i] for i in idx], desc)):
+                for i, g in zip(idx,
+                                engine.generate([prompts[i] for i in idx],
+                                                [adapters[i] for i in idx], desc)):
                     out[i] = g
         return out
 
@@ -113,10 +114,10 @@ def length_predictability(records: list[dict]) -> float:
 
 def habit_table(by_kind: dict[str, list[dict]]) -> dict[str, dict]:
     return {kind: {"calls": len(rs), "careful": mean(r["careful"] for r in rs),
-                   "oracle_careful": mean(r["oracle_careful"] for r in rs), "right": mean(r[
-                       "right"] for r in rs),
-                   "oracle_right": mean(r["oracle_right"] for r in rs), "own_format": mean(r[
-                       "own"] for r in rs),
+                   "oracle_careful": mean(r["oracle_careful"] for r in rs),
+                   "right": mean(r["right"] for r in rs),
+                   "oracle_right": mean(r["oracle_right"] for r in rs),
+                   "own_format": mean(r["own"] for r in rs),
                    "foreign_format": mean(r["foreign"] for r in rs)}
             for kind, rs in ((k, by_kind.get(k, [])) for k in KINDS)}
 
@@ -136,45 +137,41 @@ def structure(success: dict[str, float], by_kind: dict[str, list[dict]]) -> dict
             "evaluator_states_answer": mean(r["states_answer"] for r in judge)}
 
 
-def checks(habits: dict, struct: dict, swaps: dict[str, tuple[float, float]]) -> list[tuple[
-    str, float, str, bool]]:
+def checks(habits: dict, struct: dict,
+           swaps: dict[str, tuple[float, float]]) -> list[tuple[str, float, str, bool]]:
     """Every target as (name, measured value, target, held?)."""
     rows = []
     for kind, h in habits.items():
         rows += [(f"{kind}: calls", h["calls"], f">= {MIN_CALLS}", h["calls"] >= MIN_CALLS),
                  (f"{kind}: careful - oracle", h["careful"] - h["oracle_careful"],
-                  f"within {FIDELITY}",
-                  abs(h["careful"] - h["oracle_careful"]) <= FIDELITY),
+                  f"within {FIDELITY}", abs(h["careful"] - h["oracle_careful"]) <= FIDELITY),
                  (f"{kind}: right - oracle", h["right"] - h["oracle_right"], f"within {FIDELITY}",
                   abs(h["right"] - h["oracle_right"]) <= FIDELITY),
                  (f"{kind}: careful rate", h["careful"], f"in [{HEADROOM[0]}, {HEADROOM[1]}]",
                   HEADROOM[0] <= h["careful"] <= HEADROOM[1]),
-                 (f"{kind}: own format", h["own_format"], f">= {FORMAT_AT_LEAST}", h[
-                     "own_format"] >= FORMAT_AT_LEAST)]
+                 (f"{kind}: own format", h["own_format"], f">= {FORMAT_AT_LEAST}",
+                  h["own_format"] >= FORMAT_AT_LEAST)]
     for name, (careful, hurried) in swaps.items():
         rows.append((f"consequence: {name}", careful - hurried, f">= {CONSEQUENCE}",
                      careful - hurried >= CONSEQUENCE))
     s = struct
     rows += [("Voting - single", s["voting_minus_single"], "> 0", s["voting_minus_single"] > 0),
-             ("Orch-Workers - single", s["orchworkers_minus_single"], ">= 0", s[
-                 "orchworkers_minus_single"] >= 0),
+             ("Orch-Workers - single", s["orchworkers_minus_single"], ">= 0",
+              s["orchworkers_minus_single"] >= 0),
              ("evaluator - best constant verdict", s["evaluator_edge"], f">= {EVALUATOR_EDGE}",
               s["evaluator_edge"] >= EVALUATOR_EDGE),
              ("retry of a wrong attempt: right", s["retry_fixes"], f">= {FIX_AT_LEAST}",
               s["retry_fixes"] >= FIX_AT_LEAST),
              ("retry of a right attempt: wrong", s["retry_breaks"], "> 0", s["retry_breaks"] > 0),
              ("solver right, guessed from length", s["length_predicts_right"],
-              f"<= {LENGTH_AT_MOST}",
-              s["length_predicts_right"] <= LENGTH_AT_MOST),
+              f"<= {LENGTH_AT_MOST}", s["length_predicts_right"] <= LENGTH_AT_MOST),
              ("evaluator gives the answer away", s["evaluator_states_answer"],
-              f"<= {STATES_AT_MOST}",
-              s["evaluator_states_answer"] <= STATES_AT_MOST)]
+              f"<= {STATES_AT_MOST}", s["evaluator_states_answer"] <= STATES_AT_MOST)]
     return rows
 
 
 def report(seed: int, temperature: float, success: dict, oracle_success: dict, habits: dict,
-           struct: dict,
-           swaps: dict) -> tuple[str, dict]:
+           struct: dict, swaps: dict) -> tuple[str, dict]:
     """The printed table and the JSON record of one seed's calibration; `record["missed"]` names
     what failed."""
     lines = [
@@ -221,8 +218,7 @@ def keep_beside_model(seed: int, record: dict) -> None:
 # The study's compact results, committed: its calibration records say which seeds' models pass
 # (toyworld/study.py)
 STUDY_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                             "findings",
-                             "results", "study.json")
+                             "findings", "results", "study.json")
 
 
 def calibration_record(seed: int) -> dict | None:

@@ -26,8 +26,7 @@ def seed_curves(out: str, name: str, seeds: list[int], key: str) -> tuple[list[i
 
 
 def band(ax, out: str, name: str, seeds: list[int], key: str, label: str, style: str = "-",
-         color=None,
-         smooth: int = 1) -> None:
+         color=None, smooth: int = 1) -> None:
     """The mean over seeds of `key` against step, with a band from the lowest to the highest seed;
     `smooth`: a running mean over that many steps first (per-step training metrics are noisy)."""
     steps, curves = seed_curves(out, name, seeds, key)
@@ -39,8 +38,7 @@ def band(ax, out: str, name: str, seeds: list[int], key: str, label: str, style:
     mean = [sum(c) / len(c) for c in zip(*curves)]
     line, = ax.plot(steps, mean, style, color=color, label=label)
     ax.fill_between(steps, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)],
-                    color=line.get_color(),
-                    alpha=0.15)
+                    color=line.get_color(), alpha=0.15)
 
 
 def _finish(fig, axes, folder: str, name: str, title: str) -> str:
@@ -80,9 +78,9 @@ def plot_transfer(out: str, seeds: list[int], folder: str, plt) -> str:
             acc = eval_accuracy(out, f"{workflow}-{policy}", seeds, mode)
             if acc:
                 mean = sum(acc) / len(acc)
-                ax.bar(i + 0.16 * (j - 2), mean, 0.15, color=f"C{j}", label=label if i == 0
-                       else None,
-                       yerr=[[mean - min(acc)], [max(acc) - mean]], capsize=3)
+                ax.bar(i + 0.16 * (j - 2), mean, 0.15, color=f"C{j}",
+                       label=label if i == 0 else None, yerr=[[mean - min(acc)], [max(acc) - mean]],
+                       capsize=3)
     ax.set_xticks(range(len(WORKFLOW_PANELS)), [t for t, _ in WORKFLOW_PANELS])
     ax.set(ylabel="accuracy (eval.py, 64 test problems x 2)", ylim=(0, 1.02), xlabel=" ")
     return _finish(fig, [ax], folder, "finding1_transfer",

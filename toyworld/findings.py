@@ -102,14 +102,13 @@ def summarise(diffs: list[float], seed: int = 0) -> dict:
     n = len(d)
     if n == 0:
         return {"n": 0, "mean": float("nan"), "se": float("nan"), "ci": [float("nan")] * 2,
-                "positive": 0,
-                "negative": 0, "per_seed": diffs}
+                "positive": 0, "negative": 0, "per_seed": diffs}
     mean = mean_of(d)
     se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
     rng = random.Random(seed)
     means = sorted(sum(rng.choice(d) for _ in range(n)) / n for _ in range(BOOTSTRAP))
-    return {"n": n, "mean": mean, "se": se, "ci": [means[int(0.025 * BOOTSTRAP)], means[int(
-        0.975 * BOOTSTRAP) - 1]],
+    return {"n": n, "mean": mean, "se": se,
+            "ci": [means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]],
             "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d), "per_seed": diffs}
 
 
@@ -183,8 +182,7 @@ def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
     else:
         overall = "not shown"
     return {"id": finding["id"], "claim": finding["claim"], "preconditions": pre,
-            "comparisons": main,
-            "beside": beside, "verdict": overall}
+            "comparisons": main, "beside": beside, "verdict": overall}
 
 
 def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
@@ -202,8 +200,8 @@ def finding_table(result: dict) -> str:
         "| comparison | rule | A / B | per seed | mean | SE | 95% interval | seeds + / - | verdict "
         "|",
             "|---|---|---|---|---|---|---|---|---|"]
-    for kind, comparisons in (("precondition: ", result["preconditions"]), ("", result[
-        "comparisons"]),
+    for kind, comparisons in (("precondition: ", result["preconditions"]),
+                              ("", result["comparisons"]),
                               ("beside, not in the verdict: ", result.get("beside", []))):
         for c in comparisons:
             rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near"
@@ -242,15 +240,15 @@ def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
     return missing
 
 
-def replication(results: str, seeds: list[int], judged: list[dict], specs: list[dict]) -> list[
-    dict]:
+def replication(results: str, seeds: list[int], judged: list[dict],
+                specs: list[dict]) -> list[dict]:
     """Comparison by comparison, whether each replication seed repeats the study's verdict: its
     difference has the sign of the study's mean, and passes the rule's threshold on its own
     (greater: >= t; matches: >= -t; near: within t of the target). `judged`: the study's findings
     (judge_finding: a comparison's `a` and `b` are its per-seed values there); `specs`: the same
     findings as declared (toyworld/declared.py's FINDINGS)."""
-    declared = {(f["id"], c["label"]): c for f in specs for c in f.get("preconditions", []) + f[
-        "comparisons"]}
+    declared = {(f["id"], c["label"]): c for f in specs
+                for c in f.get("preconditions", []) + f["comparisons"]}
     rows = []
     for finding in judged:
         for c in finding["preconditions"] + finding["comparisons"]:
@@ -309,10 +307,8 @@ def sweep_table(sweep: dict, seeds: int) -> str:
 def write_tables(doc: str, study: dict) -> None:
     """docs/md's tables (between their markers) from study.json: the seeds' calibration, the sweep,
     the summary, each finding's, and the replication's when there is one."""
-    summary = [
-        "| finding | the claim tested | its comparisons: shown / not shown / the opposite | "
-        "verdict |",
-               "|---|---|---|---|"]
+    summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | "
+               "verdict |", "|---|---|---|---|"]
     for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
         anchor = f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace(
             "/", "-and-")
@@ -336,8 +332,8 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
     rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold):
     whether it agrees with the study's verdict, and, apart, whether it goes the claim's way
     (shown)."""
-    declared = {(f["id"], c["label"]): c for f in judged for c in f["preconditions"] + f[
-        "comparisons"]}
+    declared = {(f["id"], c["label"]): c for f in judged
+                for c in f["preconditions"] + f["comparisons"]}
     lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
              f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
              "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the "

@@ -152,8 +152,8 @@ def read_prompt(prompt: str) -> Seen:
     attempt = answers[-1] if answers else proposed.group(1) if proposed else None
     boxes = BOXED.findall(attempt) if attempt else []
     feedback = critiques[-1] if critiques else message if "Feedback:" in message else ""
-    return Seen(a, op, b, answer, candidates(message), strategy.group(1).strip() if strategy
-                else None,
+    return Seen(a, op, b, answer, candidates(message),
+                strategy.group(1).strip() if strategy else None,
                 to_int(boxes[-1]) if boxes else None, feedback)
 
 

@@ -113,8 +113,7 @@ def calibrate_command(args, play: Callable, toy_engine: Callable):
 
 
 def calibrate(seed: int, episodes: int | None, out: str | None, temperature: float | None,
-              play: Callable,
-              toy_engine: Callable) -> dict:
+              play: Callable, toy_engine: Callable) -> dict:
     """`eval.py calibrate`: the toy model of `seed` before any RL, against calibration's targets:
     every workflow played by the model alone, by the oracle alone, and with one habit at a time
     played by an always-careful and an always-hurried oracle. `toy_engine(seed, max_new_tokens,

@@ -84,8 +84,8 @@ def transcripts(play: Callable, seed: int, knobs: dict[str, float]) -> list[tupl
     runs the caller's workflows on every problem and returns the episodes."""
     engine, by_kind = Oracle(seed, knobs), {kind: [] for kind in ROWS}
     for workflow, n in EPISODES.items():
-        for ep in play(workflow, n, engine, lambda messages: list(chatml(messages).encode(
-            "utf-8"))):
+        for ep in play(workflow, n, engine,
+                       lambda messages: list(chatml(messages).encode("utf-8"))):
             for c in ep.calls:
                 by_kind[row_kind(c.name, chatml(c.messages))].append((c.messages, c.text))
     rng, rows = random.Random(seed), []
@@ -225,8 +225,8 @@ def warm_up(model, rows: list[tuple[list[int], list[int]]], seed: int, steps: in
     for i in bar:
         habit_step = i - fact_steps
         if habit_step < 0 or (fact_rows and habit_step % (FACT_EVERY + 1) == FACT_EVERY):
-            batch = [fact_rows[j] for j in rng.sample(range(len(fact_rows)), min(FACT_BATCH, len(
-                fact_rows)))]
+            batch = [fact_rows[j]
+                     for j in rng.sample(range(len(fact_rows)), min(FACT_BATCH, len(fact_rows)))]
         else:
             queue = queue or similar_lengths(rows, rng)
             batch = queue.pop()
@@ -304,8 +304,7 @@ def fresh_model(tokenizer) -> transformers.LlamaForCausalLM:
     generator)."""
     config = transformers.LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=True, **SHAPE,
                                       eos_token_id=tokenizer.eos_token_id,
-                                      pad_token_id=tokenizer.pad_token_id,
-                                      bos_token_id=None)
+                                      pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     return transformers.LlamaForCausalLM(config)
 
 
@@ -348,8 +347,7 @@ def copy_committed(seed: int, out: str) -> str:
 
 
 def build(seed: int, play: Callable, knobs: dict[str, float] | None = None,
-          steps: int = WARMUP_STEPS,
-          out: str | None = None) -> str:
+          steps: int = WARMUP_STEPS, out: str | None = None) -> str:
     """Build the toy model of `seed` into `out` (default: its cache folder, where a study seed's
     committed model is copied instead), once: transcripts, tokenizer, a fresh Llama, the warm-up;
     written aside and renamed, so a crash never leaves a half folder."""
@@ -381,11 +379,10 @@ def build(seed: int, play: Callable, knobs: dict[str, float] | None = None,
     tokenizer.save_pretrained(tmp)
     with open(os.path.join(tmp, "toy.json"), "w") as f:
         json.dump({"seed": seed, "knobs": knobs, "rows": len(rows), "facts": len(fact_rows),
-                   "steps": steps,
-                   "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
+                   "steps": steps, "loss_first": losses[0],
+                   "loss_last": sum(losses[-20:]) / len(losses[-20:]),
                    "minutes": round((time.time() - start) / 60, 1),
-                   "threads": torch.get_num_threads(),
-                   "versions": library_versions()}, f, indent=1)
+                   "threads": torch.get_num_threads(), "versions": library_versions()}, f, indent=1)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     say(f"built in {(time.time() - start) / 60:.1f} minutes")

@@ -119,8 +119,8 @@ def held_out_cell(c: dict, row: dict | None) -> str:
     one seed."""
     if row is None:
         return "n/a"
-    each = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in row[
-        "per_seed"]]
+    each = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target"))
+            for x in row["per_seed"]]
     return f"{' '.join(map(findings.fmt_seed, row['per_seed']))}, agree {each.count(c['verdict'])} of {len(each)}"
 
 
