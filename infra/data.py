@@ -165,8 +165,7 @@ def _hub_reachable() -> bool:
         return False
 
 
-# ---------------------------------------------------------------- code: HumanEval and
-# DeepCoder-format rows
+# ------------------------------------------------ code: HumanEval and DeepCoder-format rows
 
 # the names DeepCoder's sources give their two kinds of test (LiveCodeBench, primeintellect, TACO)
 _TEST_TYPES = {"stdin_stdout": "stdin_stdout", "stdin": "stdin_stdout", "functional": "functional",

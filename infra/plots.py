@@ -3,7 +3,8 @@
 What it is for: validation accuracy against training step (a dashed line for the base model), and a
 2x2 panel of per-role training metrics (gradient norm, entropy, response length, loss share), one
 line per run and role. What it is not: evaluation (eval.py computes the numbers; this file only
-draws what the runs logged). """
+draws what the runs logged).
+"""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,17 @@ ROLE_PANELS = [("grad_norm", "gradient norm"), ("entropy", "entropy"),
                ("response_len", "response length (tokens)"), ("loss_share", "loss share")]
 
 
+def read_runs(run_dirs: list[str]) -> list[tuple[dict, list[dict], list[dict]]]:
+    """(args, metrics, evaluations) of each run, all read before anything is drawn."""
+    runs = [(read_run_args(r, keys=NAME_KEYS),
+             read_results(os.path.join(r, "metrics.jsonl"), ("step",)),
+             read_results(os.path.join(r, "eval.jsonl"), EVAL_KEYS)) for r in run_dirs]
+    for r, (_, metrics, _) in zip(run_dirs, runs):
+        if not metrics:
+            usage_error(f"{r}: no metrics yet (metrics.jsonl is missing or empty)")
+    return runs
+
+
 def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) -> dict[str, tuple]:
     """Two PNGs: validation accuracy against training step (one line per run, a dashed base-model
     line per distinct workflow / model / data: an eval.jsonl `base` record, else the step-0
@@ -27,13 +39,7 @@ def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) ->
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    runs = [(read_run_args(r, keys=NAME_KEYS), read_results(os.path.join(r, "metrics.jsonl"), (
-        "step",)),
-             # all read, then drawn
-             read_results(os.path.join(r, "eval.jsonl"), EVAL_KEYS)) for r in run_dirs]
-    for r, (_, metrics, _) in zip(run_dirs, runs):
-        if not metrics:
-            usage_error(f"{r}: no metrics yet (metrics.jsonl is missing or empty)")
+    runs = read_runs(run_dirs)
     os.makedirs(out_dir, exist_ok=True)
     cells = [cell_name(args) for args, _, _ in runs]  # the folder name tells apart runs of one cell
     labels = [f"{c} ({os.path.basename(os.path.normpath(r))})" if cells.count(c) > 1 else c
@@ -47,8 +53,7 @@ def plot_runs(run_dirs: list[str], out_dir: str, roles: dict[str, list[str]]) ->
             ax.plot(*zip(*val), marker="o", color=colors[i % len(colors)], label=label)
         base = [r["metrics"]["accuracy"] for r in evals if r["mode"] == "base"]
         base += [m["val/success"] for m in metrics if m["step"] == 0 and "val/success" in m]
-        if base:
-            # the cell without its policy
+        if base:  # named by the cell without its policy
             name = "-".join(cells[i].split("-")[:1] + cells[i].split("-")[2:])
             bases.setdefault((args["workflow"], args["model"], dataset_name(args)),
                              (base[0], name, colors[i]))

@@ -20,9 +20,9 @@ import os
 import pathlib
 import re
 
+from infra import runfolder
 from infra.cells import cell_name
 from infra.report_warnings import SMOOTH, role_warnings, series, smooth
-from infra.runfolder import NAME_KEYS, check_writable, read_results, read_run_args, today_names, usage_error
 from infra.samples import read_samples
 
 # The curves: (id, title, [(metric, style)]); `{role}` is drawn for each role, `*` matches any
@@ -58,13 +58,13 @@ DASH = {"val": "solid 2px", "train": "solid 1px", "alt": "dashed 1px"}  # the sa
 def read_run(run_dir: str) -> dict:
     """What the report shows of one run folder; a folder that is not a run, or has no metrics, is
     one line."""
-    args = read_run_args(run_dir, keys=NAME_KEYS)
-    metrics = read_results(os.path.join(run_dir, "metrics.jsonl"), ("step",), warn=False)
+    args = runfolder.read_run_args(run_dir, keys=runfolder.NAME_KEYS)
+    metrics = runfolder.read_results(os.path.join(run_dir, "metrics.jsonl"), ("step",), warn=False)
     if not metrics:
-        usage_error(f"{run_dir}: no metrics yet (metrics.jsonl is missing or empty)")
+        runfolder.usage_error(f"{run_dir}: no metrics yet (metrics.jsonl is missing or empty)")
     # train.py's defaults when it wrote the run (older runs: none)
     path = pathlib.Path(run_dir, "defaults.json")
-    defaults = today_names(json.loads(path.read_text())) if path.exists() else None
+    defaults = runfolder.today_names(json.loads(path.read_text())) if path.exists() else None
     samples, keys = read_samples(run_dir), dict.fromkeys(k for m in metrics for k in m)
     # call order
     roles = dict.fromkeys(c["role"] for eps in samples.values() for e in eps for c in e["calls"])
@@ -77,11 +77,12 @@ def read_run(run_dir: str) -> dict:
 def differing_flags(run: dict, runs: list[dict]) -> tuple[str, dict]:
     """The flags that differ from train.py's defaults (a run from before defaults.json: from the
     other runs)."""
-    # an older train.py's run: compared with another run
-    other = next((r for r in runs if r is not run), run)
-    base, what = (run["defaults"], "differ from train.py's defaults") if run[
-        "defaults"] is not None else \
-        (other["args"], f"differ from {other['name']}'s (no defaults.json: an older train.py)")
+    if run["defaults"] is not None:
+        base, what = run["defaults"], "differ from train.py's defaults"
+    else:  # an older train.py's run: compared with another run
+        other = next((r for r in runs if r is not run), run)
+        base = other["args"]
+        what = f"differ from {other['name']}'s (no defaults.json: an older train.py)"
     empty = (None, {}, [], "")
     return what, {k: v for k, v in run["args"].items() if k not in (
         "run_dir", "resume", "overwrite")
@@ -363,8 +364,10 @@ def write_report(run_dirs: list[str], out_html: str) -> dict:
     `out_html`. Every run is read and checked, and `out_html` checked writable, before it is written
     (atomically); bad input is one line. Returns {"path", "runs" (names), "warnings" (per run),
     "bytes"}."""
-    check_writable(out_html, "--out", folder=False)
-    runs = [read_run(r) for r in run_dirs] or usage_error("report: name at least one run folder")
+    runfolder.check_writable(out_html, "--out", folder=False)
+    if not run_dirs:
+        runfolder.usage_error("report: name at least one run folder")
+    runs = [read_run(r) for r in run_dirs]
     warnings = [role_warnings(r["metrics"], r["roles"]) for r in runs]
     text = page(runs, warnings)
     try:
@@ -372,6 +375,6 @@ def write_report(run_dirs: list[str], out_html: str) -> dict:
         pathlib.Path(out_html + ".tmp").write_text(text, encoding="utf-8")
         os.replace(out_html + ".tmp", out_html)
     except OSError as e:
-        usage_error(f"--out {out_html}: cannot write it ({e.strerror or e})")
+        runfolder.usage_error(f"--out {out_html}: cannot write it ({e.strerror or e})")
     return {"path": out_html, "runs": [r["name"] for r in runs], "warnings": warnings,
             "bytes": os.path.getsize(out_html)}

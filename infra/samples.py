@@ -10,8 +10,8 @@ writes, atomically. A resume removes the files after its checkpoint, as it cuts 
 `eval.py report` (infra/report.py) reads them back. What it is not: `eval.py --dump`, which writes
 every episode of an evaluation (RUN/trajectories/).
 
-    python train.py --model toy --workflow voting --val-samples 4   # RUN/samples/step_000000.json,
-    step_000005.json...
+    # writes RUN/samples/step_000000.json, step_000005.json...
+    python train.py --model toy --workflow voting --val-samples 4
 """
 from __future__ import annotations
 

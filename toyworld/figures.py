@@ -4,7 +4,8 @@ then a row of panels per figure (STUDY_FIGURES), each line the mean over seeds w
 lowest to the highest.
 
 What it is for: toyworld/study.py's figures. What it is not: a run's own curves (`eval.py plot`,
-infra/plots.py). """
+infra/plots.py).
+"""
 from __future__ import annotations
 
 import os
@@ -14,8 +15,8 @@ from toyworld.results import records
 WORKFLOW_PANELS = [("Voting", "voting"), ("Eval-Opt", "evalopt"), ("Orch-Workers", "orchworkers")]
 
 
-def seed_curves(out: str, name: str, seeds: list[int], key: str) -> tuple[list[int], list[list[
-    float]]]:
+def seed_curves(out: str, name: str, seeds: list[int],
+                key: str) -> tuple[list[int], list[list[float]]]:
     """(steps, one list of `key` per seed) of a grid configuration, on the steps every seed has."""
     per_seed = []
     for seed in seeds:

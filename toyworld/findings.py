@@ -15,7 +15,8 @@ seed by seed; and applies a comparison's rule:
   when the mean is <= -t and B is ahead in all seeds but one; otherwise not shown;
 - `near` (A equal to a value within t): shown or not shown.
 A finding is not testable here when one of its preconditions is not shown. What it is not: the
-method, or a place to change a threshold after a comparison has been seen. """
+method, or a place to change a threshold after a comparison has been seen.
+"""
 from __future__ import annotations
 
 import math
@@ -38,9 +39,8 @@ BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
 # its validation curves and these training curves, to 4 decimals, and its evaluations: what the
 # tables, figures and prose read.
 RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/grad_norm_share",
-           "/opt_steps",
-           "/kl_base", "/coherence_scale", "/entropy", "/careful", "/own_format", "/foreign_format",
-           "/foreign_box")
+           "/opt_steps", "/kl_base", "/coherence_scale", "/entropy", "/careful", "/own_format",
+           "/foreign_format", "/foreign_box")
 # the kept calls the README's caption counts
 KEPT_SAMPLES = {"voting-sp-s0": "samples/step_000150.json"}
 
@@ -63,8 +63,8 @@ def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy")
     """eval.py's `key` of `mode` on the test problems, from the run of `name` (base and the SA
     modes: from the workflow's first configuration, where the study runs them)."""
     evaluated = records(out, f"{name}-s{seed}", "eval.jsonl")
-    found = [r["metrics"].get(key) for r in evaluated if r["mode"] == mode and r.get(
-        "dataset", "").endswith("test")]
+    found = [r["metrics"].get(key) for r in evaluated
+             if r["mode"] == mode and r.get("dataset", "").endswith("test")]
     return found[-1] if found and found[-1] is not None else float("nan")
 
 
@@ -141,8 +141,8 @@ def seed_verdict(rule: str, threshold: float, x: float, target: float | None = N
         return "n/a"
     if rule == "near":
         return "shown" if abs(x - target) <= threshold else "not shown"
-    if (rule in ("greater", "contradicts") and x >= threshold) or (
-        rule == "matches" and x >= -threshold):
+    if ((rule in ("greater", "contradicts") and x >= threshold)
+            or (rule == "matches" and x >= -threshold)):
         return "shown"
     return "the opposite" if x <= -threshold else "not shown"
 
@@ -156,8 +156,8 @@ def compare(out: str, seeds: list[int], comparison: dict) -> dict:
     """A comparison's per-seed differences (A - B, or A alone for `near`), their summary and the
     verdict."""
     a = [value(out, seed, comparison["a"]) for seed in seeds]
-    b = [value(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison else [0.0] * len(
-        seeds)
+    b = ([value(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison
+         else [0.0] * len(seeds))
     s = summarise([x - y for x, y in zip(a, b)])
     s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s,
                                        comparison.get("target")))
@@ -196,16 +196,14 @@ def finding_table(result: dict) -> str:
     """The markdown table of one finding: each comparison with its rule, the means of A and B over
     seeds, the per-seed differences, their mean, SE, bootstrap interval, the seeds agreeing in sign,
     and the verdict."""
-    rows = [
-        "| comparison | rule | A / B | per seed | mean | SE | 95% interval | seeds + / - | verdict "
-        "|",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% interval | seeds + / - "
+            "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for kind, comparisons in (("precondition: ", result["preconditions"]),
                               ("", result["comparisons"]),
                               ("beside, not in the verdict: ", result.get("beside", []))):
         for c in comparisons:
-            rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if c["rule"] == "near"
-                                                      else "")
+            near = c["rule"] == "near"
+            rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if near else "")
             # near: A alone
             means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]
             a_b = " / ".join(fmt(x, 2, signed=False) for x in means)
@@ -262,8 +260,7 @@ def replication(results: str, seeds: list[int], judged: list[dict],
                           for x in per_seed]
                 sign = [math.copysign(1, x) == math.copysign(1, c["mean"]) for x in per_seed]
             rows.append({"finding": finding["id"], "label": c["label"], "rule": c["rule"],
-                         "study": c["verdict"],
-                         "study_mean": c["mean"], "per_seed": per_seed, "same_sign": sum(sign),
+                         "study": c["verdict"], "study_mean": c["mean"], "per_seed": per_seed, "same_sign": sum(sign),
                          "passes": sum(passes), "seeds": len(seeds)})
     return rows
 
@@ -273,13 +270,13 @@ def calibration_table(records: list[dict], builds: list[dict]) -> str:
     targets missed, the base model's and the oracle's accuracy in each workflow, the solver's gap to
     its rows, and the build's minutes, threads and vector instructions (a seed's model differs
     across them: docs/toy_world.md)."""
-    rows = [
-        "| seed | targets missed | single / Voting / Eval-Opt / Orch-Workers, base model | the "
-        "oracle, same workflows | solver right - oracle | build |", "|---|---|---|---|---|---|"]
+    rows = ["| seed | targets missed | single / Voting / Eval-Opt / Orch-Workers, base model "
+            "| the oracle, same workflows | solver right - oracle | build |",
+            "|---|---|---|---|---|---|"]
     workflows = ("single", "voting", "evalopt", "orchworkers")
     for record, build in zip(records, builds):
-        missed = f"{len(record['missed'])}: " + ", ".join(record["missed"]) if record[
-            "missed"] else "**none**"
+        missed = (f"{len(record['missed'])}: " + ", ".join(record["missed"]) if record["missed"]
+                  else "**none**")
         base = " / ".join(f"{record['success'][w]:.3f}" for w in workflows)
         oracle = " / ".join(f"{record['oracle_success'][w]:.3f}" for w in workflows)
         solve = record["habits"]["solve"]
@@ -297,8 +294,8 @@ def sweep_table(sweep: dict, seeds: int) -> str:
     rows = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |",
             "|---|---|---|---|---|"]
     for lr, r in sweep["rates"].items():
-        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k]) for k in (
-            "base", "peak", "end"))
+        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k])
+                           for k in ("base", "peak", "end"))
         rows.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {seeds} |")
     rows.append(f"\nChoice ({sweep['rule']}): **{sweep['choice']}**.")
     return "\n".join(rows)
@@ -310,8 +307,8 @@ def write_tables(doc: str, study: dict) -> None:
     summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | "
                "verdict |", "|---|---|---|---|"]
     for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
-        anchor = f"finding-{f['id']}" if f["id"].isdigit() else f["id"].lower().replace(
-            "/", "-and-")
+        anchor = (f"finding-{f['id']}" if f["id"].isdigit()
+                  else f["id"].lower().replace("/", "-and-"))
         counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
                             for v in ("shown", "not shown", "the opposite"))
         summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
@@ -337,8 +334,8 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
     lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
              f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
              "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the "
-             "rule | agrees with the study | goes the "
-             "claim's way (shown) |", "|---|---|---|---|---|---|---|---|"]
+             "rule | agrees with the study | goes the claim's way (shown) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows if rows is not None else rep["rows"]:
         c = declared[(r["finding"], r["label"])]
         each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
@@ -351,9 +348,9 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
 
 
 def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -> dict:
-    """The learning-rate sweep judged (toyworld/declared.py's SWEEP and SWEEP_RULE): each swept rate's
-    per-seed peak and end (window means) and whether the run declined; the largest rate that holds
-    in all but one seed (None: none)."""
+    """The learning-rate sweep judged (toyworld/declared.py's SWEEP and SWEEP_RULE): each swept
+    rate's per-seed peak and end (window means) and whether the run declined; the largest rate that
+    holds in all but one seed (None: none)."""
     rows = {}
     for name, lr in sweep.items():
         peaks = [value(out, s, (name, "peak", "success")) for s in seeds]

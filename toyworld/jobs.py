@@ -6,7 +6,8 @@ What it is for: toyworld/study.py's builds, calibrations, runs and evaluations, 
 commands (`python eval.py calibrate`, `python train.py`, `python eval.py`), each run from the
 repository as `python SCRIPT` runs it, in a process forked from a server that has imported torch,
 transformers and peft once (PRELOAD). What it is not: what to run, or in which order
-(toyworld/study.py decides). """
+(toyworld/study.py decides).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,8 @@ def label_of(command: list[str], log: str) -> str:
     """What a finished command did, in a few words: `seed 3 built`, `voting-ip-s3 trained`."""
     kind, name = kind_of(command), os.path.basename(log)[:-4]
     if kind in ("build", "calibrate"):
-        return f"seed {command[command.index('--seed') + 1]} {'built' if kind == 'build' else 'calibrated'}"
+        done = "built" if kind == "build" else "calibrated"
+        return f"seed {command[command.index('--seed') + 1]} {done}"
     if kind == "eval":
         return f"{name} evaluated ({command[command.index('--mode') + 1]})"
     return f"{name} trained" if kind == "train" else f"{name} done"

@@ -11,9 +11,9 @@ the concept files at the top level, so the rollout that plays the workflows (`pl
 eval.play_every_problem) and the engine that samples the toy model (eval.toy_engine) come from the
 caller.
 
-    python train.py --model toy --workflow voting    # the toy model of --seed, once into the cache
-    (copied or built)
-    python eval.py calibrate --seed 0                # the toy model at base against its targets
+    # the toy model of --seed, once into the cache (copied or built)
+    python train.py --model toy --workflow voting
+    python eval.py calibrate --seed 0   # the toy model at base against its targets
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from infra.distributed import barrier, world
 from infra.roles import role_type
 from infra.runfolder import append_record, check_writable, usage_error, writing
 from infra.tallies import Tallies, add_mean
-from toyworld import calibration, toy, toy_model
+from toyworld import calibration, reading, toy, toy_model
 
 # `--model toy`'s first run unless a flag says otherwise: the study's single agent at its sweep's
 # rate rises from about 0.5 to above 0.8 by step 20 on every seed (its committed curves); at
@@ -69,10 +69,10 @@ def role_tallies(episodes: list, decode: Callable) -> Tallies:
     for ep in episodes:
         for c in ep.calls:
             prompt = decode(c.prompt_ids)
-            record = toy.judged(c.name, prompt, c.text)
+            record = reading.judged(c.name, prompt, c.text)
             # only the aggregator's box is read against its prompt (its candidates)
             role = role_type(c.name)
-            seen = toy.read_prompt(prompt) if role == "aggregator" else None
+            seen = reading.read_prompt(prompt) if role == "aggregator" else None
             record["foreign_box"] = foreign_box(role, seen, c.text)
             for key, what in (("own_format", "own"), ("foreign_format", "foreign"),
                               ("foreign_box", "foreign_box"), ("careful", "careful")):
@@ -80,19 +80,19 @@ def role_tallies(episodes: list, decode: Callable) -> Tallies:
     return tallies
 
 
-def foreign_box(role: str, seen: toy.Seen | None, text: str) -> bool:
+def foreign_box(role: str, seen: reading.Seen | None, text: str) -> bool:
     """Whether the box a role's parser reads (an aggregator's first, any other's last) is of another
     role's kind: a verdict where an answer or a solution's number belongs, a number where a verdict
     belongs, a number that is no solution's where the aggregator's pick belongs (`I trust solution
     3.` then `\\boxed{33}`: the solver's content), any box in the orchestrator's plan. No box is not
     a foreign one (the format counts that)."""
-    boxes = toy.BOXED.findall(text)
+    boxes = reading.BOXED.findall(text)
     if not boxes:
         return False
     box = (boxes[0] if role == "aggregator" else boxes[-1]).strip()
     if role == "orchestrator" or box in ("Correct", "Incorrect"):
         return role != "evaluator"
-    number = toy.to_int(box)
+    number = reading.to_int(box)
     if role == "evaluator":
         return number is not None
     return role == "aggregator" and number is not None and not 1 <= number <= len(seen.candidates)

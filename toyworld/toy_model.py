@@ -13,9 +13,10 @@ AVX2 and AVX512 kernels differ in the last bits: toy.json says which built it). 
 calibrated by construction; `python -m toyworld.toy --calibrate` checks that the warmed-up model
 reproduces each habit (toyworld/calibration.py).
 
-    python train.py --model toy --workflow voting --policy ip     # copies (0-5) or builds the
-    seed's model
-    python -m toyworld.toy --build --seed 0 --out /tmp/seed0         # seed 0 built afresh, to hold against its copy
+    # copies (0-5) or builds the seed's model
+    python train.py --model toy --workflow voting --policy ip
+    # seed 0 built afresh, to hold against its copy
+    python -m toyworld.toy --build --seed 0 --out /tmp/seed0
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from tqdm import tqdm
 
 from infra.models import CHATML
 from infra.roles import role_type
-from toyworld.toy import KNOBS, VERSION, Oracle, Seen, chatml, folder, habit_of, inverse_check, select, synthesise
+from toyworld.reading import Seen, habit_of
+from toyworld.toy import KNOBS, VERSION, Oracle, chatml, folder, inverse_check, select, synthesise
 
 # oracle episodes per problem, workflow
 EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}
@@ -111,8 +113,8 @@ def facts() -> list[tuple[str, str]]:
                     if op == "×":
                         found[f"{w} ÷ {b}"] = f"{w // b} r {w % b}"
                     else:
-                        found[
-                            f"{w} {'-' if op == '+' else '+'} {b}"] = w - b if op == "+" else w + b
+                        inverse = "-" if op == "+" else "+"
+                        found[f"{w} {inverse} {b}"] = w - b if op == "+" else w + b
     for x in range(-14, 88):  # a hurried retry's nudge of the last answer
         for k in (1, 2):
             found[f"{x} + {k}"], found[f"{x} - {k}"] = x + k, x - k
@@ -169,8 +171,8 @@ def drills(seed: int, per_reader: int = 3000) -> list[tuple[list[dict], str, str
     return out
 
 
-def drill_row(tokenizer, messages: list[dict], written: str, rest: str) -> tuple[list[int], list[
-    int]]:
+def drill_row(tokenizer, messages: list[dict], written: str,
+              rest: str) -> tuple[list[int], list[int]]:
     """(prompt ids, completion ids) of one drill: the text tokenized whole (as generation would),
     the loss on the tokens of `rest` and the end of the turn."""
     head = chatml(messages) + written
@@ -267,8 +269,8 @@ def batch_loss(model, batch: list[tuple[list[int], list[int]]]) -> tuple[torch.T
     logits = model(input_ids=ids).logits[:, :-1]                          # (B, T-1, V): next-token
     token_losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:],
                                                      reduction="none")
-    return token_losses.sum() / TOKEN_NORM, float(token_losses.detach().sum() / (labels[
-        :, 1:] != -100).sum())
+    tokens = (labels[:, 1:] != -100).sum()
+    return token_losses.sum() / TOKEN_NORM, float(token_losses.detach().sum() / tokens)
 
 
 def similar_lengths(rows: list, rng: random.Random, batches: int = 8) -> list[list]:

@@ -7,7 +7,8 @@ What it does: judges AFTER_THE_DATA with toyworld/findings.py (on the study's se
 replication's), and writes the verdict table and the after-the-data tables from study.json's content
 and those judgments, between the pages' markers. What it is not: a rule for the predeclared
 comparisons (toyworld/declared.py's FINDINGS, fixed before the grid ran), or a reader of run folders
-(findings.judge_finding reads them). """
+(findings.judge_finding reads them).
+"""
 from __future__ import annotations
 
 import json
@@ -22,8 +23,8 @@ WORKFLOWS = {"voting": "Voting", "evalopt": "Eval-Opt", "orchworkers": "Orch-Wor
 
 
 def on_test(name: str, mode: str = "trained") -> tuple:
-    """eval.py's accuracy on the test problems (toyworld/declared.py's ev(); base and SA-RL run on the
-    -sp run)."""
+    """eval.py's accuracy on the test problems (toyworld/declared.py's ev(); base and SA-RL run on
+    the -sp run)."""
     return (name, f"eval:{mode}", "accuracy")
 
 
@@ -51,37 +52,34 @@ CLAIMS = [
     ("SA-RL in the structure matches or beats trained Voting and Orch-Workers",
      [("1", f"{w}: SA-RL - trained {p}") for w in ("Voting", "Orch-Workers") for p in ("SP", "IP")],
      "finding-1", ""),
-    ("Only Eval-Opt under IP beats SA-RL", [("1", "Eval-Opt: trained IP - SA-RL"),
-                                           ("exception", "Eval-Opt: trained IP - SA-RL")],
-                                           "finding-1",
-     "predeclared, then tested for its contradiction after the data"),
-    ("Eval-Opt's evaluator learns when to retry", [(
-        "2", f"{p}: P(retry | first wrong) - P(retry | first right), end "
-                                                         "- base") for p in ("SP", "IP")],
-                                                         "finding-2", ""),
-    ("Under SP a role's share of the update is set by its outputs' count", [
-        ("3", "SP generators' loss share (3 of 4 outputs)")], "finding-3",
+    ("Only Eval-Opt under IP beats SA-RL",
+     [("1", "Eval-Opt: trained IP - SA-RL"), ("exception", "Eval-Opt: trained IP - SA-RL")],
+     "finding-1", "predeclared, then tested for its contradiction after the data"),
+    ("Eval-Opt's evaluator learns when to retry",
+     [("2", f"{p}: P(retry | first wrong) - P(retry | first right), end - base")
+      for p in ("SP", "IP")], "finding-2", ""),
+    ("Under SP a role's share of the update is set by its outputs' count",
+     [("3", "SP generators' loss share (3 of 4 outputs)")], "finding-3",
      "a check of the code, not a result: per-output averaging gives 3 of 4 outputs 0.75 by "
      "construction"),
     ("Re-weighting the roles gives SP IP's peak", [("3", "peak: SP with equal role weights - SP")],
      "finding-3", ""),
     ("IP declines after its peak (here: more than SP)", [("4", "decline (peak - end): IP - SP")],
      "finding-4", ""),
-    ("Merging IP's per-instance steps delays the decline", [
-        ("4", "decline: IP - IP merged"), (
-            "4", "decline: IP - IP at a third of the rate (the control)")],
+    ("Merging IP's per-instance steps delays the decline",
+     [("4", "decline: IP - IP merged"),
+      ("4", "decline: IP - IP at a third of the rate (the control)")],
      "finding-4",
      "a third of the rate does the same: the toy cannot tell the steps from their size"),
-    ("SP fails by role capture", [("5", f"{r} boxes another role's kind, end: SP - IP")
-                                  for r in ("Voting aggregator", "Eval-Opt evaluator")],
-                                  "finding-5",
-     "read by the box, a metric defined after the first grid, on 2026-12-03"),
+    ("SP fails by role capture",
+     [("5", f"{r} boxes another role's kind, end: SP - IP")
+      for r in ("Voting aggregator", "Eval-Opt evaluator")],
+     "finding-5", "read by the box, a metric defined after the first grid, on 2026-12-03"),
     ("I1, a KL anchor, slows IP's decline", [("I1/I6", "decline: IP - IP with I1")], "i1-and-i6",
      ""),
     ("I6, coherence, slows IP's decline", [("I1/I6", "decline: IP - IP with I6")], "i1-and-i6", ""),
     ("IP's roles specialise (the project's test)", [("specialisation", s) for s in SPECIALISE],
-     "specialisation",
-     "declared after the first grid, on 2026-12-03"),
+     "specialisation", "declared after the first grid, on 2026-12-03"),
 ]
 
 
@@ -111,7 +109,8 @@ def verdict_cell(c: dict) -> str:
 
 
 def mean_cell(c: dict) -> str:
-    return f"{findings.fmt(c['mean'])} [{findings.fmt(c['ci'][0], 2)}, {findings.fmt(c['ci'][1], 2)}]"
+    low, high = findings.fmt(c["ci"][0], 2), findings.fmt(c["ci"][1], 2)
+    return f"{findings.fmt(c['mean'])} [{low}, {high}]"
 
 
 def held_out_cell(c: dict, row: dict | None) -> str:
@@ -121,7 +120,8 @@ def held_out_cell(c: dict, row: dict | None) -> str:
         return "n/a"
     each = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target"))
             for x in row["per_seed"]]
-    return f"{' '.join(map(findings.fmt_seed, row['per_seed']))}, agree {each.count(c['verdict'])} of {len(each)}"
+    seeds = " ".join(map(findings.fmt_seed, row["per_seed"]))
+    return f"{seeds}, agree {each.count(c['verdict'])} of {len(each)}"
 
 
 def disagreements(compared: dict, rows: dict) -> list[str]:
@@ -193,9 +193,9 @@ def page_tables(study: dict, after: dict) -> dict[str, str]:
     tables = {"verdicts": verdict_table(study, after)}
     for judged in after["findings"]:
         rows = [r for r in after["replication"] if r["finding"] == judged["id"]]
-        held = findings.replication_table(study["replication"], after["findings"], rows).split(
-            "\n", 1)[1] \
-            if rows else ""  # (its first line names the seeds, which the page's replication table does)
+        # (the table's first line names the seeds, which the page's replication table does)
+        held = findings.replication_table(study["replication"], after["findings"],
+                                          rows).split("\n", 1)[1] if rows else ""
         tables[f"after-{judged['id']}"] = findings.finding_table(judged) + (
             "\n\nHeld out:\n" + held) * bool(rows)
     return tables
