@@ -129,9 +129,9 @@ def _write_checkpoint(tmp: str, final: str, step: int, model: PeftModel, optimiz
     appears whole)."""
     shutil.rmtree(tmp, ignore_errors=True)
     save_adapters(model, os.path.join(tmp, "adapters"))
-    torch.save({"optimizers": {a: (o.state_dict(), s.state_dict()) for a, (
-        o, s) in optimizers.items()},
-                "grad_ema": grad_ema, "rng": states}, os.path.join(tmp, "state.pt"))
+    torch.save({"optimizers": {a: (o.state_dict(), s.state_dict())
+                               for a, (o, s) in optimizers.items()}, "grad_ema": grad_ema,
+                "rng": states}, os.path.join(tmp, "state.pt"))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({"step": step}, f)
     for root, _, files in os.walk(tmp):  # on disk before the rename makes the checkpoint visible

@@ -28,22 +28,22 @@ from infra.samples import read_samples
 # The curves: (id, title, [(metric, style)]); `{role}` is drawn for each role, `*` matches any
 # parser path
 CHARTS = [
-    ("val", "validation accuracy; dashed: the base model (step 0)", [("val/success", "val"), (
-        "success", "train")]),
+    ("val", "validation accuracy; dashed: the base model (step 0)",
+     [("val/success", "val"), ("success", "train")]),
     ("acc", "each role's own accuracy", [("val/{role}/acc", "val"), ("{role}/acc", "train")]),
-    ("len", "response length (tokens)", [("val/{role}/response_len", "val"), (
-        "{role}/response_len", "train")]),
-    ("format", "format compliance", [("val/{role}/format_ok", "val"), (
-        "{role}/format_ok", "train")]),
-    ("fallback", "parser fallbacks taken", [("val/{role}/fallback_*", "val"), (
-        "{role}/fallback_*", "train")]),
+    ("len", "response length (tokens)",
+     [("val/{role}/response_len", "val"), ("{role}/response_len", "train")]),
+    ("format", "format compliance",
+     [("val/{role}/format_ok", "val"), ("{role}/format_ok", "train")]),
+    ("fallback", "parser fallbacks taken",
+     [("val/{role}/fallback_*", "val"), ("{role}/fallback_*", "train")]),
     ("entropy", "entropy (per token)", [("{role}/entropy", "train")]),
     ("grad", "gradient norm: the adapter's; dashed: the role's own (SP)",
      [("{role}/grad_norm", "train"), ("{role}/role_grad_norm", "alt")]),
     ("share", "loss share (solid), gradient share (dashed): SP",
      [("{role}/loss_share", "train"), ("{role}/grad_norm_share", "alt")]),
-    ("steps", "optimizer steps per training step (IP: per instance)", [(
-        "{role}/opt_steps", "train")]),
+    ("steps", "optimizer steps per training step (IP: per instance)",
+     [("{role}/opt_steps", "train")]),
 ]
 RATES = {"val", "acc", "format", "fallback", "share"}  # the charts of rates, drawn from 0 to 1
 # one per role, in the workflow's order
@@ -68,8 +68,8 @@ def read_run(run_dir: str) -> dict:
     samples, keys = read_samples(run_dir), dict.fromkeys(k for m in metrics for k in m)
     # call order
     roles = dict.fromkeys(c["role"] for eps in samples.values() for e in eps for c in e["calls"])
-    roles.update(dict.fromkeys(k.split("/")[-2] for k in keys if re.fullmatch(
-        r"(val/)?\w+/response_len", k)))
+    roles.update(dict.fromkeys(k.split("/")[-2] for k in keys
+                               if re.fullmatch(r"(val/)?\w+/response_len", k)))
     return {"dir": run_dir, "name": cell_name(args), "args": args, "metrics": metrics,
             "defaults": defaults, "roles": list(roles), "samples": samples}
 
@@ -84,8 +84,8 @@ def differing_flags(run: dict, runs: list[dict]) -> tuple[str, dict]:
         base = other["args"]
         what = f"differ from {other['name']}'s (no defaults.json: an older train.py)"
     empty = (None, {}, [], "")
-    return what, {k: v for k, v in run["args"].items() if k not in (
-        "run_dir", "resume", "overwrite")
+    return what, {k: v for k, v in run["args"].items()
+                  if k not in ("run_dir", "resume", "overwrite")
                   and v != base.get(k) and not (v in empty and base.get(k) in empty)}
 
 
@@ -121,13 +121,11 @@ def svg_chart(lines: list[dict], xmax: int, ylim: tuple[float, float], marks: li
     span = (hi - lo) or 1
     y = lambda v: f"{top + (h - top - bottom) * (1 - (v - lo) / span):.1f}"  # noqa: E731
     out = [f'<svg viewBox="0 0 {w} {h}" width="100%" role="img">']
-    out += [
-        f'<line x1="{left}" x2="{w - 8}" y1="{y(v)}" y2="{y(v)}" stroke="#ddd"/><text '
-        f'x="{left - 4}" y="{float(y(v)) + 3:.1f}" '
-        f'text-anchor="end">{fmt(v)}</text>' for v in (lo, (
-                lo + hi) / 2, hi)]
-    out += [f'<text x="{x(s)}" y="{h - 5}" text-anchor="middle">{s}</text>' for s in (
-        0, xmax // 2, xmax)]
+    out += [f'<line x1="{left}" x2="{w - 8}" y1="{y(v)}" y2="{y(v)}" stroke="#ddd"/>'
+            f'<text x="{left - 4}" y="{float(y(v)) + 3:.1f}" text-anchor="end">{fmt(v)}</text>'
+            for v in (lo, (lo + hi) / 2, hi)]
+    out += [f'<text x="{x(s)}" y="{h - 5}" text-anchor="middle">{s}</text>'
+            for s in (0, xmax // 2, xmax)]
     out += [
         f'<line x1="{x(s)}" x2="{x(s)}" y1="{top}" y2="{h - bottom}" stroke="#e33" '
         f'stroke-dasharray="2 2"><title>warning at step {s}</title></line>' for s in marks]
@@ -248,9 +246,9 @@ def episode_block(eps: list[dict | None], shown: list[tuple[int, str]]) -> str:
             f'</pre><table>{"".join(rows)}</table></div>')
 
 
-OUTCOMES = [("all", "every episode"), ("right", "right at the last step"), (
-    "wrong", "wrong at the last step"),
-            ("improved", "wrong first, right last"), ("worse", "right first, wrong last")]
+OUTCOMES = [("all", "every episode"), ("right", "right at the last step"),
+            ("wrong", "wrong at the last step"), ("improved", "wrong first, right last"),
+            ("worse", "right first, wrong last")]
 
 
 def episodes_section(run: dict, i: int) -> str:
@@ -283,9 +281,9 @@ def run_header(run: dict, runs: list[dict], i: int, warnings: list[dict]) -> str
     """The run's name, folder, settings, validation accuracy at a glance, differing flags and
     warnings."""
     a, val = run["args"], series(run["metrics"], "val/success")
-    facts = [("folder", run["dir"]), ("workflow", a["workflow"]), ("policy", a["policy"]), (
-        "model", a["model"]),
-             ("task", a["task"]), ("steps logged", str(max(m["step"] for m in run["metrics"])))]
+    facts = [("folder", run["dir"]), ("workflow", a["workflow"]), ("policy", a["policy"]),
+             ("model", a["model"]), ("task", a["task"]),
+             ("steps logged", str(max(m["step"] for m in run["metrics"])))]
     if val:
         best = max(val, key=lambda p: p[1])
         facts.append(("validation accuracy",

@@ -97,8 +97,8 @@ def smooth(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     metrics)."""
     if len(points) < 6 * SMOOTH:
         return points
-    return [(s, statistics.mean(v for _, v in points[max(0, i - SMOOTH + 1):i + 1])) for i, (
-        s, _) in enumerate(points)]
+    return [(s, statistics.mean(v for _, v in points[max(0, i - SMOOTH + 1):i + 1]))
+            for i, (s, _) in enumerate(points)]
 
 
 def jump_warning(points: list[tuple[int, float]], role: str, key: str, factor: float,

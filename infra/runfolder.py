@@ -80,8 +80,8 @@ def read_run_args(run_dir: str, named_as: str | None = None, keys: tuple[str, ..
 
 
 def holds_run(folder: str) -> bool:
-    return any(os.path.exists(os.path.join(folder, f)) for f in (
-        "args.json", "metrics.jsonl", "checkpoints"))
+    return any(os.path.exists(os.path.join(folder, f))
+               for f in ("args.json", "metrics.jsonl", "checkpoints"))
 
 
 def check_writable(path: str, flag: str, folder: bool) -> None:
@@ -166,8 +166,8 @@ def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> li
                 print(f"warning: {path} line {i} was cut off while it was written; left out")
             continue
         if not isinstance(record, dict) or not all(k in record for k in keys):
-            usage_error(f"{path} line {i}: expected a JSON object" + (
-                f" with {', '.join(keys)}" if keys else ""))
+            with_keys = f" with {', '.join(keys)}" if keys else ""
+            usage_error(f"{path} line {i}: expected a JSON object{with_keys}")
         records.append(record)
     return records
 
@@ -175,8 +175,8 @@ def read_results(path: str, keys: tuple[str, ...] = (), warn: bool = True) -> li
 def json_line(record: dict) -> str:
     """One strict-JSON line: undefined or non-finite numbers (a rate with nothing to count) become
     null."""
-    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k,
-             v in record.items()}
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+             for k, v in record.items()}
     return json.dumps(clean, allow_nan=False) + "\n"
 
 

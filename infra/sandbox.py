@@ -318,8 +318,8 @@ class _Sandbox:
         with open(paths["stdin"], "wb") as f:
             f.write(data.encode("utf-8", "replace"))
         fds = [os.open(paths["stdin"], os.O_RDONLY)] + \
-            [os.open(paths[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for k in (
-                "stdout", "stderr")]
+            [os.open(paths[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+             for k in ("stdout", "stderr")]
         try:
             proc = self._start("stdin", timeout_s, *fds)
         finally:
@@ -537,12 +537,12 @@ def _death(returncode: int | None, stderr: str, what: str) -> _Fail:
     """Why a sandboxed process ended badly (used only to fail a test)."""
     if "MemoryError" in stderr:
         return _Fail("memory", f"{what}: MemoryError")
-    if returncode is not None and returncode < 0 and -returncode in (
-        signal.SIGXCPU, signal.SIGKILL):
+    if (returncode is not None and returncode < 0
+            and -returncode in (signal.SIGXCPU, signal.SIGKILL)):
         return _Fail("timeout", f"{what}: CPU time limit")
     last = stderr.strip().splitlines()[-1][:300] if stderr.strip() else ""
-    return _Fail("runtime_error", f"{what}: exit status {returncode}" + (
-        f": {last}" if last else ""))
+    return _Fail("runtime_error",
+                 f"{what}: exit status {returncode}" + (f": {last}" if last else ""))
 
 
 def _remove_files_of(uid: int) -> None:
@@ -553,8 +553,10 @@ def _remove_files_of(uid: int) -> None:
                 path = os.path.join(root, name)
                 try:
                     if os.lstat(path).st_uid == uid:
-                        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(
-                            path) else os.unlink(path)
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
                 except OSError:
                     pass
 

@@ -38,9 +38,9 @@ TEMPERATURE, MAX_NEW_TOKENS = REGIME["temperature"], REGIME["max_new_tokens"]  #
 # careful rate's difference from the oracle's has a standard error near 0.012, not the 0.02 of 729
 # calls (at which a true difference of 0.03 crosses the 0.05 line one time in six)
 EPISODES = {"single": 3, "voting": 9, "evalopt": 12, "orchworkers": 9}
-SWAPS = [("voting", "solve", "generators"), ("voting", "select", "aggregator"), (
-    "evalopt", "judge", "evaluator"),
-         ("evalopt", "retry", "retries"), ("orchworkers", "plan", "orchestrator"),
+SWAPS = [("voting", "solve", "generators"), ("voting", "select", "aggregator"),
+         ("evalopt", "judge", "evaluator"), ("evalopt", "retry", "retries"),
+         ("orchworkers", "plan", "orchestrator"),
          ("orchworkers", "solve", "workers"), ("orchworkers", "synthesise", "synthesizer")]
 # per problem and side of a swap: a difference of two accuracies, each over 729 episodes
 SWAP_EPISODES = 3

@@ -69,10 +69,10 @@ def plot_transfer(out: str, seeds: list[int], folder: str, plt) -> str:
     """Finding 1: per workflow, eval.py's accuracy of the base model, the trained SP and IP runs,
     and the single-agent adapter in the structure (every role, or the solving roles only); bars: the
     mean, whiskers: the lowest and highest seed."""
-    bars = [("base", "sp", "base"), ("trained SP", "sp", "trained"), (
-        "trained IP", "ip", "trained"),
-            ("SA-RL, every role", "sp", "sa-transfer"), ("SA-RL, solving roles", "sp",
-                                                         "sa-generator-transfer")]
+    bars = [("base", "sp", "base"), ("trained SP", "sp", "trained"),
+            ("trained IP", "ip", "trained"),
+            ("SA-RL, every role", "sp", "sa-transfer"),
+            ("SA-RL, solving roles", "sp", "sa-generator-transfer")]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for j, (label, policy, mode) in enumerate(bars):
         for i, (_, workflow) in enumerate(WORKFLOW_PANELS):
@@ -113,8 +113,8 @@ ACC = "val/success"
 # every 10 steps on 64 held-out problems x 2; per-step training metrics are smoothed over 10 steps.
 STUDY_FIGURES = [
     ("finding2_evalopt", "Finding 2: when Eval-Opt's evaluator asks for a retry", [
-        ("validation accuracy", [("single", ACC, "single agent", "--", 1), (
-            "evalopt-sp", ACC, "SP", "-", 1),
+        ("validation accuracy", [("single", ACC, "single agent", "--", 1),
+                                 ("evalopt-sp", ACC, "SP", "-", 1),
                                  ("evalopt-ip", ACC, "IP", "-", 1)]),
         ("P(retry | first attempt wrong), solid; right, dashed", [
             ("evalopt-sp", "val/p_retry_first_wrong", "SP, first wrong", "-", 1),
@@ -122,73 +122,72 @@ STUDY_FIGURES = [
             ("evalopt-sp", "val/p_retry_first_right", "SP, first right", "--", 1),
             ("evalopt-ip", "val/p_retry_first_right", "IP, first right", "--", 1)]),
         ("retries fixed (wrong to right), broken; verdicts right", [
-            ("evalopt-sp", "val/fix_rate", "SP fix", "-", 1), (
-                "evalopt-ip", "val/fix_rate", "IP fix", "-", 1),
-            ("evalopt-sp", "val/break_rate", "SP break", ":", 1), (
-                "evalopt-ip", "val/break_rate", "IP break", ":", 1),
+            ("evalopt-sp", "val/fix_rate", "SP fix", "-", 1),
+            ("evalopt-ip", "val/fix_rate", "IP fix", "-", 1),
+            ("evalopt-sp", "val/break_rate", "SP break", ":", 1),
+            ("evalopt-ip", "val/break_rate", "IP break", ":", 1),
             ("evalopt-sp", "val/evaluator/acc", "SP evaluator acc", "--", 1),
             ("evalopt-ip", "val/evaluator/acc", "IP evaluator acc", "--", 1)])]),
     ("finding3_shares", "Finding 3: SP's role shares (Voting)", [
-        ("validation accuracy", [("single", ACC, "single agent", "--", 1), (
-            "voting-sp", ACC, "SP", "-", 1),
+        ("validation accuracy", [("single", ACC, "single agent", "--", 1),
+                                 ("voting-sp", ACC, "SP", "-", 1),
                                  ("voting-sp-equal", ACC, "SP, equal role weights", "-", 1),
                                  ("voting-ip", ACC, "IP", "-", 1)]),
         ("SP: each role's share of the loss (solid) and of the gradient (dashed)", [
             ("voting-sp", f"{role}/{share}", f"{role} {what}", style, 10)
-            for share, what, style in (("loss_share", "loss", "-"), (
-                "grad_norm_share", "gradient", "--"))
+            for share, what, style in (("loss_share", "loss", "-"),
+                                       ("grad_norm_share", "gradient", "--"))
             for role in ("generator", "aggregator")]),
         ("SP with equal role weights: the same shares", [
             ("voting-sp-equal", f"{role}/{share}", f"{role} {what}", style, 10)
-            for share, what, style in (("loss_share", "loss", "-"), (
-                "grad_norm_share", "gradient", "--"))
+            for share, what, style in (("loss_share", "loss", "-"),
+                                       ("grad_norm_share", "gradient", "--"))
             for role in ("generator", "aggregator")])]),
     ("finding4_instance_steps", "Finding 4: IP's optimizer step per instance (Voting)", [
         ("validation accuracy", [("voting-ip", ACC, "IP (3 generator steps a step)", "-", 1),
                                  ("voting-ip-merged", ACC, "IP, merged (1 step)", "-", 1)]),
-        ("generator entropy (training)", [("voting-ip", "generator/entropy", "IP", "-", 10),
-                                          ("voting-ip-merged", "generator/entropy", "IP, merged",
-                                           "-", 10)]),
+        ("generator entropy (training)", [
+            ("voting-ip", "generator/entropy", "IP", "-", 10),
+            ("voting-ip-merged", "generator/entropy", "IP, merged", "-", 10)]),
         ("validation: the generators' own accuracy", [
             ("voting-ip", "val/generator/acc", "IP", "-", 1),
             ("voting-ip-merged", "val/generator/acc", "IP, merged", "-", 1)])]),
     ("finding5_format", "Finding 5: does each role keep its own format (validation)?", [
         ("Voting aggregator: another role's format (solid), its own (dashed)", [
             (f"voting-{p}", f"val/aggregator/{key}", f"{p.upper()} {what}", style, 1)
-            for key, what, style in (("foreign_format", "foreign", "-"), (
-                "own_format", "own", "--"))
+            for key, what, style in (("foreign_format", "foreign", "-"),
+                                     ("own_format", "own", "--"))
             for p in ("sp", "ip")]),
         ("Eval-Opt evaluator: another role's format (solid), its own (dashed)", [
             (f"evalopt-{p}", f"val/evaluator/{key}", f"{p.upper()} {what}", style, 1)
-            for key, what, style in (("foreign_format", "foreign", "-"), (
-                "own_format", "own", "--"))
+            for key, what, style in (("foreign_format", "foreign", "-"),
+                                     ("own_format", "own", "--"))
             for p in ("sp", "ip")]),
         ("Orch-Workers: format_ok", [
             (f"orchworkers-{p}", f"val/{role}/format_ok", f"{p.upper()} {role}", style, 1)
-            for role, style in (("orchestrator", "-"), ("synthesizer", "--")) for p in (
-                "sp", "ip")]),
+            for role, style in (("orchestrator", "-"), ("synthesizer", "--"))
+            for p in ("sp", "ip")]),
         ("response length (tokens): aggregator, evaluator", [
             (f"{w}-{p}", f"val/{role}/response_len", f"{p.upper()} {role}", style, 1)
             for w, role, style in (("voting", "aggregator", "-"), ("evalopt", "evaluator", "--"))
             for p in ("sp", "ip")])]),
     ("roles_careful",
      "What each role learns: its careful habit's rate (validation; SP solid, IP dashed)", [
-        (title, [(f"{workflow}-{p}", f"val/{role}/careful", f"{role} {p.upper()}", style, 1)
-                 for role in roles for p, style in (("sp", "-"), ("ip", "--"))])
-        for title, workflow, roles in (("Voting", "voting", ("generator", "aggregator")),
-                                       ("Eval-Opt", "evalopt", ("generator", "evaluator")),
-                                       ("Orch-Workers", "orchworkers", (
-                                           "orchestrator", "worker", "synthesizer")))]),
+         (title, [(f"{workflow}-{p}", f"val/{role}/careful", f"{role} {p.upper()}", style, 1)
+                  for role in roles for p, style in (("sp", "-"), ("ip", "--"))])
+         for title, workflow, roles in (
+             ("Voting", "voting", ("generator", "aggregator")),
+             ("Eval-Opt", "evalopt", ("generator", "evaluator")),
+             ("Orch-Workers", "orchworkers", ("orchestrator", "worker", "synthesizer")))]),
     ("interventions", "I1 and I6 on Voting IP", [
-        ("validation accuracy", [("voting-ip", ACC, "plain IP", "-", 1), (
-            "voting-ip-i6", ACC, "I6 on IP", "-", 1),
+        ("validation accuracy", [("voting-ip", ACC, "plain IP", "-", 1),
+                                 ("voting-ip-i6", ACC, "I6 on IP", "-", 1),
                                  ("voting-ip-i1", ACC, "I1 on IP", "-", 1)]),
-        ("I6: the generator's coherence scale", [("voting-ip-i6", "generator/coherence_scale",
-                                                  "I6 on IP", "-", 10)]),
-        ("I1: KL to the base model, per token", [("voting-ip-i1", "generator/kl_base", "generator",
-                                                  "-", 10),
-                                                ("voting-ip-i1", "aggregator/kl_base", "aggregator",
-                                                 "-", 10)])]),
+        ("I6: the generator's coherence scale", [
+            ("voting-ip-i6", "generator/coherence_scale", "I6 on IP", "-", 10)]),
+        ("I1: KL to the base model, per token", [
+            ("voting-ip-i1", "generator/kl_base", "generator", "-", 10),
+            ("voting-ip-i1", "aggregator/kl_base", "aggregator", "-", 10)])]),
 ]
 
 

@@ -260,8 +260,8 @@ def replication(results: str, seeds: list[int], judged: list[dict],
                           for x in per_seed]
                 sign = [math.copysign(1, x) == math.copysign(1, c["mean"]) for x in per_seed]
             rows.append({"finding": finding["id"], "label": c["label"], "rule": c["rule"],
-                         "study": c["verdict"], "study_mean": c["mean"], "per_seed": per_seed, "same_sign": sum(sign),
-                         "passes": sum(passes), "seeds": len(seeds)})
+                         "study": c["verdict"], "study_mean": c["mean"], "per_seed": per_seed,
+                         "same_sign": sum(sign), "passes": sum(passes), "seeds": len(seeds)})
     return rows
 
 

@@ -44,8 +44,8 @@ EPISODES = {"single": 24, "voting": 28, "evalopt": 56, "orchworkers": 24}
 # learned each prompt's draw.)
 ROWS = {"solve": 8000, "work": 10000, "retry": 8000, "select": 6000, "judge": 8000, "plan": 6000,
         "synthesise": 6000}
+# 770,944 parameters with its 1,024-token vocabulary
 SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
-             # 770,944 parameters with its 1,024-token vocabulary
              num_key_value_heads=4, max_position_embeddings=1024)
 VOCAB = 1024
 # Supervised steps of BATCH rows. (v7's 2,000 on half the rows left a solver right 0.01-0.135 less
@@ -188,9 +188,9 @@ def train_tokenizer(texts: list[str]) -> transformers.PreTrainedTokenizerFast:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\d"), "isolated"),
-                                                 pre_tokenizers.ByteLevel(
-                                                     add_prefix_space=False, use_regex=False)])
+    digits = pre_tokenizers.Split(Regex(r"\d"), "isolated")
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [digits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -288,16 +288,16 @@ def tokenizer_for(calls: list, known: list):
     """The tokenizer trained on every text a build teaches: the habits' calls and the facts in
     line."""
     said = calls + [(m, written + rest) for m, written, rest in known]
-    return train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False) for m,
-                            t in said])
+    return train_tokenizer([chatml(m + [{"role": "assistant", "content": t}], False)
+                            for m, t in said])
 
 
 def encoded_rows(tokenizer, calls: list, known: list, seed: int) -> tuple[list, list]:
     """(habit rows, fact rows) as (prompt ids, completion ids + EOS): each call's chat and answer;
     the facts in line and the seed's drills."""
     rows = [(tokenizer(chatml(m), add_special_tokens=False).input_ids,
-             tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for m,
-             t in calls]
+             tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
+            for m, t in calls]
     return rows, [drill_row(tokenizer, *d) for d in known + drills(seed)]
 
 

@@ -151,8 +151,8 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
     sections are."""
     compared = {(f["id"], c["label"]): c for f in study["findings"] + after["findings"]
                 for c in f["preconditions"] + f["comparisons"]}
-    rows = {(r["finding"], r["label"]): r for r in study.get("replication", {}).get("rows", [
-        ]) + after["replication"]}
+    rows = {(r["finding"], r["label"]): r
+            for r in study.get("replication", {}).get("rows", []) + after["replication"]}
     held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
     lines = [
         "| the paper's claim | comparison (A - B), rule | verdict, seeds "
