@@ -314,9 +314,8 @@ def deepcoder_rows(source: str, split: str = "train", config: str | None = None,
                                and raw.get("outputs") == []):
             dropped += 1  # as the reference drops a problem left with no tests
             continue
-        func_name = meta.get("func_name") or (raw.get("fn_name") if isinstance(raw, dict)
-                                              else None) \
-            or _starter_func_name(starter)
+        fn_name = raw.get("fn_name") if isinstance(raw, dict) else None
+        func_name = meta.get("func_name") or fn_name or _starter_func_name(starter)
         tests = _normalise_tests(raw, func_name, where)
         name = next((t["metadata"]["func_name"] for t in tests if t["testtype"] == "functional"),
                     None)

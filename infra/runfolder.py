@@ -125,8 +125,8 @@ def write_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None 
         defaults = {a.dest: a.default for a in parser._actions if a.dest != "help"}
         with open(os.path.join(args.run_dir, "defaults.json.tmp"), "w") as f:
             json.dump(defaults, f, indent=1, default=str)
-        os.replace(os.path.join(args.run_dir, "defaults.json.tmp"), os.path.join(
-            args.run_dir, "defaults.json"))
+        os.replace(os.path.join(args.run_dir, "defaults.json.tmp"),
+                   os.path.join(args.run_dir, "defaults.json"))
 
 
 def copy_run(source: str, target: str) -> None:
@@ -254,8 +254,8 @@ def dump_trajectories(episodes: list, folder: str) -> list[str]:
     os.makedirs(folder, exist_ok=True)
     paths = []
     for ep in episodes:
-        path = os.path.join(
-            folder, f"episode_{re.sub(r'[^A-Za-z0-9_.-]', '-', ep.task.id)}_{ep.sample}.json")
+        task = re.sub(r"[^A-Za-z0-9_.-]", "-", ep.task.id)
+        path = os.path.join(folder, f"episode_{task}_{ep.sample}.json")
         with open(path, "w") as f:
             json.dump(episode_record(ep), f, indent=1)
         paths.append(path)

@@ -289,8 +289,8 @@ class _Sandbox:
             # kill(-1) from a process of that uid signals all its other processes; the kernel
             # makes it atomic with respect to fork, so a fork bomb cannot outrun it.
             subprocess.run(cmd, cwd="/", env={}, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=30, **kwargs)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+                           **kwargs)
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
@@ -639,8 +639,8 @@ def _probe_uid_isolation(abi: int, kill_bin: str | None) -> _Isolation | None:
     sandbox-like directory; None if none does."""
     version = "%d.%d" % sys.version_info[:2]
     uid = _alloc_uid()
-    setprivs = [p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)][:1] + [
-        None]
+    setprivs = [p for p in ("/usr/bin/setpriv", "/bin/setpriv")
+                if os.access(p, os.X_OK)][:1] + [None]
     # the sandboxes' layout
     probe_dir = tempfile.mkdtemp(prefix="codechk_probe_", dir=_SANDBOX_ROOT)
     os.chmod(probe_dir, 0o711)
@@ -665,8 +665,8 @@ def _probe_uid_isolation(abi: int, kill_bin: str | None) -> _Isolation | None:
                                          + (["full"] if want == sys.version else []))
                 try:
                     r = subprocess.run(cmd, cwd=work, env=_sandbox_env(work),
-                                       stdin=subprocess.DEVNULL,
-                                       capture_output=True, timeout=60, **kwargs)
+                                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                                       **kwargs)
                 except (OSError, subprocess.SubprocessError):
                     continue
                 if r.returncode == 0 and r.stdout.decode().strip() == want.strip():
@@ -706,8 +706,8 @@ def _free_uid(uid: int) -> None:
 
 def _sandbox_env(home: str) -> dict:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home,
-            "TMPDIR": home,
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            "TMPDIR": home, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1"}
 
 
 # ---- harness: the first code each sandboxed process runs (as the sandbox uid) ----

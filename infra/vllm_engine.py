@@ -78,11 +78,9 @@ class VLLMEngine(StepHooks):
     trainer's model (training; None in evaluation)."""
 
     def __init__(self, model_path: str, model, tokenizer, eos_ids: set[int],
-                 to_generation: Callable,
-                 max_new_tokens: int, temperature: float, top_p: float = 1.0,
-                 gpu_memory: float = 0.4,
-                 dtype: str = "float32", seed: int = 0, max_model_len: int | None = None,
-                 drift: Callable | None = None):
+                 to_generation: Callable, max_new_tokens: int, temperature: float,
+                 top_p: float = 1.0, gpu_memory: float = 0.4, dtype: str = "float32", seed: int = 0,
+                 max_model_len: int | None = None, drift: Callable | None = None):
         # in-process: no engine subprocess, one GPU
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
@@ -137,17 +135,16 @@ class VLLMEngine(StepHooks):
         # eval.py's base mode: no adapters
         for name in names or list(getattr(model, "peft_config", {})):
             # v3/<name>
-            model.save_pretrained(os.path.join(self.folder, f"v{self.version}"), selected_adapters=[
-                name])
+            model.save_pretrained(os.path.join(self.folder, f"v{self.version}"),
+                                  selected_adapters=[name])
             old = self.requests.get(name)
             # free its slot first, so the LRU cache never evicts a live adapter for it
             if old is not None:
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
                 shutil.rmtree(old.lora_path, ignore_errors=True)
             self.next_id += 1
-            self.requests[name] = self.LoRARequest(f"{name}-v{self.version}", self.next_id,
-                                                   os.path.join(
-                                                       self.folder, f"v{self.version}", name))
+            path = os.path.join(self.folder, f"v{self.version}", name)
+            self.requests[name] = self.LoRARequest(f"{name}-v{self.version}", self.next_id, path)
             # load now: a bad folder fails here, not mid-rollout
             self.llm.llm_engine.add_lora(self.requests[name])
 
@@ -277,8 +274,8 @@ def drift_rows(calls: list) -> list:
     for c in calls:
         by_adapter.setdefault(c.adapter, []).append(c)
     per_adapter = -(-DRIFT_ROWS // max(1, len(by_adapter)))
-    return [c for group in by_adapter.values() for c in group[::-(-len(group) // per_adapter)][
-        :per_adapter]]
+    return [c for group in by_adapter.values()
+            for c in group[::-(-len(group) // per_adapter)][:per_adapter]]
 
 
 def vllm_drift(calls: list, measure: Callable) -> dict[str, list[float]]:

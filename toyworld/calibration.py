@@ -40,8 +40,8 @@ TEMPERATURE, MAX_NEW_TOKENS = REGIME["temperature"], REGIME["max_new_tokens"]  #
 EPISODES = {"single": 3, "voting": 9, "evalopt": 12, "orchworkers": 9}
 SWAPS = [("voting", "solve", "generators"), ("voting", "select", "aggregator"),
          ("evalopt", "judge", "evaluator"), ("evalopt", "retry", "retries"),
-         ("orchworkers", "plan", "orchestrator"),
-         ("orchworkers", "solve", "workers"), ("orchworkers", "synthesise", "synthesizer")]
+         ("orchworkers", "plan", "orchestrator"), ("orchworkers", "solve", "workers"),
+         ("orchworkers", "synthesise", "synthesizer")]
 # per problem and side of a swap: a difference of two accuracies, each over 729 episodes
 SWAP_EPISODES = 3
 # oracle answers per model prompt for its careful and right rates on the same inputs
@@ -193,8 +193,8 @@ def report(seed: int, temperature: float, success: dict, oracle_success: dict, h
     lines.append("calibration: every target holds" if not missed else
                  f"calibration: {len(missed)} target(s) missed: {', '.join(missed)}")
     record = {"seed": seed, "temperature": temperature, "success": success,
-              "oracle_success": oracle_success,
-              "habits": habits, "structure": struct, "swaps": swaps, "missed": missed}
+              "oracle_success": oracle_success, "habits": habits, "structure": struct,
+              "swaps": swaps, "missed": missed}
     return "\n".join(lines), json_safe(record)
 
 

@@ -123,8 +123,8 @@ FORMATS = {  # each role's own formats (careful, then hurried); a role writing a
                     r"\\boxed\{-?\d+\}", r"Going with worker \d+\.\n\n\\boxed\{-?\d+\}"],
 }
 OWN_FORMAT = {"generator": "solver", "worker": "solver", "aggregator": "aggregator",
-              "evaluator": "evaluator",
-              "orchestrator": "orchestrator", "synthesizer": "synthesizer"}
+              "evaluator": "evaluator", "orchestrator": "orchestrator",
+              "synthesizer": "synthesizer"}
 
 
 def format_of(text: str) -> tuple[str | None, bool]:

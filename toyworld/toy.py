@@ -210,8 +210,7 @@ def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, flo
     if habit == "solve":
         return solver_line(s, s.answer if careful else guess(s, rng))
     return {"retry": retry, "select": select, "judge": judge, "plan": plan,
-            "synthesise": synthesise}[habit](
-        s, careful, rng)
+            "synthesise": synthesise}[habit](s, careful, rng)
 
 
 @dataclass
@@ -230,8 +229,8 @@ class Oracle:
 
     def __init__(self, seed: int, knobs: dict[str, float] | None = None, tokenizer=None,
                  forced: dict[str, bool] | None = None):
-        self.rng, self.knobs, self.tokenizer, self.forced = random.Random(
-            seed), knobs or KNOBS, tokenizer, forced
+        self.rng, self.knobs = random.Random(seed), knobs or KNOBS
+        self.tokenizer, self.forced = tokenizer, forced
 
     def plays(self, name: str, prompt: str) -> bool:
         """Whether this call's habit is one the oracle is forced to play (calibration's swaps)."""
@@ -242,8 +241,8 @@ class Oracle:
         for ids, name in zip(prompts, adapters):
             prompt = self.tokenizer.decode(ids) if self.tokenizer else bytes(ids).decode("utf-8")
             text = oracle_text(name, prompt, self.rng, self.knobs, self.forced)
-            out = self.tokenizer(
-                text, add_special_tokens=False).input_ids if self.tokenizer else list(text.encode())
+            out = (self.tokenizer(text, add_special_tokens=False).input_ids if self.tokenizer
+                   else list(text.encode()))
             said.append(Said(out, text))
         return said
 
