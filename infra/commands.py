@@ -47,8 +47,8 @@ def add_commands(commands) -> None:
     calibrate.add_argument("--temperature", type=number(float, 0), default=None,
                            help="sampling temperature (default: the study's, "
                            "calibration.TEMPERATURE)")
-    report = commands.add_parser("report", help="one HTML file: per-role curves, warnings, sampled "
-                                 "episodes")
+    report = commands.add_parser("report", help="one HTML file: per-role curves, warnings, "
+                                 "sampled episodes")
     report.add_argument("runs", nargs="+", help="run folders written by train.py")
     report.add_argument("--out", required=True, help="the HTML file to write")
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")

@@ -64,8 +64,8 @@ def dapo_rows(source: str, split: str = "train", limit: int | None = None,
     for what, names in (("question", _QUESTION_FIELDS), ("answer", _ANSWER_FIELDS)):
         fields.append(next((n for n in names if n.split(".")[0] in columns), None))
         if fields[-1] is None:
-            raise DataError(f"{source}: no {what} field (looked for {', '.join(names)}; columns: "
-                            f"{', '.join(sorted(columns))})")
+            raise DataError(f"{source}: no {what} field (looked for {', '.join(names)}; "
+                            f"columns: {', '.join(sorted(columns))})")
     stem = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
     out = []
     for i, row in enumerate(rows):

@@ -49,8 +49,8 @@ def results_command(paths: list[str]) -> str:
                         "first)")
     records = [r for path in files for r in read_results(path, EVAL_KEYS)]
     if not records:
-        usage_error(f"no evaluation records in {', '.join(paths)} (run `python eval.py --run-dir "
-                    "RUN` first)")
+        usage_error(f"no evaluation records in {', '.join(paths)} "
+                    "(run `python eval.py --run-dir RUN` first)")
     table = results_table(records)
     print(table)
     return table

@@ -247,8 +247,8 @@ def calibration_warning(seed: int) -> str | None:
     it passes."""
     record = calibration_record(seed)
     if record is None:
-        return (f"note: no calibration record for the toy model of seed {seed} here (python -m "
-                f"toyworld.toy --calibrate --seed {seed}, about 3 minutes)")
+        return (f"note: no calibration record for the toy model of seed {seed} here "
+                f"(python -m toyworld.toy --calibrate --seed {seed}, about 3 minutes)")
     if record["missed"]:
         return (
             f"warning: the toy model of seed {seed} misses {len(record['missed'])} calibration "

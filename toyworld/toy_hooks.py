@@ -50,8 +50,8 @@ def model_folder(seed: int) -> str:
     """`--model toy`: the folder of the toy model of `seed` (policies.load_model loads it), once
     built."""
     if not toy.ready(seed):
-        raise OSError(f"the toy model of seed {seed} is not built yet (python train.py --model toy "
-                      f"--seed {seed} builds it)")
+        raise OSError(f"the toy model of seed {seed} is not built yet "
+                      f"(python train.py --model toy --seed {seed} builds it)")
     return toy.folder(seed)
 
 
