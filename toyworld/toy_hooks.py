@@ -6,8 +6,8 @@ infra/: this is the only toyworld module they import (tests/test_layering.py hol
 calls `build_before_load` and `validation_tallies`, which do nothing for any other model than `toy`;
 policies.load_model reads `model_folder`; infra/flags.py presets `REGIME` under `--model toy`;
 eval.py's `calibrate` command (its flags: infra/commands.py) runs `calibrate_command`. What it is
-not: the toy world itself (toyworld/toy.py, toy_model.py, calibration.py). toyworld/ never imports
-the concept files at the top level, so the rollout that plays the workflows (`play`:
+not: the toy world itself (toyworld/toy.py, reading.py, toy_model.py, calibration.py). toyworld/
+never imports the concept files at the top level, so the rollout that plays the workflows (`play`:
 eval.play_every_problem) and the engine that samples the toy model (eval.toy_engine) come from the
 caller.
 
