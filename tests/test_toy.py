@@ -348,14 +348,14 @@ def test_a_study_seed_copies_its_committed_model_and_any_other_build_builds(tmp_
     import tarfile
 
     from toyworld import toy_model
-    built = tmp_path / "built"  # what a build writes, committed as one tar
+    built = tmp_path / "built"  # what a build writes, committed as a folder of one tar
     built.mkdir()
     (built / "model.safetensors").write_bytes(b"weights")
     (built / "toy.json").write_text(json.dumps({"minutes": 33.5, "versions": {"cpu_capability": "AVX512"}}))
     (tmp_path / "models").mkdir()
-    with tarfile.open(tmp_path / "models" / f"toy-v{toy.VERSION}-seed2.tar", "w") as tar:
+    with tarfile.open(tmp_path / "models" / f"toy-v{toy.VERSION}.tar", "w") as tar:
         for name in ("model.safetensors", "toy.json"):
-            tar.add(built / name, arcname=name)
+            tar.add(built / name, arcname=f"seed2/{name}")
     monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "models"))
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
 
@@ -379,12 +379,11 @@ def test_a_study_seed_copies_its_committed_model_and_any_other_build_builds(tmp_
 
 
 def test_the_committed_models_are_the_study_candidates_as_recorded(tmp_path):
-    """docs/findings/models/ holds seeds 0-5 at this VERSION, one tar each of the folder a build writes, each
+    """docs/findings/models/ holds seeds 0-5 at this VERSION, one tar of the folders a build writes, each
     toy.json the build record of avx512/ in docs/findings/builds.jsonl (its last warm-up loss to every digit: the
     model the calibration table describes), each loading as the toy model's shape (770,944 parameters, its
     1,024-token vocabulary)."""
     import json
-    import tarfile
 
     from safetensors import safe_open
 
@@ -395,8 +394,7 @@ def test_the_committed_models_are_the_study_candidates_as_recorded(tmp_path):
     builds = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings",
                           "builds.jsonl")
     for seed in seeds:
-        with tarfile.open(toy_model.committed(seed)) as tar:
-            tar.extractall(tmp_path / str(seed), filter="data")
+        toy_model.copy_committed(seed, str(tmp_path / str(seed)))
         record = json.load(open(tmp_path / str(seed) / "toy.json"))
         assert [record] == file_records(builds, f"avx512/seed{seed}.toy.json"), seed
         with safe_open(str(tmp_path / str(seed) / "model.safetensors"), "pt") as f:

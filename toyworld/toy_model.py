@@ -322,11 +322,14 @@ def library_versions() -> dict[str, str]:
 
 
 def committed(seed: int) -> str | None:
-    """The study's toy model of `seed` as it was built and calibrated (AVX512, one thread: its
-    toy.json), committed in docs/findings/models/ at this VERSION as one tar of the folder a build
-    writes; None for a seed the study did not consider."""
-    path = os.path.join(COMMITTED, f"toy-v{VERSION}-seed{seed}.tar")
-    return path if os.path.isfile(path) else None
+    """The tar that holds the study's toy model of `seed` as it was built and calibrated (AVX512,
+    one thread: its toy.json): docs/findings/models/ at this VERSION, one tar whose folder `seedS/`
+    is what a build of seed S writes; None for a seed the study did not consider."""
+    path = os.path.join(COMMITTED, f"toy-v{VERSION}.tar")
+    if not os.path.isfile(path):
+        return None
+    with tarfile.open(path) as tar:
+        return path if f"seed{seed}/toy.json" in tar.getnames() else None
 
 
 def copy_committed(seed: int, out: str) -> str:
@@ -336,15 +339,18 @@ def copy_committed(seed: int, out: str) -> str:
     source, tmp = committed(seed), out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     with tarfile.open(source) as tar:
-        tar.extractall(tmp, filter="data")
-    with open(os.path.join(tmp, "toy.json")) as f:
+        mine = [m for m in tar.getmembers() if m.name.startswith(f"seed{seed}/")]
+        tar.extractall(tmp, members=mine, filter="data")
+    folder = os.path.join(tmp, f"seed{seed}")
+    with open(os.path.join(folder, "toy.json")) as f:
         record = json.load(f)
     print(
         f"[toy] seed {seed}: the study's toy model, copied from {os.path.relpath(source)} (built "
         f"in {record['minutes']:.0f} minutes on {record['versions']['cpu_capability']}; python -m "
         f"toyworld.toy --build --seed {seed} --out DIR builds it afresh)", flush=True)
     shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    os.replace(folder, out)
+    shutil.rmtree(tmp)
     return out
 
 
