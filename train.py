@@ -278,7 +278,8 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
                     max_tokens=update.max_tokens_per_micro_batch)  # vLLM's, in the update's budget
     engine = make_engine(cfg.engine, model, tokenizer, base_folder, cfg.max_new_tokens,
                          cfg.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
-                         cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift)
+                         cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift,
+                         cfg.decode)
     return Trainer(model, tokenizer, optimizers, engine, {})
 
 
@@ -383,6 +384,9 @@ class Settings:
     engine: str = setting("auto", "--engine", "auto: vllm on CUDA when it imports, else hf "
                           "(transformers generate)", group="rollout",
                           choices=["auto", "hf", "vllm"])
+    decode: str = setting("auto", "--decode", "hf: static compiles the decode step (CUDA), "
+                          "dynamic does not; auto: static on CUDA",
+                          choices=["auto", "dynamic", "static"])
     temperature: float = setting(0.7, "--temperature", "sampling temperature", within="[0, inf)",
                                  paper=0.7)
     top_p: float = setting(1.0, "--top-p", "nucleus sampling", within="(0, 1]", paper=1.0)
