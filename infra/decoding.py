@@ -13,11 +13,13 @@ changed adapter is a guard that fails once, then a second compiled graph). A PEF
 batch (`adapter_names`) runs hooks per adapter's rows that the compiler would break on, so in the
 static mode the engine cuts its rows by adapter first (`call_groups`): every call has one.
 
-What it is not for. It does not change what is sampled: on the CPU nothing is compiled, and
-greedy rows equal the dynamic mode's (tests/test_policies.py). It is not continuous batching (a
-call still runs until its longest row ends), it does not merge the adapter into the weights,
-and its memory is the dynamic mode's plan (infra/memory.py) plus at most CACHE_BLOCK columns a
-row; on a GPU its speed and peaks are still unmeasured (bench/README.md).
+What it is not for. It does not change what is sampled: greedy rows equal the dynamic mode's,
+and sampled rows equal them call by call (a mixed batch's rows are drawn in other calls: the same
+distribution, other draws; tests/test_policies.py). On the CPU nothing is compiled. It is not
+continuous batching (a call still runs until its longest row ends), it does not merge the
+adapter into the weights, and its memory is the dynamic mode's plan (infra/memory.py) plus fewer
+than CACHE_BLOCK columns a row and the compiled graphs' pools. On a GPU its speed, compile time
+and peaks are still unmeasured (bench/README.md).
 """
 from __future__ import annotations
 
@@ -85,9 +87,9 @@ def call_cache(mode: str, model, prefix, tokens: int):
 def static_cache(model, tokens: int, prefix=None) -> StaticCache:
     """A `StaticCache` for `tokens` columns a row (prompt + new tokens), rounded up to CACHE_BLOCK,
     holding `prefix` (a filled DynamicCache, e.g. the shared prompt pass's) if given; `generate`
-    then runs only the columns after it. The prefix's layers are copied one at a time and freed,
-    so the two caches coexist for at most one layer's prompt K and V. On CUDA it also raises
-    torch.compile's recompile limit to RECOMPILE_LIMIT."""
+    then runs only the columns after it. The prefix's layers are copied one at a time and freed
+    (it is emptied), so the copy costs one layer's prompt K and V beyond the static cache. On CUDA
+    it also raises torch.compile's recompile limit to RECOMPILE_LIMIT."""
     if next(model.parameters()).is_cuda:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
                                                     RECOMPILE_LIMIT)

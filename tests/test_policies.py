@@ -651,6 +651,8 @@ def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_ad
         decoding.decode_mode("fast", model)
     assert decoding.call_groups(["x", "y", None, "x"], "dynamic") == [[0, 1, 2, 3]]
     assert decoding.call_groups(["x", "y", None, "x"], "static") == [[0, 3], [1], [2]]
+    # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths
+    assert [decoding.static_cache(model, n).layers[0].max_cache_len for n in (1, 128, 129)] == [128, 128, 256]
 
 
 def test_static_decode_greedy_equals_dynamic(two_adapter_model):
