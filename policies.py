@@ -260,9 +260,9 @@ class HFEngine(StepHooks):
                 self.prefill_columns)
             # with a cache, generate() runs only each row's last prompt token on top of it; static:
             # a cache preallocated for the call, holding the shared prompts' (infra/decoding.py)
-            cache = decoding.call_cache(self.decode, self.model, shared[0] if shared else None,
-                                        ids.shape[1] + self.max_new_tokens)
-            cache = {cache_kwarg(self.model): cache} if cache is not None else {}
+            width = ids.shape[1] + self.max_new_tokens
+            cache = decoding.cache_kwargs(self.decode, self.model, shared[0] if shared else None,
+                                          width, cache_kwarg(self.model))
             seqs = self.model.generate(input_ids=ids, attention_mask=mask,
                                        max_new_tokens=self.max_new_tokens,
                                        pad_token_id=self.tokenizer.pad_token_id,

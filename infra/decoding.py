@@ -6,12 +6,13 @@ step launches a few thousand small kernels from Python, and the cache concatenat
 K and V once more each step. The static mode hands `generate` a `StaticCache`, preallocated for
 the call's widest prompt plus its new tokens. transformers then compiles the model's forward for
 the decode steps on CUDA by itself (`generate` checks for a compileable cache; its default
-`CompileConfig` is inductor with CUDA graphs, `mode="reduce-overhead"`), so a step is one graph
-replay instead of thousands of launches. This is what transformers ships (5.17 and 5.24 alike).
-LoRA stays unmerged: the compiled forward runs PEFT's layers with the one active adapter (a
-changed adapter is a guard that fails once, then a second compiled graph). A PEFT mixed-adapter
-batch (`adapter_names`) runs hooks per adapter's rows that the compiler would break on, so in the
-static mode the engine cuts its rows by adapter first (`call_groups`): every call has one.
+`CompileConfig` is inductor with CUDA graphs, `mode="reduce-overhead"`; here with dynamic
+shapes, COMPILE), so a step is one graph replay instead of thousands of launches. This is what
+transformers ships, in 5.17 as in 5.24. LoRA stays unmerged: the compiled forward runs PEFT's
+layers with the one active adapter (a changed adapter is a guard that fails once, then a second
+compiled graph). A PEFT mixed-adapter batch (`adapter_names`) runs hooks per adapter's rows
+that the compiler would break on, so in the static mode the engine cuts its rows by adapter
+first (`call_groups`): every call has one.
 
 What it is not for. It does not change what is sampled: greedy rows equal the dynamic mode's,
 and sampled rows equal them call by call (a mixed batch's rows are drawn in other calls: the same
@@ -24,15 +25,19 @@ and peaks are still unmeasured (bench/README.md).
 from __future__ import annotations
 
 import torch
-from transformers import StaticCache
+from transformers import CompileConfig, StaticCache
 
 DECODE_MODES = ("auto", "dynamic", "static")
 # the static cache's length is rounded up to a multiple of this: calls whose widest prompts differ
 # by a few tokens then share one compiled shape (CUDA graphs are recorded once per shape)
 CACHE_BLOCK = 128
 # torch.compile's recompiles per function before it falls back to eager (torch's default: 8):
-# each adapter, the base, and each new shape of (rows, cache length) is one
+# each adapter and the base is one
 RECOMPILE_LIMIT = 64
+# how generate() compiles the decode step on CUDA: transformers' defaults (inductor, CUDA graphs),
+# but shapes dynamic from the first compile. Calls differ in rows and cache length; with torch's
+# default (static first, dynamic at the first new shape) each adapter would compile twice or more
+COMPILE = CompileConfig(dynamic=True)
 
 
 def decode_mode(decode: str, model) -> str:
@@ -78,10 +83,13 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def call_cache(mode: str, model, prefix, tokens: int):
-    """The cache a generate() call starts from: dynamic, `prefix` as it is (None: generate makes
-    its own DynamicCache); static, `static_cache(model, tokens, prefix)`."""
-    return prefix if mode == "dynamic" else static_cache(model, tokens, prefix)
+def cache_kwargs(mode: str, model, prefix, tokens: int, keyword: str) -> dict:
+    """generate()'s keywords for its cache (`keyword`: its name, by transformers version). Dynamic:
+    `prefix` as it is, or none (generate makes its own DynamicCache). Static: the cache of
+    `static_cache(model, tokens, prefix)`, and COMPILE."""
+    if mode == "dynamic":
+        return {} if prefix is None else {keyword: prefix}
+    return {keyword: static_cache(model, tokens, prefix), "compile_config": COMPILE}
 
 
 def static_cache(model, tokens: int, prefix=None) -> StaticCache:

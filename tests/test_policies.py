@@ -6,6 +6,7 @@ Adapter names avoid single letters such as "a": PEFT warns that a name contained
 re-initialised on loading.
 """
 
+import dataclasses
 import json
 import os
 import runpy
@@ -15,7 +16,6 @@ import peft
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from transformers import CompileConfig
 
 from infra import decoding
 from infra.checkpoints import load_adapters, save_adapters
@@ -712,25 +712,24 @@ def test_static_decode_splits_a_mixed_batch_into_one_adapter_calls(two_adapter_m
     assert got == alone
 
 
-def test_static_decode_step_compiles_as_one_graph_with_lora(two_adapter_model):
-    """What runs on CUDA, traced on the CPU: generate() compiles the decode step when its cache is a StaticCache.
-    Forced onto the CPU (`_compile_all_devices`) with dynamo's eager backend (the trace without inductor, seconds)
-    and fullgraph=True (a graph break raises), the PEFT model with its active LoRA adapter traces whole, at least
-    one graph is captured, and the greedy rows equal the dynamic mode's."""
+def test_static_decode_step_compiles_as_one_graph_with_lora(two_adapter_model, monkeypatch):
+    """What runs on CUDA, traced on the CPU: generate() compiles the decode step when its cache is a StaticCache,
+    with the engine's CompileConfig (decoding.COMPILE: dynamic shapes). Forced onto the CPU (`_compile_all_devices`)
+    with dynamo's eager backend (the trace without inductor, seconds) and fullgraph=True (a graph break raises),
+    the PEFT model with its active LoRA adapter traces whole, at least one graph is captured, and the greedy rows
+    equal the dynamic mode's."""
     model, tok = two_adapter_model
     rows, adapters = [_prompt(tok, t) for t in PROMPT_TEXTS[:3]], ["x", "y", "x"]
     want = _completions(HFEngine(model, tok, 6, 0, decode="dynamic"), rows, adapters)
-    config = CompileConfig(backend="eager", fullgraph=True, mode=None)
+    config = dataclasses.replace(decoding.COMPILE, backend="eager", fullgraph=True, mode=None)
     config._compile_all_devices = True
-    base = model.get_base_model()
-    base.generation_config.compile_config = config
+    monkeypatch.setattr(decoding, "COMPILE", config)
     torch._dynamo.reset()
     counters.clear()
     try:
         got = _completions(HFEngine(model, tok, 6, 0, decode="static"), rows, adapters)
         graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     finally:
-        base.generation_config.compile_config = None
         torch._dynamo.reset()
     assert got == want
     assert graphs >= 1 and breaks == 0
