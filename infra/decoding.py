@@ -86,10 +86,13 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def cache_kwargs(mode: str, model, prefix, tokens: int, keyword: str) -> dict:
     """generate()'s keywords for its cache (`keyword`: its name, by transformers version). Dynamic:
     `prefix` as it is, or none (generate makes its own DynamicCache). Static: the cache of
-    `static_cache(model, tokens, prefix)`, and COMPILE."""
+    `static_cache(model, tokens, prefix)`, and COMPILE where generate() compiles."""
     if mode == "dynamic":
         return {} if prefix is None else {keyword: prefix}
-    return {keyword: static_cache(model, tokens, prefix), "compile_config": COMPILE}
+    # where generate() compiles: CUDA (or a config forced onto every device, as a test does)
+    compiles = next(model.parameters()).is_cuda or COMPILE._compile_all_devices
+    compile_config = {"compile_config": COMPILE} if compiles else {}
+    return {keyword: static_cache(model, tokens, prefix), **compile_config}
 
 
 def static_cache(model, tokens: int, prefix=None) -> StaticCache:
