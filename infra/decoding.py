@@ -34,6 +34,10 @@ CACHE_BLOCK = 128
 # torch.compile's recompiles per function before it falls back to eager (torch's default: 8):
 # each adapter and the base is one
 RECOMPILE_LIMIT = 64
+# CUDA graph re-recordings per function before it runs without graphs (inductor's default: 128;
+# torch 2.13 no longer counts a static input's new address, older versions may): every call's
+# StaticCache is new, at new addresses, so a training run re-records at every call
+RERECORD_LIMIT = 1 << 30
 # how generate() compiles the decode step on CUDA: transformers' defaults (inductor, CUDA graphs),
 # but shapes dynamic from the first compile. Calls differ in rows and cache length; with torch's
 # default (static first, dynamic at the first new shape) each adapter would compile twice or more
@@ -100,10 +104,12 @@ def static_cache(model, tokens: int, prefix=None) -> StaticCache:
     holding `prefix` (a filled DynamicCache, e.g. the shared prompt pass's) if given; `generate`
     then runs only the columns after it. The prefix's layers are copied one at a time and freed
     (it is emptied), so the copy costs one layer's prompt K and V beyond the static cache. On CUDA
-    it also raises torch.compile's recompile limit to RECOMPILE_LIMIT."""
+    it also raises torch.compile's limits to RECOMPILE_LIMIT and RERECORD_LIMIT."""
     if next(model.parameters()).is_cuda:
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
-                                                    RECOMPILE_LIMIT)
+        import torch._inductor.config as inductor
+        dynamo = torch._dynamo.config
+        dynamo.cache_size_limit = max(dynamo.cache_size_limit, RECOMPILE_LIMIT)
+        inductor.triton.cudagraph_unexpected_rerecord_limit = RERECORD_LIMIT
     length = -(-tokens // CACHE_BLOCK) * CACHE_BLOCK
     cache = StaticCache(config=model.config, max_cache_len=length)
     if prefix is not None:

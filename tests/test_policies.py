@@ -11,6 +11,7 @@ import json
 import os
 import runpy
 import sys
+import types
 
 import peft
 import pytest
@@ -653,6 +654,29 @@ def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_ad
     assert decoding.call_groups(["x", "y", None, "x"], "static") == [[0, 3], [1], [2]]
     # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths
     assert [decoding.static_cache(model, n).layers[0].max_cache_len for n in (1, 128, 129)] == [128, 128, 256]
+
+
+def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_model, monkeypatch):
+    """What the static mode does on CUDA, read on the CPU through a model whose parameters say they are on CUDA:
+    auto resolves to static, generate() is given decoding.COMPILE, and torch's limits are raised (each adapter is
+    a recompile, each call's new cache a CUDA graph re-recording), from torch's defaults 8 and 128."""
+    import torch._inductor.config as inductor
+    model, _ = two_adapter_model
+
+    class OnCuda:  # what the decoding functions read of a model: its parameters' device and its config
+        config = model.config
+
+        def parameters(self):
+            return iter([types.SimpleNamespace(is_cuda=True)])
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
+    monkeypatch.setattr(inductor.triton, "cudagraph_unexpected_rerecord_limit", 128)
+    assert decoding.decode_mode("auto", OnCuda()) == "static"
+    kwargs = decoding.cache_kwargs("static", OnCuda(), None, 200, "cache")
+    assert kwargs["compile_config"] is decoding.COMPILE and decoding.COMPILE.dynamic is True
+    assert kwargs["cache"].layers[0].max_cache_len == 256
+    assert torch._dynamo.config.cache_size_limit == 64
+    assert inductor.triton.cudagraph_unexpected_rerecord_limit == 1 << 30
+    assert set(decoding.cache_kwargs("static", model, None, 200, "cache")) == {"cache"}  # the CPU: no compile
 
 
 def test_static_decode_greedy_equals_dynamic(two_adapter_model):
