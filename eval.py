@@ -79,10 +79,11 @@ SWAPS = {"voting": ("generator", "aggregator"), "evalopt": ("generator", "evalua
 
 
 # What evaluation reads of a run's args.json (an older train.py's run may lack some)
-EVAL_RUN_KEYS = (*NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed", "credit",
-                 *(f.name for f in dataclasses.fields(workflows.WorkflowOptions)),
-                 "lora_rank", "lora_alpha", "temperature", "top_p", "max_new_tokens",
-                 "gen_batch_size", "enable_thinking")
+EVAL_RUN_KEYS = tuple(dict.fromkeys((
+    *NAME_KEYS, "dtype", "data_config", "n_train", "n_val", "seed",
+    *(f.name for f in dataclasses.fields(workflows.WorkflowOptions)),
+    "lora_rank", "lora_alpha", "temperature", "top_p", "max_new_tokens", "gen_batch_size",
+    "enable_thinking")))
 
 
 def checkpoint_source(run_dir: str, mode: str, sa_run: str | None) -> str:
@@ -278,7 +279,8 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
                          args.vllm_gpu_memory, share_prompts=True, max_tokens=0)
     encode = policies.chat_encoder(tokenizer, run_args["enable_thinking"],
                                    run_args.get("chat_template", "model"))
-    options = settings_from(workflows.WorkflowOptions, run_args)  # the run's prompts and flow
+    options = dataclasses.replace(settings_from(workflows.WorkflowOptions, run_args),
+                                  max_prompt_tokens=max_prompt)  # the run's workflow
     dataset = dataset_name(run_args, args.data) + ("-test" if args.split == "test" else "")
     shown = ("trained", "swapped") if swap else (mode,)  # swapped: beside trained, paired
     sa = {"sa_run": os.path.normpath(sa_run), "sa_cell": cell_name(sa_args)} if sa_run else {}
@@ -291,11 +293,9 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
             checkpoints.seed_everything(args.seed)  # the same every time: differences are weights'
             memory.reset_peaks(model)  # CUDA: the record carries the step's memory/... peaks
             start = time.time()
-            episodes = workflows.run_episodes(distributed.share(eval_set), args.samples,
-                                              run_args["workflow"], options, run_args["credit"],
-                                              engine, encode,
-                                              mode_route(each, run_args["policy"], swap),
-                                              max_prompt, f"eval {each} step {step}")
+            episodes = workflows.rollout(distributed.share(eval_set), args.samples, options,
+                                         engine, encode, mode_route(each, run_args["policy"], swap),
+                                         f"eval {each} step {step}")
             tallies = add_tallies(distributed.gather(evaluation_tallies(episodes)))
             r = {"run": run_dir, "cell": cell_name(run_args), "step": step, "dataset": dataset,
                  "mode": each, "workflow": run_args["workflow"], "policy": run_args["policy"],
@@ -361,8 +361,8 @@ def play_every_problem(workflow: str, n: int, engine, encode, route=lambda name:
     and options: the toy model's warm-up transcripts (the oracle answers by call name) and its
     calibration (toyworld/toy_hooks.py)."""
     problems = tasks.synthetic_math(243, difficulty=0, seed=0)
-    return workflows.rollout(problems, n, workflow, engine, encode, route,
-                             workflows.WorkflowOptions())
+    return workflows.rollout(problems, n, workflows.WorkflowOptions(workflow), engine, encode,
+                             route)
 
 
 def toy_engine(seed: int, max_new_tokens: int, temperature: float):

@@ -13,13 +13,14 @@ role type's adapter holds its own, so a role with three instances takes three op
 training step (finding 4).
 
 `update_policy` is the update on one page: per adapter, mini-batches; per mini-batch, zero_grad,
-micro-batches (log-probs, ratio, clipped loss: `micro_batch_loss`, whose loss line names every
-term; backward), clip, step. `UpdateSettings` holds every knob of advantages, loss and optimizer,
+micro-batches (`micro_batch_loss`: each term of its loss line computed there or in a function it
+calls; backward), clip, step. `UpdateSettings` holds every knob of advantages, loss and optimizer,
 and `policy_problem` the settings SP or IP rules out. What the update reports goes through one
 seam, `UpdateReport` (infra/update_report.py: per-role statistics, each role's own gradient under
-SP, I6's scale), which changes no number. Under torchrun two calls to infra/distributed.py give
-each rank its rows and sum the gradients; one process never meets ranks. Metrics are counted as
-numerator and denominator (infra/tallies.py) and turned into rates once, at the end.
+SP, I6's scale), which changes no number. Under torchrun, infra/distributed.py gives every rank
+the global batch's rows to cut into the same mini-batches, marks the rows each rank trains and
+sums the gradients; one process takes the other branch and never meets ranks. Metrics are counted
+as numerator and denominator (infra/tallies.py) and turned into rates once, at the end.
 
     python -m pytest tests/test_grpo.py      # hand-computed checks of everything here
 """
@@ -46,73 +47,6 @@ from policies import (
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                 "seq-mean-token-sum-norm")
-
-
-# ---------------------------------------------------------------- advantages
-
-def group_advantages(rewards: list[float], keys: list[Hashable], scale_by_std: bool = True,
-                     eps: float = 1e-6) -> list[float]:
-    """Each call's outcome advantage against the other members of its group (task, name, turn).
-
-    Advantage = (r - mean) / (std + eps), unbiased std, or r - mean with `scale_by_std=False`
-    (Dr. GRPO): rewards [0, 1] give -0.7071 and +0.7071 (mean 0.5, std 0.7071). A group whose
-    rewards are all equal gets 0 for every member (nothing to learn); a group of one has no
-    baseline: like verl (the reference), mean 0 and std 1, so its advantage is its raw reward.
-    """
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for i, k in enumerate(keys):
-        members[k].append(i)
-    adv = [0.0] * len(rewards)
-    for idx in members.values():
-        r = torch.tensor([float(rewards[i]) for i in idx], dtype=torch.float64)
-        mean, std = (r.mean(), r.std()) if len(idx) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
-        a = (r - mean) / (std + eps) if scale_by_std else r - mean
-        for i, v in zip(idx, a.tolist()):
-            adv[i] = v
-    return adv
-
-
-# ---------------------------------------------------------------- loss
-
-def token_weights(lengths: list[int], agg: str, norm_len: int = 1) -> list[float]:
-    """Weight of each token of row i in the mini-batch loss (the same for all its tokens).
-
-    N rows, lengths L_i, T = sum L_i:
-      token-mean               1 / T            every token counts the same
-      seq-mean-token-mean      1 / (N * L_i)    every row counts the same (paper default)
-      seq-mean-token-sum       1 / N            longer rows count more
-      seq-mean-token-sum-norm  1 / (N * norm_len)  Dr. GRPO: a constant length (the budget)
-    """
-    n, total = len(lengths), sum(lengths)
-    if agg == "token-mean":
-        return [1.0 / total] * n
-    if agg == "seq-mean-token-mean":
-        return [1.0 / (n * max(L, 1)) for L in lengths]
-    if agg == "seq-mean-token-sum":
-        return [1.0 / n] * n
-    if agg == "seq-mean-token-sum-norm":
-        return [1.0 / (n * norm_len)] * n
-    raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {AGGREGATIONS}")
-
-
-def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-                       clip_low: float = 0.2, clip_high: float = 0.28,
-                       dual_clip: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate per token, with clip-higher and dual clip (verl's form).
-
-    logp, old_logp: [B, T]; adv: [B]. Returns (loss [B, T], clipped [B, T] bool). For A > 0 the
-    ratio is capped at 1 + clip_high; for A < 0 it is floored at 1 - clip_low, and the loss is
-    also capped at -A * dual_clip so a huge ratio on a bad row cannot blow up the step.
-    """
-    adv = adv[:, None]
-    ratio = torch.exp(logp - old_logp)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
-    loss_dual = torch.minimum(loss_ppo, -adv * dual_clip)
-    loss = torch.where(adv < 0, loss_dual, loss_ppo)
-    clipped = (loss_clipped > loss_unclipped) | ((adv < 0) & (loss_ppo > -adv * dual_clip))
-    return loss, clipped
 
 
 # ---------------------------------------------------------------- rows and settings
@@ -149,7 +83,7 @@ class UpdateSettings:
     agg: str = field(default="seq-mean-token-mean", metadata=dict(
         flag="--agg", help="loss aggregation: how much each token counts (grpo.token_weights)",
         choices=AGGREGATIONS, paper="seq-mean-token-mean"))
-    norm_len: int = 64  # seq-mean-token-sum-norm's constant (settings_from_flags: --max-new-tokens)
+    norm_len: int | None = None  # seq-mean-token-sum-norm's length: train.py's --max-new-tokens
     clip_low: float = field(default=0.2, metadata=dict(
         flag="--clip-low", help="PPO clip below 1", within="(0, 1)", paper=0.2))
     clip_high: float = field(default=0.28, metadata=dict(
@@ -157,7 +91,9 @@ class UpdateSettings:
     dual_clip: float = field(default=3.0, metadata=dict(
         flag="--dual-clip", within="(1, inf)", paper=3,
         help="dual-clip constant: a negative advantage's loss is capped at -A x this"))
-    temperature: float = 0.7  # log-probs at the sampling temperature: train.py gives --temperature
+    temperature: float = field(default=0.7, metadata=dict(
+        flag="--temperature", within="[0, inf)", paper=0.7,
+        help="sampling temperature; the update takes its log-probs at it too"))
     role_weights: dict[str, float] = field(default_factory=dict, metadata=dict(
         flag="--role-weights", within="[0, inf)",
         help="SP: loss share per role, 'equal' or generator=2,aggregator=1; none: the "
@@ -208,8 +144,81 @@ def policy_problem(cfg: UpdateSettings, policy: str) -> str | None:
     return None
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int,
-                  schedule: str = "constant") -> float:
+# ---------------------------------------------------------------- advantages
+
+def group_advantages(rewards: list[float], keys: list[Hashable],
+                     scale_by_std: bool = UpdateSettings.std_scale, eps: float = 1e-6
+                     ) -> list[float]:
+    """Each call's outcome advantage against the other members of its group (task, name, turn).
+
+    Advantage = (r - mean) / (std + eps), unbiased std, or r - mean with `scale_by_std=False`
+    (Dr. GRPO): rewards [0, 1] give -0.7071 and +0.7071 (mean 0.5, std 0.7071). A group whose
+    rewards are all equal gets 0 for every member (nothing to learn); a group of one has no
+    baseline: like verl (the reference), mean 0 and std 1, so its advantage is its raw reward.
+    """
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        members[k].append(i)
+    adv = [0.0] * len(rewards)
+    for idx in members.values():
+        r = torch.tensor([float(rewards[i]) for i in idx], dtype=torch.float64)
+        mean, std = (r.mean(), r.std()) if len(idx) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
+        a = (r - mean) / (std + eps) if scale_by_std else r - mean
+        for i, v in zip(idx, a.tolist()):
+            adv[i] = v
+    return adv
+
+
+# ---------------------------------------------------------------- the loss
+
+def token_weights(lengths: list[int], agg: str, norm_len: int | None = None) -> list[float]:
+    """Weight of each token of row i in the mini-batch loss (the same for all its tokens).
+
+    N rows, lengths L_i, T = sum L_i:
+      token-mean               1 / T            every token counts the same
+      seq-mean-token-mean      1 / (N * L_i)    every row counts the same (paper default)
+      seq-mean-token-sum       1 / N            longer rows count more
+      seq-mean-token-sum-norm  1 / (N * norm_len)  Dr. GRPO: a constant length (the budget)
+    """
+    n, total = len(lengths), sum(lengths)
+    if agg == "token-mean":
+        return [1.0 / total] * n
+    if agg == "seq-mean-token-mean":
+        return [1.0 / (n * max(L, 1)) for L in lengths]
+    if agg == "seq-mean-token-sum":
+        return [1.0 / n] * n
+    if agg == "seq-mean-token-sum-norm":
+        if norm_len is None:
+            raise ValueError("seq-mean-token-sum-norm needs norm_len, its constant length")
+        return [1.0 / (n * norm_len)] * n
+    raise ValueError(f"unknown loss aggregation {agg!r}; expected one of {AGGREGATIONS}")
+
+
+def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+                       clip_low: float = UpdateSettings.clip_low,
+                       clip_high: float = UpdateSettings.clip_high,
+                       dual_clip: float = UpdateSettings.dual_clip
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token, with clip-higher and dual clip (verl's form).
+
+    logp, old_logp: [B, T]; adv: [B]. Returns (loss [B, T], clipped [B, T] bool). For A > 0 the
+    ratio is capped at 1 + clip_high; for A < 0 it is floored at 1 - clip_low, and the loss is
+    also capped at -A * dual_clip so a huge ratio on a bad row cannot blow up the step.
+    """
+    adv = adv[:, None]
+    ratio = torch.exp(logp - old_logp)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    loss_dual = torch.minimum(loss_ppo, -adv * dual_clip)
+    loss = torch.where(adv < 0, loss_dual, loss_ppo)
+    clipped = (loss_clipped > loss_unclipped) | ((adv < 0) & (loss_ppo > -adv * dual_clip))
+    return loss, clipped
+
+
+# ---------------------------------------------------------------- the optimizers
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
     """The learning rate of scheduler step `step` (from 0) as a fraction of --lr. constant and
     cosine count training steps: linear warm-up to 1 at step `warmup_steps` - 1, then constant, or
     a half cosine that reaches 0 at training step `total_steps`. verl-constant is what the
@@ -262,7 +271,7 @@ def step_schedules(optimizers: dict, adapter: str, had_rows: bool, schedule: str
 
 # ---------------------------------------------------------------- rows and mini-batches
 
-def training_rows(episodes: list, scale_by_std: bool = True) -> list[Row]:
+def training_rows(episodes: list, scale_by_std: bool = UpdateSettings.std_scale) -> list[Row]:
     """Every call of every episode as one GRPO row: its reward compared within its group
     (`group_advantages`; `Call.group_key`: task, call name and turn, as below, or a group the
     workflow names), its tokens, its role type and the adapter it trains (`Call.adapter`, which
@@ -302,9 +311,12 @@ def role_shares(rows: list[Row], weights: list[float]) -> dict[str, float]:
     return {r: m / total if total else 0.0 for r, m in mass.items()}
 
 
-def minibatch_weights(rows: list[Row], cfg: UpdateSettings) -> list[float]:
-    """Per-token weight of each row in one mini-batch, rescaled to the requested role shares
-    if any."""
+def minibatch_weights(rows: list[Row], cfg: UpdateSettings, size: int | None = None
+                      ) -> list[float]:
+    """Per-token weight of each row of one mini-batch: `token_weights`' aggregation, rescaled to
+    the requested role shares if any. With `size`, the rows per optimizer step, a mini-batch of
+    fewer rows counts them over `size`, as verl does, so that a partial last one (a role with a
+    variable number of calls) takes a proportionally smaller step."""
     w = token_weights([len(row.completion_ids) for row in rows], cfg.agg, cfg.norm_len)
     if cfg.role_weights:
         shares = role_shares(rows, w)
@@ -313,16 +325,21 @@ def minibatch_weights(rows: list[Row], cfg: UpdateSettings) -> list[float]:
         # scale each role's tokens so its share becomes target / sum(targets of roles present)
         w = [wi * (present[row.role] / norm) / shares[row.role] if shares[row.role] else 0.0
              for row, wi in zip(rows, w)]
+    if size is not None:
+        w = [wi * len(rows) / size for wi in w]
     return w
 
 
 @dataclass
 class MiniBatch:
-    """One optimizer step's rows, each with its loss weight, and each role's share of the loss
-    (finding 3), roles in order of appearance. Under torchrun `rows` and `weights` are this rank's
-    part, `role_shares` the whole mini-batch's (distributed.py)."""
+    """One optimizer step's rows; `size`, the rows per step its weights count them over
+    (`minibatch_weights`); `mine`, the indices of the rows this process trains: all of them,
+    but under torchrun this rank's, the others' being stand-ins without tokens that weigh the
+    mini-batch (`without_tokens`); each role's share of the loss (finding 3), roles in order of
+    appearance."""
     rows: list[Row]
-    weights: list[float]
+    size: int
+    mine: list[int]
     role_shares: dict[str, float]
 
     @property
@@ -332,7 +349,7 @@ class MiniBatch:
 
 def mini_batches(rows: list[Row], cfg: UpdateSettings) -> list[MiniBatch]:
     """One adapter's rows cut into optimizer steps of `mini_batch_size` rows, or one step of all
-    of them with --merge-instance-steps; each row's weight counts its whole mini-batch.
+    of them with --merge-instance-steps.
 
     Why IP takes 3 generator steps per training step (finding 4): --mini-batch-size defaults to a
     training step's episodes (tasks x n; the paper's 512 = 64 x 8), and under IP the `generator`
@@ -347,10 +364,8 @@ def mini_batches(rows: list[Row], cfg: UpdateSettings) -> list[MiniBatch]:
     steps = []
     for start in range(0, len(rows), rows_per_step):
         part = rows[start:start + rows_per_step]
-        # as verl: a mini-batch's loss counts its rows over the mini-batch size, so a partial
-        # last one (a role with a variable number of calls) takes a proportionally smaller step
-        weights = [w * len(part) / rows_per_step for w in minibatch_weights(part, cfg)]
-        steps.append(MiniBatch(part, weights, role_shares(part, weights)))
+        shares = role_shares(part, minibatch_weights(part, cfg, rows_per_step))
+        steps.append(MiniBatch(part, rows_per_step, list(range(len(part))), shares))
     return steps
 
 
@@ -364,18 +379,17 @@ def has_gradient(row: Row, cfg: UpdateSettings) -> bool:
     return row.advantage != 0.0 or cfg.kl_coef.get(row.role, 0.0) > 0
 
 
-def role_micro_batches(mb: MiniBatch, old: list, role: str,
-                       cfg: UpdateSettings) -> list[tuple[list[Row], list, list[float]]]:
-    """The rows of `role` as micro-batches of (rows, old log-probs, weights), sorted by length
-    (`policies.micro_batches`): each pads to rows of about its own length, and a prompt's copies
-    share one pass over it. --skip-zero-advantage leaves out rows without a gradient."""
-    idx = [i for i, row in enumerate(mb.rows)
-           if row.role == role and (has_gradient(row, cfg) or not cfg.skip_zero_advantage)]
+def role_micro_batches(mb: MiniBatch, role: str, cfg: UpdateSettings) -> list[list[int]]:
+    """The rows of `role` this process trains, as micro-batches of indices into `mb.rows`, sorted
+    by length (`policies.micro_batches`): each pads to rows of about its own length, and a
+    prompt's copies share one pass over it. --skip-zero-advantage leaves out rows without a
+    gradient."""
+    idx = [i for i in mb.mine if mb.rows[i].role == role
+           and (has_gradient(mb.rows[i], cfg) or not cfg.skip_zero_advantage)]
     cuts = micro_batches([mb.rows[i].prompt_ids for i in idx],
                          [mb.rows[i].completion_ids for i in idx],
                          cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
-    return [([mb.rows[idx[j]] for j in cut], [old[idx[j]] for j in cut],
-             [mb.weights[idx[j]] for j in cut]) for cut in cuts]
+    return [[idx[j] for j in cut] for cut in cuts]
 
 
 def old_logprobs(model, adapter: str, steps: list[MiniBatch],
@@ -384,23 +398,13 @@ def old_logprobs(model, adapter: str, steps: list[MiniBatch],
     (None: the current ones, detached). The first mini-batch runs before the first optimizer
     step, so its ratio is exactly 1: only later mini-batches (IP parallel instances, a batch over
     `mini_batch_size`) need this extra no-grad forward."""
-    later = [row for mb in steps[1:] for row in mb.rows]
+    later = [mb.rows[i] for mb in steps[1:] for i in mb.mine]
     scored = iter(policy_logprobs(model, adapter, [row.prompt_ids for row in later],
                                   [row.completion_ids for row in later], cfg.micro_batch_size,
                                   cfg.temperature, cfg.share_prompts,
                                   cfg.max_tokens_per_micro_batch) if later else [])
-    return [[None if k == 0 else next(scored) for _ in mb.rows] for k, mb in enumerate(steps)]
-
-
-def aligned_old_logprobs(logp: torch.Tensor, old: list) -> torch.Tensor:
-    """[B, T]: the log-probs the ratio is taken against. A row's stored old log-probs, placed at
-    its right-aligned tokens (see completion_logprobs), or for None (on-policy) the current
-    log-probs detached: ratio 1, the ratio's gradient intact."""
-    old_logp = logp.detach().clone()
-    for i, o in enumerate(old):
-        if o is not None:
-            old_logp[i, logp.shape[1] - len(o):] = o.to(logp.device)
-    return old_logp
+    return [[next(scored) if k and i in mb.mine else None for i in range(len(mb.rows))]
+            for k, mb in enumerate(steps)]
 
 
 def kl_to_base(model, micro: list[Row], logp: torch.Tensor, mask: torch.Tensor,
@@ -425,30 +429,34 @@ def update_policy(model, rows: list[Row], optimizers: dict, cfg: UpdateSettings,
                   grad_ema: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One GRPO training step: each adapter is updated on its own rows, as in any PPO update.
     Returns the step's metrics (`role/name`); `grad_ema` carries I6's state between steps.
-    `report` only records (`UpdateReport`). Under torchrun `distributed.my_mini_batches` gives
-    this rank its rows and `distributed.sum_gradients` adds the ranks' gradients, so each rank
-    steps as one process would; for one process they change nothing."""
+    `report` only records (`UpdateReport`). Under torchrun each rank cuts the mini-batches of
+    every rank's rows and trains its own rows of each, and `distributed.sum_gradients` adds the
+    ranks' gradients, so each rank steps as one process would (one process: the `else` branch,
+    and `sum_gradients` does nothing)."""
     unknown = {r.adapter for r in rows if r.completion_ids} - set(optimizers)
     assert not unknown, f"rows for adapters without an optimizer: {sorted(unknown)}"
     grad_ema = {} if grad_ema is None else grad_ema
-    report = UpdateReport(cfg, has_gradient)
+    report = UpdateReport(cfg)
     for adapter, (opt, _) in optimizers.items():
         params = adapter_parameters(model, adapter)
         mine = [r for r in rows if r.adapter == adapter and r.completion_ids]
-        steps = distributed.my_mini_batches(mine, lambda part: mini_batches(part, cfg),
-                                            without_tokens)
+        if distributed.data_parallel():  # every rank's rows, the others' as stand-ins
+            everyone = distributed.every_rank_rows(mine, without_tokens)
+            steps = distributed.mark_mine(mini_batches(everyone, cfg), mine)
+        else:
+            steps = mini_batches(mine, cfg)
         old = old_logprobs(model, adapter, steps, cfg)
         with use_adapter(model, adapter):
             model.train()
             progress = tqdm(steps, desc=f"update {adapter}", leave=False, disable=None)
             for mb, mb_old in zip(progress, old):
                 opt.zero_grad(set_to_none=True)
-                report.start(mb, params)
+                report.start(mb, params, sum(not has_gradient(mb.rows[i], cfg) for i in mb.mine))
                 for role in sorted(mb.roles):  # role by role: under SP, each role's own gradient
-                    for micro, micro_old, weights in role_micro_batches(mb, mb_old, role, cfg):
-                        loss, terms = micro_batch_loss(model, micro, micro_old, weights, cfg)
+                    for cut in role_micro_batches(mb, role, cfg):
+                        loss, terms = micro_batch_loss(model, mb, cut, mb_old, cfg)
                         loss.backward()  # micro-batches add up to the mini-batch's gradient
-                        report.micro_batch(micro, *terms)
+                        report.micro_batch([mb.rows[i] for i in cut], *terms)
                     report.role_done(role, params)  # finding 3: update_report.role_gradient_shares
                 zero_missing_grads(params)
                 distributed.sum_gradients(params)
@@ -469,35 +477,32 @@ def update_policy(model, rows: list[Row], optimizers: dict, cfg: UpdateSettings,
     return report.metrics()
 
 
-def micro_batch_loss(model, micro: list[Row], micro_old: list, weights: list[float],
+def micro_batch_loss(model, mb: MiniBatch, cut: list[int], old: list,
                      cfg: UpdateSettings) -> tuple[torch.Tensor, tuple]:
-    """One micro-batch's part of its mini-batch's loss, and the terms `UpdateReport` records."""
+    """The part of the mini-batch `mb`'s loss from its rows `cut`, and the terms `UpdateReport`
+    records. `old`: each row's log-probs before this training step (`old_logprobs`), or None."""
+    micro = [mb.rows[i] for i in cut]
+    # B rows over T columns (their longest completion, right-aligned): [B, T] each
     logp, mask, entropy = completion_logprobs(
         model, [r.prompt_ids for r in micro], [r.completion_ids for r in micro], cfg.temperature,
         with_entropy=True, share_prompts=cfg.share_prompts)
-    old_logp = aligned_old_logprobs(logp, micro_old)
-    adv = logp.new_tensor([r.advantage for r in micro])
+    old_logp = logp.detach().clone()  # None (the first mini-batch): ratio 1, gradient intact
+    for b, i in enumerate(cut):
+        if old[i] is not None:  # after an optimizer step: the stored ones, right-aligned
+            old_logp[b, logp.shape[1] - len(old[i]):] = old[i].to(logp.device)
+    adv = logp.new_tensor([r.advantage for r in micro])  # [B]: each row's group advantage
+    # PPO's clipped surrogate -adv * ratio, ratio = exp(logp - old_logp)
     pg_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high,
                                           cfg.dual_clip)
     token_loss = pg_loss
-    kl = kl_to_base(model, micro, logp, mask, cfg)
-    if kl is not None:  # beta * KL(role || base), for the roles that pay it
+    kl = kl_to_base(model, micro, logp, mask, cfg)  # I1: KL(role || base) per token, or None
+    if kl is not None:  # beta * KL(role || base), for the roles --kl-coef names (beta 0 others)
         betas = logp.new_tensor([cfg.kl_coef.get(r.role, 0.0) for r in micro])
         token_loss = token_loss + betas[:, None] * kl
-    w = logp.new_tensor(weights)[:, None]
-    # The loss of B rows (`micro`) over T columns (their longest completion); every term is
-    # [B, T] but adv [B], beta [B] and w [B, 1]:
-    #   token_loss  pg_loss, plus beta * kl for the roles --kl-coef names (beta 0 for the others)
-    #   pg_loss     PPO's clipped surrogate -adv * ratio, ratio = exp(logp - old_logp)
-    #               (clipped_token_loss); adv: each row's group advantage (training_rows)
-    #   logp        each completion token's log-prob under the adapter now (completion_logprobs)
-    #   old_logp    the same before this training step: logp detached in the first mini-batch
-    #               (ratio 1), stored ones after an optimizer step (old_logprobs)
-    #   kl          I1: KL(role || base) per token, k3 estimator (kl_to_base)
-    #   mask        1 on each row's completion tokens (right-aligned), 0 on padding
-    #   w           each row's per-token weight in its mini-batch's loss (role_micro_batches, from
-    #               mini_batches: token_weights' aggregation, minibatch_weights' role shares, a
-    #               partial mini-batch's size), so the micro-batches add up to the mini-batch's loss
+    # each row's per-token weight, counted over the whole mini-batch, so that the micro-batches
+    # add up to the mini-batch's loss; mask: 1 on each row's completion tokens, 0 on padding
+    weights = minibatch_weights(mb.rows, cfg, mb.size)
+    w = logp.new_tensor([weights[i] for i in cut])[:, None]  # [B, 1]
     loss = (token_loss * mask * w).sum()
     return loss, (logp, old_logp, mask, entropy, pg_loss, clipped, kl)
 

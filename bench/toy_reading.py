@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import eval as ev  # noqa: E402 (the repository root, above)
 import policies  # noqa: E402
 from infra import checkpoints  # noqa: E402
-from toyworld import calibration, toy, toy_model  # noqa: E402
+from toyworld import calibration, reading, toy, toy_model  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--seed", type=int, default=0, help="the toy model's seed (built first if need be)")
@@ -46,7 +46,7 @@ for wf, n in (("evalopt", 2), ("voting", 1), ("orchworkers", 1)):
         for call in e.calls:
             prompt = tok.decode(call.prompt_ids)
             role = re.sub(r"\d+$", "", call.name)
-            s = toy.read_prompt(prompt)
+            s = reading.read_prompt(prompt)
             t = call.text.strip()
             if role == "evaluator":
                 m = re.match(r"Check: (-?\d+) ([+\-÷]) (\d+) = (-?\d+)( r (\d+))?; "
@@ -75,17 +75,17 @@ for wf, n in (("evalopt", 2), ("voting", 1), ("orchworkers", 1)):
                 if m:
                     c[f"{key}/careful"] += 1
                     c[f"{key}/list_right"] += m.group(1) == toy.listed(s.candidates)
-                    c[f"{key}/right"] += toy.judged(call.name, prompt, call.text)["right"]
+                    c[f"{key}/right"] += reading.judged(call.name, prompt, call.text)["right"]
                     careful = careful_habit(s, True, random.Random(0))  # the oracle, same prompt
-                    c[f"{key}/oracle_right"] += toy.judged(call.name, prompt, careful)["right"]
+                    c[f"{key}/oracle_right"] += reading.judged(call.name, prompt, careful)["right"]
             elif role == "orchestrator":
                 c["plan/all"] += 1
                 lines = re.findall(r"STRATEGY \d: (.+)", t)
-                c["plan/all_suited"] += bool(lines) and all(toy.SUITED.get(x.strip()) == s.op for x in lines)
-                c["plan/fixed_order"] += [x.strip() for x in lines] == toy.STRATEGIES[s.op]
+                c["plan/all_suited"] += bool(lines) and all(reading.SUITED.get(x.strip()) == s.op for x in lines)
+                c["plan/fixed_order"] += [x.strip() for x in lines] == reading.STRATEGIES[s.op]
             elif role == "worker" and s.strategy:
-                suited = toy.SUITED.get(s.strategy) == s.op
-                right = toy.judged(call.name, prompt, call.text)["right"]
+                suited = reading.SUITED.get(s.strategy) == s.op
+                right = reading.judged(call.name, prompt, call.text)["right"]
                 c[f"work/{'suited' if suited else 'unsuited'}"] += 1
                 c[f"work/{'suited' if suited else 'unsuited'}_right"] += right
 for k in sorted(c):
@@ -111,7 +111,7 @@ def answer_mass(head: str, x: int, rest: str | None = None) -> float:
 mass = [0.0] * 7  # offsets -3..3 from the answer
 episodes = ev.play_every_problem("single", 1, toy.Oracle(seed), lambda m: list(toy.chatml(m).encode("utf-8")))
 prompts = [toy.chatml(e.calls[0].messages) for e in episodes]  # the single agent's, one per problem
-problems = [toy.read_prompt(p) for p in prompts]
+problems = [reading.read_prompt(p) for p in prompts]
 for prompt, s in zip(prompts, problems):
     for i in range(7):
         mass[i] += answer_mass(prompt + f"{s.a} {s.op} {s.b} = ", s.answer + i - 3) / len(prompts)

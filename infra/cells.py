@@ -64,6 +64,19 @@ def cell_defaults(cell: str) -> dict:
     return out
 
 
+def preset_notes(toy_preset: dict) -> dict[str, list[str]]:
+    """Field name -> what the presets set it to in place of its default, as train.py's --help shows them: `--cell`
+    (the paper's hyperparameters, or the cell's own value where cells differ) and `--model toy` (`toy_preset`, the
+    regime its model is calibrated at and its first run)."""
+    notes: dict[str, list[str]] = {}
+    for name in cell_defaults("Voting-IP-1.7B-Math"):  # what every cell sets
+        shown = PAPER_HYPERPARAMETERS.get(name, "the cell's")
+        notes.setdefault(name, []).append(f"--cell: {'all' if shown == 1 << 30 else shown}")
+    for name, value in toy_preset.items():
+        notes.setdefault(name, []).append(f"--model toy: {value}")
+    return notes
+
+
 def warmup_training_steps(cell: dict) -> int:
     """Training steps until a cell's warm-up ends: verl-constant counts adapter updates (IP: one per role type)."""
     k = IP_ADAPTERS[cell["workflow"]] if cell["policy"] == "ip" and cell["lr_schedule"] == "verl-constant" else 1

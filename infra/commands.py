@@ -1,9 +1,10 @@
-"""eval.py's commands besides evaluating a run: plot, table, report and calibrate, their flags and what each runs.
+"""eval.py's commands besides evaluating a run: plot, table, report and calibrate, their flags and
+what each runs.
 
-What it is for: eval.py adds these commands to its command line (`add_commands`) and hands a parsed one to `run`,
-so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py: the five modes, pass@k,
-per-role statistics) or the figures, tables and pages themselves (plots.py, results.py, report.py; calibrate is
-the toy world's, toyworld/toy_hooks.py).
+What it is for: eval.py adds these commands to its command line (`add_commands`) and hands a parsed
+one to `run`, so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py:
+the five modes, pass@k, per-role statistics) or the figures, tables and pages themselves (plots.py,
+results.py, report.py; calibrate is the toy world's, toyworld/toy_hooks.py).
 
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
     python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
@@ -56,8 +57,8 @@ def add_commands(commands) -> None:
 
 
 def run(args, roles: dict[str, list[str]], play: Callable, toy_engine: Callable):
-    """What the parsed command gives back (and prints); `roles` are the workflows' roles (plot), `play` and
-    `toy_engine` the toy world's rollout and engine (calibrate)."""
+    """What the parsed command gives back (and prints); `roles` are the workflows' roles (plot),
+    `play` and `toy_engine` the toy world's rollout and engine (calibrate)."""
     if args.command == "table":
         return results_command(args.results)
     if args.command == "calibrate":

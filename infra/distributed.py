@@ -1,10 +1,11 @@
 """Several ranks under torchrun, on torch.distributed, and the one device each process claims.
 
 What it is for: starting the process group, each rank's share of a batch (whole GRPO groups), gathering
-picklable values, and the update's two torchrun steps (grpo.update_policy): `my_mini_batches` gives a rank its
-rows of the global batch's mini-batches, weighed over the whole mini-batch, and `sum_gradients` adds the ranks'
-gradients, so that every rank steps with the gradient one process would have. Which rows and weights those are
-is grpo.py's (`mini_batches`); this file only moves values between ranks.
+picklable values, and the update's torchrun steps (grpo.update_policy): `every_rank_rows` gives every rank the
+rows of the global batch (the others' without tokens) to cut into mini-batches, `mark_mine` marks the rows a rank
+trains, and `sum_gradients` adds the ranks' gradients, so that every rank steps with the gradient one process
+would have. Which rows and weights those are is grpo.py's (`mini_batches`); this file only moves values between
+ranks.
 
 Every function but `claim_device` is a no-op for a plain `python train.py`. Data parallel is decided by the
 launcher (torchrun's WORLD_SIZE > 1), never by `dist.is_initialized()`: an in-process vLLM engine creates a
@@ -105,26 +106,21 @@ def gather(value) -> list:
     return out
 
 
-def my_mini_batches(rows: list, cut: Callable[[list], list], stand_in: Callable) -> list:
-    """This rank's rows of each mini-batch of the global batch, weighed over the whole mini-batch.
-
-    `cut` turns rows into mini-batches: dataclasses with `rows` and `weights` (one per row), the weights
-    normalised over the whole mini-batch. Under torchrun every rank cuts the rows of all ranks in rank order
-    (the order one process would have them in: ranks hold contiguous shares of the tasks), the other ranks'
-    as `stand_in(row)` (what the weights need, without tokens), so every rank has the same mini-batches and
-    weights; each mini-batch then keeps this rank's rows and their weights (its other fields stay the whole
-    mini-batch's). One process: `cut(rows)`."""
-    rank, size = world()
-    if size == 1:
-        return cut(rows)
+def every_rank_rows(rows: list, stand_in: Callable) -> list:
+    """Every rank's rows in rank order, this rank's as they are and the others' as `stand_in(row)`
+    (what the mini-batches' weights need, without tokens): the order one process would have them
+    in, since ranks hold contiguous shares of the tasks (`share`). Cut into mini-batches, they give
+    every rank the same mini-batches and weights (`mark_mine` then marks this rank's rows)."""
+    rank, _ = world()
     parts = gather([stand_in(r) for r in rows])
-    everyone = [r for k, part in enumerate(parts) for r in (rows if k == rank else part)]
-    mine = {id(r) for r in rows}
-    out = []
-    for mb in cut(everyone):
-        keep = [i for i, r in enumerate(mb.rows) if id(r) in mine]
-        out.append(replace(mb, rows=[mb.rows[i] for i in keep], weights=[mb.weights[i] for i in keep]))
-    return out
+    return [r for k, part in enumerate(parts) for r in (rows if k == rank else part)]
+
+
+def mark_mine(mini_batches: list, rows: list) -> list:
+    """Each mini-batch (a dataclass with `rows` and `mine`) with `mine` the indices of its rows
+    that are this rank's own `rows`: those it trains."""
+    own = {id(r) for r in rows}
+    return [replace(mb, mine=[i for i, r in enumerate(mb.rows) if id(r) in own]) for mb in mini_batches]
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:

@@ -13,7 +13,7 @@ options (workflows.WorkflowOptions) are dataclasses whose fields describe themse
 becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
 (paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field from
 the parsed flag of its name. The field's default is the flag's (0 for a computed value, resolved by
-train.py's `settings_from_flags`; `--model toy` and `--cell` preset some). A field's metadata:
+train.py's `settings_from_flags`; `--model toy` and `--cell` preset some, shown in --help). A field's metadata:
 
     flag      the flag as it is written (a grep finds the field), then any other spelling of it
     help      the flag's help; a field without it is no flag (its caller computes the value)
@@ -80,9 +80,6 @@ def number(cast, low: float, high: float | None = None, low_open: bool = False,
     return parse
 
 
-COUNT, COUNT0 = number(int, 1), number(int, 0)                    # >= 1, >= 0
-POSITIVE, NONNEGATIVE = number(float, 0, low_open=True), number(float, 0)
-FRACTION = number(float, 0, 1, low_open=True)                     # (0, 1]
 INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])")
 
 
@@ -105,12 +102,13 @@ def interval_type(cast, within: str | None):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit status
-    2, and which makes its flags from settings dataclasses (`add_settings`)."""
+    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit 2, and which makes
+    its flags from settings dataclasses (`add_settings`; `presets`: what --cell and --model toy set, in the help)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, presets: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings_classes: list[type] = []  # what `add_settings` made flags from
+        self.presets = cells.preset_notes(toy_hooks.PRESET) if presets else {}
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message}\n")
@@ -132,6 +130,8 @@ class Parser(argparse.ArgumentParser):
             if "group" in meta:
                 group = self.add_argument_group(meta["group"])
             help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
+            if f.name in self.presets:  # the default, then what each preset sets instead
+                help_ += f" (default: %(default)s; {'; '.join(self.presets[f.name])})"
             kind, more = optional_of(hints[f.name]), {"metavar": meta["metavar"]} if "metavar" in meta else {}
             if kind is bool:  # a switch (given or not), or a pair --x / --no-x
                 action = "store_true" if meta.get("switch") else argparse.BooleanOptionalAction

@@ -1,8 +1,9 @@
-"""`python eval.py table`: evaluation records (RUN/eval.jsonl, or JSONL files of them) as one markdown table.
+"""`python eval.py table`: evaluation records (RUN/eval.jsonl, or JSONL files of them) as one
+markdown table.
 
-What it is for: reading what eval.py appended, one row per record in order (the cell, the set it was evaluated on,
-the mode, the step, the samples), then the metrics of TABLE_METRICS that some record has. What it is not: the
-evaluation (eval.py) or its metrics (eval.evaluation_metrics).
+What it is for: reading what eval.py appended, one row per record in order (the cell, the set it was
+evaluated on, the mode, the step, the samples), then the metrics of TABLE_METRICS that some record
+has. What it is not: the evaluation (eval.py) or its metrics (eval.evaluation_metrics).
 
     python eval.py table runs/voting-ip runs/voting-sp
 """

@@ -68,7 +68,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CODE_TIMEOUT_S = 3.0  # per test (a stdin/stdout run, a functional call, a HumanEval call)
-CODE_WALL_TIMEOUT_S = 20.0  # whole problem, when the caller gives none (tasks.grade_code gives the reference's)
+# whole problem, when the caller gives none (tasks.grade_code gives the reference's)
+CODE_WALL_TIMEOUT_S = 20.0
 CODE_MEMORY_BYTES = 4 << 30  # RLIMIT_AS per process
 CODE_OUTPUT_BYTES = 16 << 20  # stdout cap, response cap, RLIMIT_FSIZE
 CODE_MAX_PROCS = 64  # RLIMIT_NPROC (counts threads) of a sandbox uid
@@ -93,7 +94,8 @@ class SandboxError(RuntimeError):
 
 def run_tests(program: str, tests: list[dict], accept: Callable[[int, object], bool],
               timeout_s: float = CODE_TIMEOUT_S, wall_timeout_s: float = CODE_WALL_TIMEOUT_S,
-              memory_bytes: int = CODE_MEMORY_BYTES, output_bytes: int = CODE_OUTPUT_BYTES) -> Outcome:
+              memory_bytes: int = CODE_MEMORY_BYTES,
+              output_bytes: int = CODE_OUTPUT_BYTES) -> Outcome:
     """Run ``program`` on each test in order, stopping at the first that fails.
 
     A test is {"stdin": text}: the program runs as __main__ on that input, and what it got is its
@@ -128,7 +130,8 @@ def run_tests(program: str, tests: list[dict], accept: Callable[[int, object], b
 
 def run_humaneval(program: str, prompt: str, test_code: str, entry_point: str, seed: int = 0,
                   timeout_s: float = CODE_TIMEOUT_S, wall_timeout_s: float = CODE_WALL_TIMEOUT_S,
-                  memory_bytes: int = CODE_MEMORY_BYTES, output_bytes: int = CODE_OUTPUT_BYTES) -> Outcome:
+                  memory_bytes: int = CODE_MEMORY_BYTES,
+                  output_bytes: int = CODE_OUTPUT_BYTES) -> Outcome:
     """One HumanEval problem (one test): ``prompt`` then ``program`` run in the sandbox as a call
     server; ``test_code`` runs here, in the calling process, and its ``check(candidate)`` calls
     the sandboxed ``entry_point`` on plain data (``random`` private, seeded with ``seed``)."""
@@ -192,7 +195,8 @@ def _private_builtins(seed: int) -> dict:
     real_import = builtins.__import__
 
     def _import(name, globals=None, locals=None, fromlist=(), level=0):
-        return mod if name == "random" and level == 0 else real_import(name, globals, locals, fromlist, level)
+        return mod if name == "random" and level == 0 else real_import(
+            name, globals, locals, fromlist, level)
 
     return {**vars(builtins), "__import__": _import}
 
@@ -205,7 +209,8 @@ class _Sandbox:
     never the paths); ``base/work`` (owned by the sandbox uid) is the cwd and the only
     writable place. ``close()`` kills everything the problem started and removes ``base``."""
 
-    def __init__(self, program: str, memory_bytes: int, output_bytes: int, prelude: str | None = None):
+    def __init__(self, program: str, memory_bytes: int, output_bytes: int,
+                 prelude: str | None = None):
         self.iso = _isolation()
         self.uid = _alloc_uid() if self.iso.uid_mode else os.getuid()
         self.memory_bytes, self.output_bytes = memory_bytes, output_bytes
@@ -241,7 +246,8 @@ class _Sandbox:
     def _start(self, mode: str, cpu_s: float, stdin, stdout, stderr, **extra) -> subprocess.Popen:
         cpu = int(math.ceil(cpu_s)) + 1
         rlimits = {"RLIMIT_AS": [self.memory_bytes] * 2, "RLIMIT_CPU": [cpu, cpu + 1],
-                   "RLIMIT_FSIZE": [self.output_bytes] * 2, "RLIMIT_CORE": [0, 0], "RLIMIT_NOFILE": [256, 256]}
+                   "RLIMIT_FSIZE": [self.output_bytes] * 2, "RLIMIT_CORE": [0, 0],
+                   "RLIMIT_NOFILE": [256, 256]}
         if self.iso.uid_mode:
             rlimits["RLIMIT_NPROC"] = [CODE_MAX_PROCS] * 2
         status_r, status_w = os.pipe()
@@ -250,13 +256,14 @@ class _Sandbox:
         # -I: isolated (no PYTHON* variables, no user site, not even the cwd on sys.path);
         # -S: no site (no .pth files run; standard library only; the harness adds exit/quit);
         # -c: the harness comes as source on the command line, so there is no file of it to guard
-        cmd, kwargs = [self.iso.python, "-I", "-S", "-B", "-c", _HARNESS_SOURCE, marshal.dumps(cfg).hex()], {}
+        cmd, kwargs = [self.iso.python, "-I", "-S", "-B", "-c", _HARNESS_SOURCE,
+                       marshal.dumps(cfg).hex()], {}
         if self.iso.uid_mode:
             cmd, kwargs = self.iso.as_uid(self.uid, cmd)
         try:
             proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=self.work,
-                                    env=_sandbox_env(self.work), start_new_session=True, close_fds=True,
-                                    pass_fds=(status_w,), **kwargs)
+                                    env=_sandbox_env(self.work), start_new_session=True,
+                                    close_fds=True, pass_fds=(status_w,), **kwargs)
         except BaseException:
             os.close(status_r)
             raise
@@ -275,12 +282,15 @@ class _Sandbox:
             except OSError:
                 pass
         if self.iso.uid_mode:
-            cmd, kwargs = self.iso.as_uid(self.uid, [self.iso.kill_bin, "-9", "-1"] if self.iso.kill_bin else
-                                          [self.iso.python, "-I", "-S", "-c", "import os; os.kill(-1, 9)"])
+            cmd, kwargs = self.iso.as_uid(self.uid, [self.iso.kill_bin, "-9", "-1"]
+                                          if self.iso.kill_bin else
+                                          [self.iso.python, "-I", "-S", "-c",
+                                           "import os; os.kill(-1, 9)"])
             # kill(-1) from a process of that uid signals all its other processes; the kernel
             # makes it atomic with respect to fork, so a fork bomb cannot outrun it.
-            subprocess.run(cmd, cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=30, **kwargs)
+            subprocess.run(cmd, cwd="/", env={}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+                           **kwargs)
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
@@ -308,7 +318,8 @@ class _Sandbox:
         with open(paths["stdin"], "wb") as f:
             f.write(data.encode("utf-8", "replace"))
         fds = [os.open(paths["stdin"], os.O_RDONLY)] + \
-            [os.open(paths[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for k in ("stdout", "stderr")]
+            [os.open(paths[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+             for k in ("stdout", "stderr")]
         try:
             proc = self._start("stdin", timeout_s, *fds)
         finally:
@@ -329,7 +340,8 @@ class _Sandbox:
             raise _Fail("runtime_error", f"output over {self.output_bytes} bytes")
         return out.decode("utf-8", "replace"), stderr
 
-    def start_call(self, entry: str, prefer_class: bool, cpu_s: float, deadline: float) -> "_CallServer":
+    def start_call(self, entry: str, prefer_class: bool, cpu_s: float,
+                   deadline: float) -> "_CallServer":
         errpath = os.path.join(self.base, "stderr")
         err = os.open(errpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -406,12 +418,14 @@ class _CallServer:
             self.buf += chunk
 
     def _reply(self, deadline: float) -> tuple[bytes, object]:
-        """One reply line: R (ready), V value, E error text, M MemoryError text; JSON after the letter."""
+        """One reply line: R (ready), V value, E error text, M MemoryError text; JSON after the
+        letter."""
         line = self._readline(deadline)
         try:
             kind, value = line[:1], json.loads(line[1:], object_hook=_decode_hook)
         except (ValueError, TypeError, RecursionError) as e:
-            raise self._fail(_Fail("runtime_error", f"malformed reply ({type(e).__name__})")) from None
+            raise self._fail(_Fail("runtime_error",
+                                   f"malformed reply ({type(e).__name__})")) from None
         if kind not in (b"R", b"V", b"E", b"M"):
             raise self._fail(_Fail("runtime_error", "malformed reply"))
         return kind, value
@@ -441,7 +455,8 @@ class _CallServer:
 
 _DECODE_TAGS = {"__tuple__": tuple, "__set__": set, "__frozenset__": frozenset,
                 "__dict__": lambda pairs: {k: v for k, v in pairs}, "__int__": lambda x: int(x, 16),
-                "__float__": float, "__bytes__": bytes.fromhex, "__complex__": lambda x: complex(*x)}
+                "__float__": float, "__bytes__": bytes.fromhex,
+                "__complex__": lambda x: complex(*x)}
 
 
 def _decode_hook(obj: dict) -> object:
@@ -455,7 +470,8 @@ def _decode_hook(obj: dict) -> object:
         raise ValueError(f"bad {tag}")
     if tag == "__float__" and value not in ("inf", "-inf", "nan"):
         raise ValueError("bad __float__")
-    if tag in ("__tuple__", "__set__", "__frozenset__", "__dict__", "__complex__") and not isinstance(value, list):
+    if tag in ("__tuple__", "__set__", "__frozenset__", "__dict__",
+               "__complex__") and not isinstance(value, list):
         raise ValueError(f"bad {tag}")
     return _DECODE_TAGS[tag](value)
 
@@ -521,10 +537,12 @@ def _death(returncode: int | None, stderr: str, what: str) -> _Fail:
     """Why a sandboxed process ended badly (used only to fail a test)."""
     if "MemoryError" in stderr:
         return _Fail("memory", f"{what}: MemoryError")
-    if returncode is not None and returncode < 0 and -returncode in (signal.SIGXCPU, signal.SIGKILL):
+    if (returncode is not None and returncode < 0
+            and -returncode in (signal.SIGXCPU, signal.SIGKILL)):
         return _Fail("timeout", f"{what}: CPU time limit")
     last = stderr.strip().splitlines()[-1][:300] if stderr.strip() else ""
-    return _Fail("runtime_error", f"{what}: exit status {returncode}" + (f": {last}" if last else ""))
+    return _Fail("runtime_error",
+                 f"{what}: exit status {returncode}" + (f": {last}" if last else ""))
 
 
 def _remove_files_of(uid: int) -> None:
@@ -535,7 +553,10 @@ def _remove_files_of(uid: int) -> None:
                 path = os.path.join(root, name)
                 try:
                     if os.lstat(path).st_uid == uid:
-                        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
                 except OSError:
                     pass
 
@@ -567,13 +588,14 @@ class _Isolation:
         switch after exec, so Popen can vfork: spawning stays cheap however big this process
         is (fork for Popen(user=...) copies the page tables: ~120 ms from a 3 GB process)."""
         if self.setpriv:  # also: no capability can ever come back, setuid binaries are inert
-            return [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                    "--bounding-set=-all", "--no-new-privs", "--", *cmd], {}
+            return [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                    "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", *cmd], {}
         return cmd, {"user": uid, "group": uid, "extra_groups": []}
 
 
 _ISOLATION: _Isolation | None = None
-_SANDBOX_ROOT = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()  # any uid can traverse /tmp
+# any uid can traverse /tmp
+_SANDBOX_ROOT = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
 _ISOLATION_LOCK = threading.Lock()
 _UIDS_IN_USE: set[int] = set()
 _UID_LOCK = threading.Lock()
@@ -582,8 +604,8 @@ _UID_LOCK = threading.Lock()
 def code_sandbox_info() -> dict:
     """How code is sandboxed on this machine: python, uid_mode, landlock_abi, note."""
     iso = _isolation()
-    return {"python": iso.python, "uid_mode": iso.uid_mode, "landlock_abi": iso.landlock_abi, "note": iso.note,
-            "setpriv": iso.setpriv}
+    return {"python": iso.python, "uid_mode": iso.uid_mode, "landlock_abi": iso.landlock_abi,
+            "note": iso.note, "setpriv": iso.setpriv}
 
 
 def _isolation() -> _Isolation:
@@ -601,12 +623,14 @@ def _isolation() -> _Isolation:
             if _ISOLATION is not None:
                 return _ISOLATION
             version = "%d.%d" % sys.version_info[:2]
-            note = f"root but no Python {version} usable by an unprivileged uid: sandboxes run as root"
+            note = (f"root but no Python {version} usable by an unprivileged uid: sandboxes run "
+                    "as root")
         else:
             note = "not root: sandboxes keep our uid"
-        warnings.warn(f"code sandbox is weaker here ({note}); landlock ABI {abi or 'unavailable'}", RuntimeWarning,
-                      stacklevel=1)
-        _ISOLATION = _Isolation(sys.executable, False, abi, kill_bin, f"{note}, landlock ABI {abi or 'unavailable'}")
+        warnings.warn(f"code sandbox is weaker here ({note}); landlock ABI {abi or 'unavailable'}",
+                      RuntimeWarning, stacklevel=1)
+        _ISOLATION = _Isolation(sys.executable, False, abi, kill_bin,
+                                f"{note}, landlock ABI {abi or 'unavailable'}")
         return _ISOLATION
 
 
@@ -615,14 +639,17 @@ def _probe_uid_isolation(abi: int, kill_bin: str | None) -> _Isolation | None:
     sandbox-like directory; None if none does."""
     version = "%d.%d" % sys.version_info[:2]
     uid = _alloc_uid()
-    setprivs = [p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)][:1] + [None]
-    probe_dir = tempfile.mkdtemp(prefix="codechk_probe_", dir=_SANDBOX_ROOT)  # the sandboxes' layout
+    setprivs = [p for p in ("/usr/bin/setpriv", "/bin/setpriv")
+                if os.access(p, os.X_OK)][:1] + [None]
+    # the sandboxes' layout
+    probe_dir = tempfile.mkdtemp(prefix="codechk_probe_", dir=_SANDBOX_ROOT)
     os.chmod(probe_dir, 0o711)
     work = os.path.join(probe_dir, "work")
     os.mkdir(work, 0o700)
     os.chown(work, uid, uid)
     try:
-        candidates = [sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"]
+        candidates = [sys.executable, f"/usr/bin/python{version}",
+                      f"/usr/local/bin/python{version}"]
         for exe in dict.fromkeys(candidates):
             # ours exactly, or another build of the same X.Y (a binary whose own library
             # and stdlib the uid cannot read may start on the system's: rejected)
@@ -630,13 +657,16 @@ def _probe_uid_isolation(abi: int, kill_bin: str | None) -> _Isolation | None:
             for setpriv in setprivs:
                 how = "setpriv" if setpriv else "fork"
                 iso = _Isolation(exe, True, abi, kill_bin,
-                                 f"uid per sandbox ({how}), {exe}, landlock ABI {abi or 'unavailable'}", setpriv)
-                cmd, kwargs = iso.as_uid(uid, [exe, "-I", "-S", "-c", "import sys, os; print(sys.version "
-                                               "if len(sys.argv) > 1 else '%d.%d' % sys.version_info[:2])"]
+                                 f"uid per sandbox ({how}), {exe}, landlock ABI "
+                                 f"{abi or 'unavailable'}", setpriv)
+                cmd, kwargs = iso.as_uid(uid, [exe, "-I", "-S", "-c",
+                                               "import sys, os; print(sys.version if len(sys.argv) "
+                                               "> 1 else '%d.%d' % sys.version_info[:2])"]
                                          + (["full"] if want == sys.version else []))
                 try:
-                    r = subprocess.run(cmd, cwd=work, env=_sandbox_env(work), stdin=subprocess.DEVNULL,
-                                       capture_output=True, timeout=60, **kwargs)
+                    r = subprocess.run(cmd, cwd=work, env=_sandbox_env(work),
+                                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                                       **kwargs)
                 except (OSError, subprocess.SubprocessError):
                     continue
                 if r.returncode == 0 and r.stdout.decode().strip() == want.strip():
@@ -652,7 +682,8 @@ def _landlock_abi() -> int:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
-        return max(0, libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        return max(0, libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0),
+                                   ctypes.c_uint32(1)))
     except Exception:
         return 0
 
@@ -674,8 +705,9 @@ def _free_uid(uid: int) -> None:
 
 
 def _sandbox_env(home: str) -> dict:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home,
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home,
+            "TMPDIR": home, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1"}
 
 
 # ---- harness: the first code each sandboxed process runs (as the sandbox uid) ----
@@ -719,7 +751,8 @@ def _harness_build(cfg):
     builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # what site would add
     builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
     pipes = None
-    if cfg["mode"] == "call":  # the protocol keeps private copies of the pipes; the program sees /dev/null
+    # the protocol keeps private copies of the pipes; the program sees /dev/null
+    if cfg["mode"] == "call":
         pipes = os.dup(0), os.fdopen(os.dup(1), "w", encoding="ascii")
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -752,7 +785,8 @@ def _harness_serve(cfg, source, quote, req, resp):
         exec(compile(source, "prog.py", "exec"), g)
         target = _harness_resolve(g, cfg["entry"], cfg["prefer_class"])
     except BaseException as e:
-        reply("M" if isinstance(e, MemoryError) else "E", "while loading: " + (type(e).__name__ + ": " + str(e))[:300])
+        reply("M" if isinstance(e, MemoryError) else "E",
+              "while loading: " + (type(e).__name__ + ": " + str(e))[:300])
         return
     reply("R", None)
     while True:
@@ -766,7 +800,8 @@ def _harness_serve(cfg, source, quote, req, resp):
             _harness_encode(target()(*args, **kwargs), out, quote)
             line = "".join(out)
         except BaseException as e:
-            line = ("M" if isinstance(e, MemoryError) else "E") + quote((type(e).__name__ + ": " + str(e))[:300])
+            line = (("M" if isinstance(e, MemoryError) else "E")
+                    + quote((type(e).__name__ + ": " + str(e))[:300]))
         resp.write(line + "\n")
         resp.flush()
 
@@ -780,7 +815,8 @@ def _harness_encode(v, out, quote):
         out.append(str(v) if -(1 << 62) < v < (1 << 62) else '{"__int__": %s}' % quote(hex(v)))
     elif isinstance(v, float):
         v = float(v)
-        out.append(repr(v) if float("-inf") < v < float("inf") else '{"__float__": %s}' % quote(repr(v)))
+        out.append(repr(v) if float("-inf") < v < float("inf")
+                   else '{"__float__": %s}' % quote(repr(v)))
     elif isinstance(v, str):
         out.append(quote(str(v)))
     elif isinstance(v, (list, tuple, set, frozenset)):
@@ -847,7 +883,8 @@ def _harness_landlock(workdir):
     for path, access in ((workdir, write), ("/dev/null", (1 << 1) | (1 << 14 if abi >= 3 else 0))):
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         rule = struct.pack("=Qi", access, fd)
-        if sc(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) != 0:
+        if sc(ctypes.c_long(445), ctypes.c_int(ruleset), ctypes.c_int(1), rule,
+              ctypes.c_uint32(0)) != 0:
             _harness_failed("landlock_add_rule " + path + ": " + os.strerror(ctypes.get_errno()))
         os.close(fd)
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
@@ -883,12 +920,13 @@ def _harness_read(fd, n):
 
 
 # What the child runs: the harness functions' own source, then the call of its entry point.
-_HARNESS_SOURCE = "\n\n".join(inspect.getsource(f) for f in (
-    _harness_main, _harness_build, _harness_serve, _harness_encode, _harness_failed, _harness_landlock,
-    _harness_resolve, _harness_read)) + "\n_harness_main()\n"
+_HARNESS_SOURCE = "\n\n".join(inspect.getsource(f)
+                              for f in (_harness_main, _harness_build, _harness_serve,
+                                        _harness_encode, _harness_failed, _harness_landlock,
+                                        _harness_resolve, _harness_read)) + "\n_harness_main()\n"
 
 
-# ---------------------------------------------------------------- judging outputs (in the calling process)
+# ------------------------------------------------ judging outputs (in the calling process)
 
 FLOAT_TOL = 1e-6  # relative and absolute
 
@@ -898,12 +936,13 @@ def _is_number(x: object) -> bool:
 
 
 def same_value(got: object, want: object) -> bool:
-    """A function's result against the expected one: ==, floats within tolerance, tuples and lists alike,
-    recursively. Compared in the calling process, on plain data."""
+    """A function's result against the expected one: ==, floats within tolerance, tuples and lists
+    alike, recursively. Compared in the calling process, on plain data."""
     if _is_number(got) and _is_number(want) and (isinstance(got, float) or isinstance(want, float)):
         return math.isclose(got, want, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL) or got == want
     if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
-        return len(got) == len(want) and all(same_value(a, b) for a, b in zip(got, want, strict=True))
+        return len(got) == len(want) and all(same_value(a, b)
+                                             for a, b in zip(got, want, strict=True))
     if isinstance(got, dict) and isinstance(want, dict):
         return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in got)
     try:
@@ -937,6 +976,7 @@ def stdout_matches(got: str, want: str) -> bool:
     for a, b in zip(g, w, strict=True):
         if a != b:
             ta, tb = a.split(), b.split()
-            if len(ta) != len(tb) or not all(_same_token(x, y) for x, y in zip(ta, tb, strict=True)):
+            if len(ta) != len(tb) or not all(_same_token(x, y)
+                                             for x, y in zip(ta, tb, strict=True)):
                 return False
     return True

@@ -3,8 +3,8 @@
 What it is for: the diagnostics seam of grpo.update_policy, which calls an `UpdateReport` at named
 points (`start`, `micro_batch`, `role_done`, `mini_batch`, `learning_rate`) and returns its
 `metrics()`; the update computes nothing for it. What it is not: the update (grpo.py, "GRPO as
-trained" in docs/method.md); it never imports the concept files, so the settings, the rows and
-`grpo.has_gradient` are passed in. The metrics it names are listed in docs/evaluation.md.
+trained" in docs/method.md); it never imports the concept files, so the settings and the rows are
+passed in. The metrics it names are listed in docs/evaluation.md.
 
     python -m pytest tests/test_grpo.py      # the metrics against hand-computed values
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable
 
 import torch
 
@@ -35,8 +34,8 @@ class UpdateReport:
     denominator (infra/tallies.py), added over torchrun's ranks in `metrics`.
     """
 
-    def __init__(self, cfg, has_gradient: Callable):
-        self.cfg, self.has_gradient = cfg, has_gradient  # grpo.UpdateSettings, grpo.has_gradient
+    def __init__(self, cfg):
+        self.cfg = cfg  # grpo.UpdateSettings
         self.tallies: Tallies = defaultdict(lambda: [0.0, 0.0])
         self.tallies["nonfinite_steps"][1] = 1.0  # a total, 0 unless a step is skipped
         if cfg.skip_zero_advantage:  # each rank counts its own rows: one denominator in all
@@ -45,10 +44,11 @@ class UpdateReport:
         self.before: torch.Tensor | None = None  # the gradient before the current role's rows
         self.first_adapter: str | None = None
 
-    def start(self, mb, params: list[torch.nn.Parameter]) -> None:
-        """Before a mini-batch's backward: the rows it skips; with several roles, the gradient."""
+    def start(self, mb, params: list[torch.nn.Parameter], without_gradient: int) -> None:
+        """Before a mini-batch's backward: the rows it skips (of this rank's, `without_gradient`
+        have none), and with several roles, the gradient."""
         if self.cfg.skip_zero_advantage:
-            self.tallies["skipped_rows"][0] += sum(not self.has_gradient(row, self.cfg) for row in mb.rows)
+            self.tallies["skipped_rows"][0] += without_gradient
         self.role_grads = {}
         self.before = flat_grad(params) if len(mb.roles) > 1 else None
 

@@ -140,9 +140,8 @@ def play(workflows, texts: list[str], n: int, policy: str = "ip"):
 
     def route(name: str) -> str:  # policies.route_adapter: SP one adapter, IP the role type
         return "shared" if policy == "sp" else re.sub(r"\d+$", "", name)
-    episodes = workflows.rollout([TASK], n, "majority", engine, lambda messages: [1, 2, 3], route,
-                                 workflows.WorkflowOptions())
-    workflows.assign_rewards(episodes, "outcome")
+    episodes = workflows.rollout([TASK], n, workflows.WorkflowOptions("majority"), engine,
+                                 lambda messages: [1, 2, 3], route)  # outcome credit: the default
     return episodes, engine
 
 

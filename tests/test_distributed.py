@@ -216,7 +216,7 @@ def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves_once(tmp_
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, done[-1] + 2))
 
 
-# ---------------------------------------------------------------- the update's two torchrun steps
+# ---------------------------------------------------------------- the update's torchrun steps
 
 HELPERS = f"""
 import json, os, sys
@@ -229,13 +229,15 @@ rank = distributed.world()[0]
 roles = ["generator", "generator", "aggregator", "generator", "aggregator", "generator", "generator"]
 rows = [grpo.Row([1, 2, k], [7] * (1 + k % 4), 1.0, role, "shared") for k, role in enumerate(roles)]
 cfg = grpo.UpdateSettings(mini_batch_size=3, role_weights={{"generator": 1, "aggregator": 1}})
-steps = distributed.my_mini_batches(distributed.share(rows), lambda part: grpo.mini_batches(part, cfg),
-                                    grpo.without_tokens)
+mine = distributed.share(rows)
+steps = distributed.mark_mine(grpo.mini_batches(distributed.every_rank_rows(mine, grpo.without_tokens), cfg), mine)
 param = torch.nn.Parameter(torch.zeros(3))
 param.grad = torch.full((3,), rank + 1.0)
 distributed.sum_gradients([param])
 with open(os.path.join(sys.argv[1], f"rank{{rank}}.json"), "w") as f:
-    json.dump({{"steps": [[[r.prompt_ids[2] for r in mb.rows], mb.weights, mb.role_shares] for mb in steps],
+    json.dump({{"steps": [[[mb.rows[i].prompt_ids[2] for i in mb.mine],
+                           [grpo.minibatch_weights(mb.rows, cfg, mb.size)[i] for i in mb.mine], mb.role_shares]
+                          for mb in steps],
                "grad": param.grad.tolist()}}, f)
 distributed.close_distributed()
 """
@@ -256,19 +258,20 @@ def test_each_rank_gets_its_rows_of_the_global_mini_batches_and_the_summed_gradi
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     roles = ["generator", "generator", "aggregator", "generator", "aggregator", "generator", "generator"]
     rows = [grpo.Row([1, 2, k], [7] * (1 + k % 4), 1.0, role, "shared") for k, role in enumerate(roles)]
-    one = grpo.mini_batches(rows, grpo.UpdateSettings(mini_batch_size=3, role_weights={"generator": 1,
-                                                                                       "aggregator": 1}))
+    cfg = grpo.UpdateSettings(mini_batch_size=3, role_weights={"generator": 1, "aggregator": 1})
+    one = grpo.mini_batches(rows, cfg)
+    weights = [grpo.minibatch_weights(mb.rows, cfg, mb.size) for mb in one]
     assert [[r.prompt_ids[2] for r in mb.rows] for mb in one] == [[0, 1, 2], [3, 4, 5], [6]]
     assert [[rows for rows, _, _ in r["steps"]] for r in ranks] == [[[0, 1, 2], [3], []], [[], [4, 5], [6]]]
     for k, mb in enumerate(one):
-        assert ranks[0]["steps"][k][1] + ranks[1]["steps"][k][1] == mb.weights  # exactly: the same arithmetic
+        assert ranks[0]["steps"][k][1] + ranks[1]["steps"][k][1] == weights[k]  # exactly: the same arithmetic
         assert ranks[0]["steps"][k][2] == ranks[1]["steps"][k][2] == mb.role_shares
     # mini-batch 2, rows 3, 4, 5: a generator of 4 tokens, an aggregator of 1, a generator of 2. seq-mean-token-mean
     # gives 1/12, 1/3, 1/6, so shares 4/12 + 2/6 = 2/3 and 1/3; equal role weights scale the generators by
     # (1/2) / (2/3) = 3/4 and the aggregator by (1/2) / (1/3) = 3/2: 1/16, 1/2, 1/8. Mini-batch 3 is row 6 alone
     # (3 tokens): 1/3, counted as 1 row of 3 (a partial last mini-batch): 1/9
-    assert one[1].weights == pytest.approx([1 / 16, 1 / 2, 1 / 8], abs=1e-15)
-    assert one[2].weights == pytest.approx([1 / 9], abs=1e-15)
+    assert weights[1] == pytest.approx([1 / 16, 1 / 2, 1 / 8], abs=1e-15)
+    assert weights[2] == pytest.approx([1 / 9], abs=1e-15)
     assert ranks[0]["grad"] == ranks[1]["grad"] == [3.0, 3.0, 3.0]
 
 

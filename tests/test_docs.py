@@ -218,13 +218,13 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
     """docs/findings.md's sweep table is the sweep's rule applied (`findings.sweep_choice`) to the committed compact
     results of its 15 runs (single-lrR-sS in docs/findings/results/study.jsonl), on the study's seeds: the first five
     of the AVX512 builds whose calibration record misses nothing (0, 1, 2, 3 and 5; seed 4 misses the solver)."""
-    from toyworld import findings, study
+    from toyworld import declared, findings
     from toyworld.results import file_records
     records = [file_records(BUILDS, f"avx512/seed{seed}.calibration.jsonl")[-1] for seed in range(6)]
-    seeds = [r["seed"] for r in records if not r["missed"]][:study.SEEDS]
+    seeds = [r["seed"] for r in records if not r["missed"]][:declared.SEEDS]
     assert seeds == [0, 1, 2, 3, 5]
-    sweep = findings.sweep_choice(os.path.join(ROOT, "docs", "findings", "results"), seeds, study.SWEEP,
-                                    study.SWEEP_RULE)
+    sweep = findings.sweep_choice(os.path.join(ROOT, "docs", "findings", "results"), seeds, declared.SWEEP,
+                                    declared.SWEEP_RULE)
     assert sweep["choice"] == "1e-3"
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
     assert findings.sweep_table(sweep, len(seeds)) in text
@@ -240,17 +240,17 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     import json
     import shutil
 
-    from toyworld import findings, study, verdicts
+    from toyworld import declared, findings, verdicts
     results = os.path.join(ROOT, "docs", "findings", "results")
     committed = json.load(open(os.path.join(results, "study.json")))
     seeds = committed["seeds"]
-    assert seeds == [0, 1, 2, 3, 5] and len(committed["findings"]) == len(study.FINDINGS)
+    assert seeds == [0, 1, 2, 3, 5] and len(committed["findings"]) == len(declared.FINDINGS)
     same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN == NaN)
-    assert same(committed["findings"], [findings.judge_finding(results, seeds, f) for f in study.FINDINGS])
-    assert same(committed["sweep"], findings.sweep_choice(results, seeds, study.SWEEP, study.SWEEP_RULE))
+    assert same(committed["findings"], [findings.judge_finding(results, seeds, f) for f in declared.FINDINGS])
+    assert same(committed["sweep"], findings.sweep_choice(results, seeds, declared.SWEEP, declared.SWEEP_RULE))
     replication = committed["replication"]
     assert replication["seeds"] == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
-    rows = findings.replication(results, replication["seeds"], committed["findings"], study.FINDINGS)
+    rows = findings.replication(results, replication["seeds"], committed["findings"], declared.FINDINGS)
     assert same(replication["rows"], rows) and len(rows) == 20
     page, readme = os.path.join(ROOT, "docs", "findings.md"), os.path.join(ROOT, "README.md")
     shutil.copy(page, tmp_path / "findings.md")

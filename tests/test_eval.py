@@ -17,7 +17,7 @@ from infra.cells import cell_name
 from infra.flags import settings_from
 from policies import chat_encoder
 from tasks import Task
-from workflows import WorkflowOptions, run_episodes
+from workflows import WorkflowOptions, rollout
 
 TASK = Task("t1", "What is 2 + 2?", "4", "math")
 
@@ -70,7 +70,7 @@ def play(workflow: str, n: int, engine, route, policy: str = "ip") -> list:
     """`n` episodes of TASK with train.py's default options for `workflow`, as evaluation runs them."""
     args = vars(train_flags(["--workflow", workflow, "--policy", policy]))
     options = settings_from(WorkflowOptions, args)
-    return run_episodes([TASK], n, workflow, options, args["credit"], engine, chat_encoder(TOK), route, None)
+    return rollout([TASK], n, options, engine, chat_encoder(TOK), route)
 
 
 SCRIPTS = {

@@ -183,7 +183,7 @@ def test_a_new_update_knob_is_one_field(monkeypatch, capsys, tmp_path):
 
 def test_the_settings_resolve_what_a_flags_0_stands_for_in_one_place():
     """settings_from_flags: the fields not taken by name are computed there (a 0 mini-batch size, the response
-    budget, the rollout's temperature); every other field is its flag's value; a 0 token budget stays 0 (rows
+    budget); every other field is its flag's value; a 0 token budget stays 0 (rows
     only: policies.micro_batches reads it)."""
     cfg = train.settings_from_flags(train_flags([
         "--model", "tiny", "--tasks-per-step", "3", "--n", "5", "--max-new-tokens", "9", "--temperature", "0.9",
@@ -192,7 +192,7 @@ def test_the_settings_resolve_what_a_flags_0_stands_for_in_one_place():
     assert (s.mini_batch_size, s.max_tokens_per_micro_batch, s.norm_len, s.temperature) == (15, 0, 9, 0.9)
     assert (s.kl_coef, s.clip_high, s.share_prompts, s.agg, s.lr) == \
         ({"generator": 0.1}, 0.3, True, "seq-mean-token-mean", 0.002)
-    assert (cfg.group_size, cfg.tasks_per_step, cfg.temperature, cfg.model) == (5, 3, 0.9, "tiny")
+    assert (cfg.group_size, cfg.tasks_per_step, cfg.model) == (5, 3, "tiny")
     assert (cfg.options.n_votes, cfg.options.max_iterations) == (2, None)  # None: the paper's, per task
     s = train.settings_from_flags(train_flags(["--model", "tiny", "--mini-batch-size", "6",
                                                "--max-tokens-per-micro-batch", "500"])).update
@@ -207,8 +207,8 @@ def test_a_run_opens_with_what_it_is_and_the_flags_it_changed(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     first = out.index(f"run Voting-SP-Tiny-Math: workflow voting, policy sp, model tiny, device cpu, engine hf, "
                       f"folder {run_dir}")
-    assert out[first + 1] == ("flags not at their defaults: --model tiny --n-val 2 --workflow voting "
-                              "--tasks-per-step 2 --group-size 2 --steps 1 --max-new-tokens 6 --val-every 0 "
+    assert out[first + 1] == ("flags not at their defaults: --model tiny --n-val 2 --tasks-per-step 2 "
+                              "--group-size 2 --steps 1 --max-new-tokens 6 --val-every 0 --workflow voting "
                               f"(every setting: {run_dir / 'args.json'})")
     assert not any(line.startswith("config:") for line in out)
     assert max(map(len, out)) < 300  # no line of every setting
@@ -247,7 +247,7 @@ def test_the_toy_model_runs_its_calibrated_regime_unless_a_flag_says_otherwise()
     args = train_flags(["--model", "toy", "--workflow", "voting", "--policy", "ip"])
     assert (args.tasks_per_step, args.group_size, args.max_new_tokens, args.temperature) == (2, 8, 32, 1.0)
     assert {k: getattr(args, k) for k in calibration.REGIME} == calibration.REGIME
-    assert flags.changed_flags(args, parser) == ["--model toy", "--workflow voting", "--policy ip"]
+    assert flags.changed_flags(args, parser) == ["--model toy", "--policy ip", "--workflow voting"]
     args = train_flags(["--model", "toy", "--temperature", "0.7", "--n", "4"])
     assert (args.temperature, args.group_size, args.max_new_tokens) == (0.7, 4, 32)
     assert (args.workflow, args.steps, args.lr) == ("single", 20, 1e-3)  # a first run that learns

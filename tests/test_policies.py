@@ -9,7 +9,6 @@ re-initialised on loading.
 import dataclasses
 import json
 import os
-import runpy
 import sys
 import types
 
@@ -757,14 +756,3 @@ def test_static_decode_step_compiles_as_one_graph_with_lora(two_adapter_model, m
         torch._dynamo.reset()
     assert got == want
     assert graphs >= 1 and breaks == 0
-
-
-def test_bench_engine_times_both_decode_modes_at_a_tiny_size(monkeypatch, capsys):
-    """bench/bench_engine.py at a tiny size (every bench script runs in the suite): the engine against bare
-    generate in each decode mode, then the update."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--prompts", "2", "--new-tokens", "4", "--micro-batch",
-                                      "2", "--repeats", "1"])
-    runpy.run_path(os.path.join(root, "bench", "bench_engine.py"), run_name="__main__")
-    lines = capsys.readouterr().out.splitlines()
-    assert [x.split()[:2] for x in lines] == [["rollout", "dynamic"], ["rollout", "static"], ["update", "ours"]]

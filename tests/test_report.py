@@ -12,7 +12,7 @@ import eval as E
 import tasks
 import train
 import workflows
-from infra import report, samples
+from infra import report, report_warnings, samples
 
 TINY = ["--model", "tiny", "--workflow", "voting", "--policy", "sp", "--tasks-per-step", "3", "--n", "2",
         "--max-new-tokens", "16", "--lr", "1e-2", "--warmup-steps", "1", "--n-train", "12", "--n-val", "3",
@@ -187,13 +187,13 @@ def test_a_planted_length_jump_and_format_collapse_raise_exactly_their_warnings(
 def test_each_warning_fires_at_its_threshold_and_not_below_it():
     roles = ["generator", "aggregator"]
     quiet = planted(length_at_20=15.0, aggregator_format_at_20=0.8)  # x1.5 and the format threshold: no warning
-    assert report.role_warnings(quiet, roles) == []
-    assert [w["kind"] for w in report.role_warnings(planted(length_at_20=4.9, aggregator_format_at_20=1.0),
+    assert report_warnings.role_warnings(quiet, roles) == []
+    assert [w["kind"] for w in report_warnings.role_warnings(planted(length_at_20=4.9, aggregator_format_at_20=1.0),
                                                     roles)] == ["length"]  # shrank by more than half
     loud = planted(length_at_20=10.0, aggregator_format_at_20=1.0, grad_at_15=2.0, val_at_15=0.3)
-    assert [(w["kind"], w["role"], w["step"]) for w in report.role_warnings(loud, roles)] == [
+    assert [(w["kind"], w["role"], w["step"]) for w in report_warnings.role_warnings(loud, roles)] == [
         ("grad_norm jump", "generator", 15), ("validation drop", None, 15)]
-    assert report.role_warnings(planted(length_at_20=10.0, aggregator_format_at_20=1.0, grad_at_15=1.4,
+    assert report_warnings.role_warnings(planted(length_at_20=10.0, aggregator_format_at_20=1.0, grad_at_15=1.4,
                                         val_at_15=0.46), roles) == []  # under x3 the median, and a drop of 0.04
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from toyworld import findings, jobs, study
+from toyworld import declared, findings, jobs, study
 
 
 def test_a_seed_of_the_study_is_calibrated_from_its_committed_model_and_another_is_built_first(tmp_path,
@@ -209,7 +209,7 @@ def test_a_finding_is_judged_from_run_folders_and_its_table_written(tmp_path):
         write_run(tmp_path, "voting-ip", seed, [0.4, 0.7, 0.7, 0.7, 0.4, 0.4, 0.4])
         write_run(tmp_path, "voting-sp", seed, [0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6 - 0.01 * seed])
     finding = {"id": "4", "claim": "IP declines", "comparisons": [
-        study.c("decline: IP - SP", ("voting-ip", "decline", "success"), ("voting-sp", "decline", "success"))]}
+        declared.c("decline: IP - SP", ("voting-ip", "decline", "success"), ("voting-sp", "decline", "success"))]}
     result = findings.judge_finding(str(tmp_path), list(range(5)), finding)
     assert result["verdict"] == "shown"
     assert result["comparisons"][0]["mean"] == pytest.approx(0.3 - 0.01 * 2 / 3, abs=1e-9)  # SP's mean decline
@@ -229,8 +229,8 @@ def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_
         write_run(tmp_path, "voting-ip", seed, [0.4, 0.7, 0.7, 0.7, 0.4, 0.4, 0.4])
         write_run(tmp_path, "voting-sp", seed, [0.4, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6])
     decline = (("voting-ip", "decline", "success"), ("voting-sp", "decline", "success"))
-    finding = {"id": "5", "claim": "x", "comparisons": [study.c("decline: IP - SP", *decline)],
-               "beside": [study.c("decline: SP - IP", *decline[::-1])]}
+    finding = {"id": "5", "claim": "x", "comparisons": [declared.c("decline: IP - SP", *decline)],
+               "beside": [declared.c("decline: SP - IP", *decline[::-1])]}
     result = findings.judge_finding(str(tmp_path), list(range(5)), finding)
     assert result["verdict"] == "shown" and [c["verdict"] for c in result["beside"]] == ["the opposite"]
     table = findings.finding_table(result)
@@ -241,7 +241,7 @@ def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_
 def test_the_studys_swapped_pairs_are_eval_pys():
     """infra/ never imports eval.py, so the study copies its SWAPS pairs; a change to one must reach the other."""
     import eval
-    assert {name: pair for name, (_, pair) in study.SWAPPED.items()} == \
+    assert {name: pair for name, (_, pair) in declared.SWAPPED.items()} == \
         {f"{workflow}-ip": pair for workflow, pair in eval.SWAPS.items()}
 
 
@@ -253,7 +253,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
                     + "<!-- table:finding-I1/I6 -->\n<!-- /table:finding-I1/I6 -->\n")  # not written yet: empty
     sweep = {"rule": "r", "choice": "1e-3", "rates": {"1e-3": {"base": [0.5, 0.4], "peak": [0.9, 0.8],
                                                               "end": [0.85, 0.7], "holds": 1}}}
-    compared = [dict(study.c(label, ("x", "end", "y")), **findings.summarise(diffs), a=diffs, b=[0.0, 0.0],
+    compared = [dict(declared.c(label, ("x", "end", "y")), **findings.summarise(diffs), a=diffs, b=[0.0, 0.0],
                      verdict=verdict)
                 for label, diffs, verdict in (("P(a | b)", [0.1, 0.1], "shown"), ("I6", [-0.1, -0.1], "the opposite"))]
     judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [],
@@ -287,9 +287,9 @@ def test_the_calibration_table_names_each_seeds_misses_its_gap_and_where_it_was_
 
 def test_eval_values_come_from_the_test_problems(tmp_path):
     write_run(tmp_path, "voting-sp", 0, [0.5], evals=[("trained", 0.7), ("base", 0.4)])
-    assert findings.value(str(tmp_path), 0, study.ev("voting-sp")) == 0.7
-    assert findings.value(str(tmp_path), 0, study.ev("voting-sp", "base")) == 0.4
-    assert math.isnan(findings.value(str(tmp_path), 0, study.ev("voting-sp", "sa-transfer")))
+    assert findings.value(str(tmp_path), 0, declared.ev("voting-sp")) == 0.7
+    assert findings.value(str(tmp_path), 0, declared.ev("voting-sp", "base")) == 0.4
+    assert math.isnan(findings.value(str(tmp_path), 0, declared.ev("voting-sp", "sa-transfer")))
 
 
 def write_calibrations(out, records):
@@ -335,17 +335,17 @@ def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkey
     """A study invoked again finds seed 0's 12 runs trained and evaluated: planned for 2 seeds, the clock waits
     for seed 1's 12 runs and 20 evaluations only (before, such an invocation ended saying 'about 52 min left')."""
     out = tmp_path / "s"
-    for name in study.GRID:
+    for name in declared.GRID:
         (out / f"{name}-s0").mkdir(parents=True)
         (out / f"{name}-s0" / "metrics.jsonl").write_text(json.dumps({"step": 150}) + "\n")
         (out / f"{name}-s0" / "eval.jsonl").write_text("".join(json.dumps({"mode": m}) + "\n"
-                                                              for m in [*study.MODES, "swapped"]))
+                                                              for m in [*declared.MODES, "swapped"]))
     started = []
     monkeypatch.setattr(study, "run_all", lambda chains, *args: started.append(sum(map(len, chains))))
     clock = jobs.Clock(2)
-    clock.plan("train", 12 * 2), clock.plan("eval", study.evals_per_seed(list(study.GRID)) * 2)
+    clock.plan("train", 12 * 2), clock.plan("eval", study.evals_per_seed(list(declared.GRID)) * 2)
     clock.took["train"] = [0.4] * 15  # the sweep's single-agent runs
-    study.train_and_evaluate(str(out), list(study.GRID), [0, 1], 150, "1e-3", 2, 2, clock, dry_run=False)
+    study.train_and_evaluate(str(out), list(declared.GRID), [0, 1], 150, "1e-3", 2, 2, clock, dry_run=False)
     assert started == [12, 20]  # commands: seed 1's runs, then its evaluations
     assert (clock.planned["train"], clock.planned["eval"]) == (12, 20)
     # the grid's runs are estimated afresh, not at the sweep's 0.4 minutes (after the sweep the study said
@@ -386,7 +386,7 @@ def test_too_few_calibrated_seeds_stop_the_study_before_a_run(tmp_path, monkeypa
     aside."""
     out = tmp_path / "s"
     write_calibrations(out, [{"seed": s, "missed": [] if s == 0 else ["judge: right - oracle"]} for s in range(3)])
-    monkeypatch.setattr(study, "CANDIDATES", 3)
+    monkeypatch.setattr(declared, "CANDIDATES", 3)
     with pytest.raises(SystemExit) as stopped:
         study.main(["--out", str(out), "--seeds", "2"])
     assert "only 1 of seeds 0-2" in str(stopped.value) and "set aside: 1, 2" in str(stopped.value)
@@ -411,7 +411,7 @@ def test_a_near_rows_table_gives_a_alone(tmp_path):
         (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "generator/loss_share": 0.75}) + "\n"
                                                       for s in range(1, 4)))
     finding = {"id": "3", "claim": "shares", "comparisons": [
-        study.c("share", ("voting-sp", "train", "generator/loss_share"), rule="near", target=0.75)]}
+        declared.c("share", ("voting-sp", "train", "generator/loss_share"), rule="near", target=0.75)]}
     table = findings.finding_table(findings.judge_finding(str(tmp_path), [0, 1], finding))
     assert "| share | near 0.05 of 0.75 | 0.75 | +0.75 +0.75 | +0.750 | 0.000 |" in table
 
@@ -440,8 +440,8 @@ def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_ta
     assert records(str(kept), "voting-sp-s2", "eval.jsonl") == records(str(out), "voting-sp-s2", "eval.jsonl")
     assert records(str(kept), "voting-sp-s0", "samples/step_000150.json") == [{"step": 150, "episodes": []}]
     assert records(str(kept), "voting-sp-s1", "samples/step_000150.json") == []  # only the caption's run
-    finding = {"id": "x", "claim": "c", "comparisons": [study.c("end", ("voting-sp", "end", "success")),
-                                                        study.c("test", study.ev("voting-sp"))]}
+    finding = {"id": "x", "claim": "c", "comparisons": [declared.c("end", ("voting-sp", "end", "success")),
+                                                        declared.c("test", declared.ev("voting-sp"))]}
     assert findings.judge_finding(str(kept), [0, 1, 2], finding) == findings.judge_finding(str(out), [0, 1, 2],
                                                                                           finding)
 
@@ -454,7 +454,7 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
         write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + d, 0.5 + d, 0.5 + d])
         write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5])
     spec = {"id": "4", "claim": "", "comparisons": [
-        study.c("end: IP - SP", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
+        declared.c("end: IP - SP", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
     judged = findings.judge_finding(str(tmp_path), [5], spec)  # as study.json keeps it: `a` the per-seed values
     judged["comparisons"][0].update(mean=0.2, verdict="shown")
     (row,) = findings.replication(str(tmp_path), [5, 6, 7], [judged], [spec])
@@ -473,7 +473,7 @@ def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims
         write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + d, 0.5 + d, 0.5 + d])
         write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5])
     spec = {"id": "I1/I6", "claim": "", "comparisons": [
-        study.c("end: I6", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
+        declared.c("end: I6", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
     judged = findings.judge_finding(str(tmp_path), [6], spec)
     judged["comparisons"][0].update(mean=-0.06, verdict="the opposite")
     rows = findings.replication(str(tmp_path), [6, 10, 11], [judged], [spec])
@@ -507,7 +507,7 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
     from toyworld import verdicts
 
     def compared(label, per_seed, verdict, rule="greater"):
-        return dict(study.c(label, ("x", "end", "y"), rule=rule), **findings.summarise(per_seed), verdict=verdict)
+        return dict(declared.c(label, ("x", "end", "y"), rule=rule), **findings.summarise(per_seed), verdict=verdict)
     exception = [0.0, -0.13, 0.0, -0.09, -0.16]
     study_json = {"seeds": [0, 1, 2, 3, 5], "findings": [
         {"id": "1", "verdict": "not testable here", "preconditions": [],

@@ -1,6 +1,7 @@
 """The toy world's oracle (toyworld/toy.py) and its calibration (toyworld/calibration.py, eval.py calibrate): every
 habit does what docs/toy_world.md says, the prompt parser reads every candidate, and the calibration report names every
 target with its measured value."""
+import dataclasses
 import math
 import os
 import random
@@ -8,8 +9,9 @@ from collections import Counter
 
 import pytest
 
-from toyworld import calibration, toy
-from toyworld.toy import KNOBS, Oracle, chatml, format_of, judged, oracle_text
+from toyworld import calibration, reading, toy
+from toyworld.reading import format_of, judged
+from toyworld.toy import KNOBS, Oracle, chatml, oracle_text
 
 
 def aggregator_prompt(solutions: list[str]) -> str:
@@ -24,7 +26,7 @@ def test_the_last_candidate_ends_where_the_instruction_begins():
     solution 3 (the old pattern's lookahead never matched before `<|im_end|>`), it made solution 3 say 1 and the
     careful aggregator pick solution 1."""
     prompt = aggregator_prompt(["3 + 4 = 6.\n\n\\boxed{6}", "3 + 4 = 9.\n\n\\boxed{9}", "3 + 4 = 7.\n\n\\boxed{7}"])
-    assert toy.candidates(toy.last_user(prompt)) == [6, 9, 7]
+    assert reading.candidates(reading.last_user(prompt)) == [6, 9, 7]
     careful = dict(KNOBS, select=1.0)  # the careful habit every time (the same knob before and after the fix)
     picks = [oracle_text("aggregator", prompt, random.Random(i), careful) for i in range(20)]
     assert all(p.endswith("\\boxed{3}") for p in picks), picks[0]  # no two agree: 7 lies between 6 and 9
@@ -68,7 +70,7 @@ def test_a_box_of_another_roles_kind_is_counted_and_the_oracles_own_are_not(work
     tallies = role_tallies(episodes, lambda ids: bytes(ids).decode())
     boxes = {key: num / den for key, (num, den) in tallies.items() if key.endswith("/foreign_box")}
     assert boxes == {f"{role}/foreign_box": 0.0 for role in workflows.ROLES[workflow]}
-    seen = toy.Seen(3, "+", 4, 7, [7, 8, 7], None, None, "")
+    seen = reading.Seen(3, "+", 4, 7, [7, 8, 7], None, None, "")
     for role, text, foreign in [
             ("aggregator", "I trust solution 3.\n\n\\boxed{33}", True),   # an answer where a pick belongs
             ("aggregator", "\\boxed{2} or \\boxed{33}", False),            # the parser reads the first box
@@ -125,7 +127,7 @@ def test_a_worker_names_its_strategys_operation_and_is_careful_when_it_suits():
 def test_the_hurried_orchestrator_misreads_the_operation():
     """Careful: the operation's three strategies in order; hurried: another operation's three, each other
     operation about half the time, so that a hurried plan leaves every worker unsuited."""
-    s = toy.Seen(3, "+", 4, 7, [], None, None, "")
+    s = reading.Seen(3, "+", 4, 7, [], None, None, "")
     assert toy.plan(s, True, random.Random(0)).splitlines()[0] == "STRATEGY 1: Count on from the larger number."
     drawn = random.Random(0)
     toy.plan(s, True, drawn)
@@ -200,8 +202,8 @@ def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
     messages = workflows.solver_messages(val[0], workflows.WorkflowOptions())
     assert chat_prompt_ids(tok, messages) == tok(toy.chatml(messages), add_special_tokens=False).input_ids
     for workflow, roles in workflows.ROLES.items():
-        eps = workflows.run_episodes(val, 1, workflow, options, "outcome", engine, chat_encoder(tok),
-                                     lambda name: BASE, None)
+        eps = workflows.rollout(val, 1, dataclasses.replace(options, workflow=workflow), engine,
+                                chat_encoder(tok), lambda name: BASE)
         m = rates(workflows.episode_tallies(eps))
         for role in roles:
             assert m[f"{role}/format_ok"] >= 0.8, (workflow, role, m[f"{role}/format_ok"])
@@ -217,7 +219,7 @@ def small_calibration(small_toy, tmp_path_factory):
     few = tasks.synthetic_math(243, difficulty=0, seed=0)[:12]
 
     def play(workflow, n, engine, encode, route=lambda name: name):
-        return workflows.rollout(few, n, workflow, engine, encode, route, workflows.WorkflowOptions())
+        return workflows.rollout(few, n, workflows.WorkflowOptions(workflow), engine, encode, route)
     out = tmp_path_factory.mktemp("out") / "calibration.jsonl"
     with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stopped:
         patch.setattr(toy, "CACHE_DIR", small_toy[0])  # built: calibrate finds the model there
@@ -246,9 +248,9 @@ def test_every_evaluator_drill_is_the_careful_evaluators_own_line():
     checks = [d for d in drills if d[1].startswith("Check: ")]
     assert len(checks) == 243 * 7  # every problem, every attempt off by up to 3 either way
     for messages, written, rest in checks:
-        s = toy.read_prompt(chatml(messages))
+        s = reading.read_prompt(chatml(messages))
         w = int(written.split()[1])
-        attempt = toy.Seen(s.a, s.op, s.b, s.answer, [], None, w, "")
+        attempt = reading.Seen(s.a, s.op, s.b, s.answer, [], None, w, "")
         assert written + rest == toy.judge(attempt, True, random.Random(0)), (written, rest)
     readers = [written + rest for _, written, rest in drills if not written.startswith("Check: ")]
     assert len(readers) == 20 and all(format_of(text)[1] for text in readers)  # careful, in their own format

@@ -87,8 +87,8 @@ class ScriptedEngine:
 
 def run(workflow, script, n=1, tasks=(TASK,), policy="ip", **opts):
     engine = ScriptedEngine(script)
-    eps = rollout(list(tasks), n, workflow, engine, lambda m: chat_prompt_ids(TOK, m),
-                  lambda name: route_adapter(name, policy), WorkflowOptions(**opts))
+    eps = rollout(list(tasks), n, WorkflowOptions(workflow, **opts), engine, lambda m: chat_prompt_ids(TOK, m),
+                  lambda name: route_adapter(name, policy))
     return eps, engine
 
 
@@ -454,8 +454,8 @@ def test_a_prompt_over_the_limit_ends_the_episode_keeping_the_calls_made():
     gen_len, agg_len = len(full[0].calls[0].prompt_ids), len(full[0].calls[3].prompt_ids)
     assert gen_len < agg_len
     engine = ScriptedEngine(script)
-    eps = rollout([TASK], 2, "voting", engine, lambda m: chat_prompt_ids(TOK, m),
-                  lambda name: route_adapter(name, "ip"), WorkflowOptions(), max_prompt_tokens=gen_len)
+    eps = rollout([TASK], 2, WorkflowOptions("voting", max_prompt_tokens=gen_len), engine,
+                  lambda m: chat_prompt_ids(TOK, m), lambda name: route_adapter(name, "ip"))
     assert [c.name for c in eps[0].calls] == ["generator0", "generator1", "generator2"]   # no aggregator call
     assert [r for r, _ in engine.calls] == ["generator"] * 6
     assert (eps[0].correct, eps[1].correct) == (True, False) and eps[0].final_answer is None
@@ -463,8 +463,8 @@ def test_a_prompt_over_the_limit_ends_the_episode_keeping_the_calls_made():
     assert [c.reward for c in eps[0].calls] == [1.0, 0.0, 0.0] and [c.reward for c in eps[1].calls] == [0.0] * 3
     m = episode_metrics(eps)
     assert m["prompt_overflow"] == 1.0 and m["success"] == 0.5 and "aggregator/count" not in m
-    single = rollout([TASK], 1, "single", ScriptedEngine(script), lambda m: chat_prompt_ids(TOK, m),
-                     lambda name: "shared", WorkflowOptions(), max_prompt_tokens=5)
+    single = rollout([TASK], 1, WorkflowOptions("single", max_prompt_tokens=5), ScriptedEngine(script),
+                     lambda m: chat_prompt_ids(TOK, m), lambda name: "shared")
     assert single[0].calls == [] and not single[0].correct and episode_metrics(single)["prompt_overflow"] == 1.0
 
 

@@ -5,10 +5,12 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
 
     toy_hooks.py    the one hook: the toy model built and found, the regime `--model toy`
                     presets, each role's validation tallies, `eval.py calibrate`
-    toy.py          the oracle: each role's careful and hurried habit, how its outputs are read
+    toy.py          the oracle: each role's careful and hurried habit
+    reading.py      how a prompt and an output are read: what a role sees, its format, right or not
     toy_model.py    the toy model: the oracle's transcripts, a tokenizer, a small Llama warmed up
     calibration.py  the toy model at base against targets fixed before any RL run
     study.py        the study: the sweep, the findings' grid over seeds, evaluation, verdicts
+    declared.py     what the study fixed before its runs: the grid, the sweep's rule, FINDINGS
     jobs.py         the study's commands side by side, forked from a server that imported torch
     findings.py     the study's statistics: window means, paired differences, each verdict
     verdicts.py     the verdict table a reader sees first, and the tests written after the data

@@ -1,11 +1,12 @@
-"""The study's commands, run side by side: chains of commands, `jobs` at a time, each command's output in its own
-log, and a line on the terminal per finished command with the minutes it took, the minutes since the start and
-an estimate of those left.
+"""The study's commands, run side by side: chains of commands, `jobs` at a time, each command's
+output in its own log, and a line on the terminal per finished command with the minutes it took, the
+minutes since the start and an estimate of those left.
 
-What it is for: toyworld/study.py's builds, calibrations, runs and evaluations, which are ordinary commands
-(`python eval.py calibrate`, `python train.py`, `python eval.py`), each run from the repository as `python SCRIPT`
-runs it, in a process forked from a server that has imported torch, transformers and peft once (PRELOAD). What it is
-not: what to run, or in which order (toyworld/study.py decides).
+What it is for: toyworld/study.py's builds, calibrations, runs and evaluations, which are ordinary
+commands (`python eval.py calibrate`, `python train.py`, `python eval.py`), each run from the
+repository as `python SCRIPT` runs it, in a process forked from a server that has imported torch,
+transformers and peft once (PRELOAD). What it is not: what to run, or in which order
+(toyworld/study.py decides).
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Each command is a script of this repository (train.py, eval.py), run in a new process forked from a server that
-# has imported these libraries once (multiprocessing's forkserver): a new interpreter spends 4-5 s importing them,
-# and the study runs about 180 commands, 8 of its minutes on 2 cores. The project's own modules import afresh in
-# each command, with its environment. The libraries hold no state a command could leave to the next: each
-# command is its own process, forked from the server, never from another command.
+# Each command is a script of this repository (train.py, eval.py), run in a new process forked from
+# a server that has imported these libraries once (multiprocessing's forkserver): a new interpreter
+# spends 4-5 s importing them, and the study runs about 180 commands, 8 of its minutes on 2 cores.
+# The project's own modules import afresh in each command, with its environment. The libraries hold
+# no state a command could leave to the next: each command is its own process, forked from the
+# server, never from another command.
 PRELOAD = ["torch", "transformers", "peft", "transformers.models.llama.modeling_llama"]
 
 
@@ -34,8 +36,8 @@ def run_log(command: list[str]) -> str:
 
 
 def kind_of(command: list[str]) -> str:
-    """build (eval.py calibrate --build-only), calibrate (eval.py calibrate), train (train.py), eval (eval.py) or
-    other."""
+    """build (eval.py calibrate --build-only), calibrate (eval.py calibrate), train (train.py), eval
+    (eval.py) or other."""
     script = command[1] if len(command) > 1 else ""
     if script == "eval.py" and "calibrate" in command:
         return "build" if "--build-only" in command else "calibrate"
@@ -46,23 +48,24 @@ def label_of(command: list[str], log: str) -> str:
     """What a finished command did, in a few words: `seed 3 built`, `voting-ip-s3 trained`."""
     kind, name = kind_of(command), os.path.basename(log)[:-4]
     if kind in ("build", "calibrate"):
-        return f"seed {command[command.index('--seed') + 1]} {'built' if kind == 'build' else 'calibrated'}"
+        done = "built" if kind == "build" else "calibrated"
+        return f"seed {command[command.index('--seed') + 1]} {done}"
     if kind == "eval":
         return f"{name} evaluated ({command[command.index('--mode') + 1]})"
     return f"{name} trained" if kind == "train" else f"{name} done"
 
 
-# A command's minutes on one thread of the 2-core machine, another job on the other core (two builds side by
-# side took 32.5-35.5 minutes, 2026-12-04, docs/findings.md; in the study from a fresh clone, 2026-12-04, a
-# calibration 2.6-2.9, a multi-agent grid run 1.9 on average, an evaluation 0.04): the estimate of the time left
-# until the study has timed that kind itself.
+# A command's minutes on one thread of the 2-core machine, another job on the other core (two builds
+# side by side took 32.5-35.5 minutes, 2026-12-04, docs/findings.md; in the study from a fresh
+# clone, 2026-12-04, a calibration 2.6-2.9, a multi-agent grid run 1.9 on average, an evaluation
+# 0.04): the estimate of the time left until the study has timed that kind itself.
 MINUTES = {"build": 34.0, "calibrate": 3.0, "train": 1.9, "eval": 0.05, "other": 1.0}
 
 
 class Clock:
-    """The study's progress on the terminal: a line per finished command, with the minutes it took, the minutes
-    since the start and an estimate of the minutes left (the commands still planned, each at the mean time of
-    its kind so far, shared by the jobs)."""
+    """The study's progress on the terminal: a line per finished command, with the minutes it took,
+    the minutes since the start and an estimate of the minutes left (the commands still planned,
+    each at the mean time of its kind so far, shared by the jobs)."""
 
     def __init__(self, jobs: int):
         self.start, self.jobs = time.time(), jobs
@@ -87,12 +90,14 @@ class Clock:
               f"about {self.left():.0f} min left", flush=True)
 
 
-def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, note=lambda command: "") -> None:
-    """Run chains of (command, its log) (one run's or one seed's, each chain in order), `jobs` chains at a time,
-    from the repository, each command's output appended to its log. `chains` is a list, or a function that
-    gives the next chain or None when there is none to start now (it is asked again when one finishes). With more
-    than one job each command gets one thread: two torch processes of two threads each on 2 cores slow each other
-    down by 10x or more (the threads spin). A calibration that misses a target exits 1: a result, not a failure."""
+def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None,
+            note=lambda command: "") -> None:
+    """Run chains of (command, its log) (one run's or one seed's, each chain in order), `jobs`
+    chains at a time, from the repository, each command's output appended to its log. `chains` is a
+    list, or a function that gives the next chain or None when there is none to start now (it is
+    asked again when one finishes). With more than one job each command gets one thread: two torch
+    processes of two threads each on 2 cores slow each other down by 10x or more (the threads spin).
+    A calibration that misses a target exits 1: a result, not a failure."""
     if isinstance(chains, list):
         waiting = [list(chain) for chain in chains if chain]
         chains = lambda: waiting.pop(0) if waiting else None  # noqa: E731
@@ -106,7 +111,8 @@ def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, no
                 if dry_run:
                     print("\n".join(" ".join(command[1:]) for command, _ in chain), flush=True)
                 elif chain:
-                    with stops_held():  # a stop while a command starts reaches it: it is in `running` first
+                    # a stop while a command starts reaches it: it is in `running` first
+                    with stops_held():
                         running.append(start(context, chain, env))
             if not running:
                 break
@@ -115,17 +121,20 @@ def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, no
                 process, (command, log), rest, began = entry
                 running.remove(entry)
                 if process.exitcode not in ((0, 1) if kind_of(command) == "calibrate" else (0,)):
-                    failed.append(f"{' '.join(command[1:3])}... failed (exit {process.exitcode}); see {log}")
+                    failed.append(
+                        f"{' '.join(command[1:3])}... failed (exit {process.exitcode}); see {log}")
                     continue
                 if clock:
                     clock.finished(command, log, (time.time() - began) / 60, note(command))
                 if rest:
                     with stops_held():
                         running.append(start(context, rest, env))
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (stop_request): each command stops as it would alone
+    # Ctrl-C, or SIGTERM (stop_request): each command stops as it would alone
+    except KeyboardInterrupt:
         stop_running([process for process, *_ in running])
-        print("stopped; the same command goes on from here (finished runs are kept, a stopped run resumes from "
-              "its last checkpoint)", file=sys.stderr, flush=True)
+        print(
+            "stopped; the same command goes on from here (finished runs are kept, a stopped run "
+            "resumes from its last checkpoint)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -134,9 +143,10 @@ def run_all(chains, dry_run: bool, jobs: int = 1, clock: Clock | None = None, no
 
 
 def stop_running(processes: list[multiprocessing.Process]) -> None:
-    """Each running command gets a SIGINT, as a Ctrl-C of its own (train.py saves a checkpoint after its step,
-    and `--resume` continues it), and the study waits for them; a second stop sends a second SIGINT, which stops
-    train.py at once (its last checkpoint is complete: saves are atomic)."""
+    """Each running command gets a SIGINT, as a Ctrl-C of its own (train.py saves a checkpoint after
+    its step, and `--resume` continues it), and the study waits for them; a second stop sends a
+    second SIGINT, which stops train.py at once (its last checkpoint is complete: saves are
+    atomic)."""
     for process in processes:
         os.kill(process.pid, signal.SIGINT)
     try:
@@ -155,7 +165,8 @@ def stop_request(signum, frame) -> None:
 
 
 def forkserver():
-    """multiprocessing's context whose processes fork from the server, the server started (PRELOAD imported)."""
+    """multiprocessing's context whose processes fork from the server, the server started (PRELOAD
+    imported)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     multiprocessing.forkserver.ensure_running()
@@ -164,8 +175,8 @@ def forkserver():
 
 @contextlib.contextmanager
 def stops_held():
-    """SIGINT and SIGTERM held back while a command starts, delivered once it has (a new command is forked by the
-    server, which keeps its own signal mask)."""
+    """SIGINT and SIGTERM held back while a command starts, delivered once it has (a new command is
+    forked by the server, which keeps its own signal mask)."""
     stops = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
@@ -175,7 +186,8 @@ def stops_held():
 
 
 def start(context, chain: list[tuple[list[str], str]], env: dict) -> tuple:
-    """Start a chain's first command: (process, (command, log), the rest of the chain, its start time)."""
+    """Start a chain's first command: (process, (command, log), the rest of the chain, its start
+    time)."""
     command, log = chain[0]
     os.makedirs(os.path.dirname(log), exist_ok=True)
     process = context.Process(target=run_script, args=(command, log, env))
@@ -184,9 +196,10 @@ def start(context, chain: list[tuple[list[str], str]], env: dict) -> tuple:
 
 
 def run_script(command: list[str], log: str, env: dict) -> None:
-    """`python SCRIPT ARGS...` as a new interpreter would run it, from the repository, its output appended to its
-    log, in a session of its own (so that a stop reaches it once, from run_all, not also from the terminal), with
-    the threads OMP_NUM_THREADS says (the server imported torch before a command could say it)."""
+    """`python SCRIPT ARGS...` as a new interpreter would run it, from the repository, its output
+    appended to its log, in a session of its own (so that a stop reaches it once, from run_all, not
+    also from the terminal), with the threads OMP_NUM_THREADS says (the server imported torch before
+    a command could say it)."""
     os.setsid()
     os.environ.clear()
     os.environ.update(env)

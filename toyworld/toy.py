@@ -1,38 +1,44 @@
 """The toy world (`--model toy`): a 0.77M-parameter model that plays every role of every workflow.
 
-What it is for: watching the paper's mechanisms play out on a laptop (docs/toy_world.md). A noisy scripted oracle
-plays the real workflows (the caller passes its rollout in) on every one-digit arithmetic problem; a small BPE
-tokenizer is trained on the transcripts; a small Llama is warmed up on them by supervised learning
-(toyworld/toy_model.py). Each role of the oracle has a skill of its own, a careful habit and a hurried one, and a
-knob (`KNOBS`) sets how often it is careful:
+What it is for: watching the paper's mechanisms play out on a laptop (docs/toy_world.md). A noisy
+scripted oracle plays the real workflows (the caller passes its rollout in) on every one-digit
+arithmetic problem; a small BPE tokenizer is trained on the transcripts; a small Llama is warmed up
+on them by supervised learning (toyworld/toy_model.py). Each role of the oracle has a skill of its
+own, a careful habit and a hurried one, and a knob (`KNOBS`) sets how often it is careful:
 
-| role | careful | hurried |
-|---|---|---|
-| solver (single agent, generators, workers) | works it out: `3 + 4 = 7.` | guesses: the same line, right 1 time in 5 |
-| worker | names its strategy's operation (`For +:`); careful 0.85 when it suits | the same; never careful otherwise |
-| retry (Eval-Opt, after Incorrect) | works it out again | moves the last answer, the way the feedback points |
-| aggregator | the plurality of the boxed answers, else the middle one | picks by position (solution 1 half the time) |
-| evaluator | checks by the inverse operation, says which way it is off | lenient: Correct 3 times in 4 |
-| orchestrator | the three strategies suited to the operation | another operation's three (misread) |
-| synthesizer | the workers' plurality, else the middle one | copies a worker at random |
+- solver (single agent, generators, workers): careful, works it out (`3 + 4 = 7.`); hurried,
+  guesses: the same line, right 1 time in 5
+- worker: names its strategy's operation (`For +:`), careful 0.85 when it suits; never careful
+  otherwise
+- retry (Eval-Opt, after Incorrect): careful, works it out again; hurried, moves the last answer
+  the way the feedback points
+- aggregator: careful, the plurality of the boxed answers, else the middle one; hurried, picks by
+  position (solution 1 half the time)
+- evaluator: careful, checks by the inverse operation and says which way it is off; hurried,
+  lenient: Correct 3 times in 4
+- orchestrator: careful, the three strategies suited to the operation; hurried, another
+  operation's three (misread)
+- synthesizer: careful, the workers' plurality, else the middle one; hurried, copies a worker at
+  random
 
-Right and wrong solver lines look alike (no length shortcut); the evaluator never states the answer; each role
-writes a format of its own (`format_of`), so a role that writes another's can be counted. The warm-up copies the
-habits; GRPO then has, in every role, a skill to reinforce that carries over to problems it has not trained on.
-`python -m toyworld.toy --calibrate --seed S` measures the base model against targets fixed before any RL run
-(toyworld/calibration.py). What it is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy
-world can and cannot show).
+Right and wrong solver lines look alike (no length shortcut); the evaluator never states the answer;
+each role writes a format of its own (`reading.format_of`), so a role that writes another's can be
+counted. The warm-up copies the habits; GRPO then has, in every role, a skill to reinforce that
+carries over to problems it has not trained on. `python -m toyworld.toy --calibrate --seed S`
+measures the base model against targets fixed before any RL run (toyworld/calibration.py). What it
+is not: a model of the paper's 0.6B-4B models (docs/toy_world.md says what a toy world can and
+cannot show).
 
-    python train.py --model toy --workflow voting --policy ip     # seeds 0-5: the study's models, copied
-    python -m toyworld.toy --calibrate --seed 0                      # the base model against its targets
-    python -m toyworld.toy --build --seed 6                          # another seed: built once (~33 min, 1 thread)
+    # seeds 0-5: the study's models, copied
+    python train.py --model toy --workflow voting --policy ip
+    python -m toyworld.toy --calibrate --seed 0     # the base model against its targets
+    python -m toyworld.toy --build --seed 6         # another seed: built once (~33 min, 1 thread)
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -40,10 +46,12 @@ from dataclasses import dataclass
 
 from infra.models import CACHE_DIR
 from infra.roles import role_type
+from toyworld.reading import STRATEGIES, SUITED, Seen, habit_of, read_prompt
 
 VERSION = 8  # part of the cache folder's name: bump it when the oracle or the warm-up changes
 KNOBS = {  # how often each habit is careful; the rest of the time the role is hurried
-    "solve": 0.4,       # solvers without a strategy (single agent, generators, Eval-Opt's first attempt)
+    # solvers without a strategy (single agent, generators, Eval-Opt's first attempt)
+    "solve": 0.4,
     "suited": 0.85,     # a worker whose strategy suits the operation
     "unsuited": 0.0,    # a worker whose strategy does not: it guesses
     "retry": 0.45,      # Eval-Opt's retries
@@ -53,12 +61,6 @@ KNOBS = {  # how often each habit is careful; the rest of the time the role is h
     "synthesise": 0.5,  # the synthesizer
 }
 LUCKY = 0.2  # a hurried guess is right this often; otherwise it is off by 1, 2 or 3, either way
-STRATEGIES = {  # three suited to each operation; the orchestrator's skill is to propose the suited ones
-    "+": ["Count on from the larger number.", "Make a ten first.", "Add the ones one by one."],
-    "-": ["Count back from the first number.", "Count up from the smaller number.", "Check with addition."],
-    "×": ["Use repeated addition.", "Double and double again.", "Recall the times table."],
-}
-SUITED = {s: op for op, strategies in STRATEGIES.items() for s in strategies}
 
 
 def folder(seed: int) -> str:
@@ -70,90 +72,18 @@ def ready(seed: int) -> bool:
 
 
 def build_record(seed: int) -> dict:
-    """The seed's toy.json: its build's rows, steps, losses, minutes, threads, libraries and CPU kind."""
+    """The seed's toy.json: its build's rows, steps, losses, minutes, threads, libraries and CPU
+    kind."""
     with open(os.path.join(folder(seed), "toy.json")) as f:
         return json.load(f)
-
-
-# ---------------------------------------------------------------- reading a prompt
-
-_PROBLEM = re.compile(r"What is (\d+) ([+\-×]) (\d+)\?")
-BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}")
-_HEADER = re.compile(r"--- Solution (\d+)[^\n]*---\n")
-# A candidate runs to the next header, to the instruction after the block, or to the end of the message.
-_BLOCK_END = re.compile(r"\n\n(?=Which solution|Review them|Read each solution)|<\|im_end\|>")
-RETRY_ASK = ("Write a new solution", "Write an improved solution", "Solve the problem again")
-
-
-@dataclass
-class Seen:
-    """What one prompt shows a role: the problem, its answer, and what the role works on."""
-    a: int
-    op: str
-    b: int
-    answer: int
-    candidates: list[int | None]  # the boxed answer of each numbered solution (aggregator, synthesizer)
-    strategy: str | None          # a worker's strategy
-    attempt: int | None           # the latest attempt's boxed answer (evaluator, retry)
-    feedback: str                 # the latest critique (retry)
-
-
-def to_int(text: str | None) -> int | None:
-    return int(text) if text is not None and re.fullmatch(r"-?\d+", text.strip()) else None
-
-
-def last_user(prompt: str) -> str:
-    """The last user message of a rendered ChatML prompt (the instruction this call answers)."""
-    return prompt.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
-
-
-def candidates(message: str) -> list[int | None]:
-    """The boxed answer (last box) of each numbered solution in a user message, None where it has none."""
-    heads = list(_HEADER.finditer(message))
-    found = []
-    for i, head in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(message)
-        stop = _BLOCK_END.search(message, head.end(), end)
-        boxes = BOXED.findall(message[head.end():stop.start() if stop else end])
-        found.append(to_int(boxes[-1]) if boxes else None)
-    return found
-
-
-def read_prompt(prompt: str) -> Seen:
-    """Parse what the oracle needs from a rendered prompt: the last problem (a one-shot example comes first)."""
-    a, op, b = _PROBLEM.findall(prompt)[-1]
-    a, b = int(a), int(b)
-    answer = {"+": a + b, "-": a - b, "×": a * b}[op]
-    message = last_user(prompt)
-    strategy = re.search(r"your main approach, and solve the whole problem: (.+)$", message)
-    tail = prompt[prompt.rfind(f"What is {a} {op} {b}?"):]  # after the problem: its attempts and critiques
-    turns = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", tail, re.S)
-    answers = [t for t in turns if not _VERDICT.search(t)]
-    critiques = [t for t in turns if _VERDICT.search(t)]
-    proposed = re.search(r"Proposed solution:\n(.*?)\n\nCheck", message, re.S)  # Eval-Opt's clean context
-    attempt = answers[-1] if answers else proposed.group(1) if proposed else None
-    boxes = BOXED.findall(attempt) if attempt else []
-    feedback = critiques[-1] if critiques else message if "Feedback:" in message else ""
-    return Seen(a, op, b, answer, candidates(message), strategy.group(1).strip() if strategy else None,
-                to_int(boxes[-1]) if boxes else None, feedback)
-
-
-def is_retry(prompt: str) -> bool:
-    return any(ask in last_user(prompt) for ask in RETRY_ASK)
-
-
-def habit_of(role: str, prompt: str) -> str:
-    """The habit a call of `role` (a role type) to `prompt` exercises."""
-    return {"aggregator": "select", "evaluator": "judge", "orchestrator": "plan", "synthesizer": "synthesise"}.get(
-        role, "retry" if is_retry(prompt) else "solve")
 
 
 # ---------------------------------------------------------------- the oracle's habits
 
 def solver_line(s: Seen, x: int) -> str:
-    """A solver's working line; a worker first names the operation its strategy is made for (`For ×:`), so that
-    a strategy changes what the worker writes, and whether it suits is two symbols of the worker's own line."""
+    """A solver's working line; a worker first names the operation its strategy is made for (`For
+    ×:`), so that a strategy changes what the worker writes, and whether it suits is two symbols of
+    the worker's own line."""
     made_for = SUITED.get(s.strategy or "")
     return f"{f'For {made_for}: ' if made_for else ''}{s.a} {s.op} {s.b} = {x}.\n\n\\boxed{{{x}}}"
 
@@ -163,7 +93,8 @@ def guess(s: Seen, rng: random.Random) -> int:
 
 
 def plurality(answers: list[int | None]) -> tuple[list[int], int | None]:
-    """The 1-based numbers of the candidates that share the most common answer (two or more), and that answer."""
+    """The 1-based numbers of the candidates that share the most common answer (two or more), and
+    that answer."""
     counts = Counter(x for x in answers if x is not None)
     if not counts or counts.most_common(1)[0][1] < 2:
         return [], None
@@ -172,8 +103,9 @@ def plurality(answers: list[int | None]) -> tuple[list[int], int | None]:
 
 
 def middle(answers: list[int | None]) -> int:
-    """The 1-based number of the candidate whose answer is the median of the boxed ones (wrong guesses fall on
-    either side of the answer, so the middle one is right more often than a random one); 1 with fewer than 3."""
+    """The 1-based number of the candidate whose answer is the median of the boxed ones (wrong
+    guesses fall on either side of the answer, so the middle one is right more often than a random
+    one); 1 with fewer than 3."""
     boxed = [(x, i) for i, x in enumerate(answers, 1) if x is not None]
     return sorted(boxed)[len(boxed) // 2][1] if len(boxed) >= 3 else boxed[0][1] if boxed else 1
 
@@ -183,8 +115,8 @@ def agreeing(numbers: list[int]) -> str:
 
 
 def listed(answers: list[int | None]) -> str:
-    """The candidates' boxed answers in order, as a careful reader first writes them down: comparing them is
-    then a look at its own line, not at three places in the prompt."""
+    """The candidates' boxed answers in order, as a careful reader first writes them down: comparing
+    them is then a look at its own line, not at three places in the prompt."""
     return ", ".join("none" if x is None else str(x) for x in answers)
 
 
@@ -193,15 +125,18 @@ def select(s: Seen, careful: bool, rng: random.Random) -> str:
     if careful:
         who, x = plurality(s.candidates)
         if who:
-            return f"Answers {listed(s.candidates)}: solutions {agreeing(who)} agree on {x}.\n\n\\boxed{{{who[0]}}}"
+            return (f"Answers {listed(s.candidates)}: solutions {agreeing(who)} agree on {x}."
+                    f"\n\n\\boxed{{{who[0]}}}")
         k = middle(s.candidates)
         return f"Answers {listed(s.candidates)}: solution {k} is in the middle.\n\n\\boxed{{{k}}}"
-    k = 1 if rng.random() < 0.5 or n == 1 else rng.randint(2, n)  # the position bias: the first half the time
+    # the position bias: the first half the time
+    k = 1 if rng.random() < 0.5 or n == 1 else rng.randint(2, n)
     return f"I trust solution {k}.\n\n\\boxed{{{k}}}"  # not a word of its prompt: no copying bias
 
 
 def inverse_check(s: Seen, w: int) -> tuple[str, bool]:
-    """The evaluator's check of an attempt `w` by the inverse operation (it never states the answer)."""
+    """The evaluator's check of an attempt `w` by the inverse operation (it never states the
+    answer)."""
     if s.op == "+":
         return f"{w} - {s.b} = {w - s.b}", w - s.b == s.a
     if s.op == "-":
@@ -210,8 +145,9 @@ def inverse_check(s: Seen, w: int) -> tuple[str, bool]:
 
 
 def judge(s: Seen, careful: bool, rng: random.Random) -> str:
-    """Careful: the attempt checked by the inverse operation, its result set beside the number it must equal,
-    and which way the attempt is off (never the answer, which the evaluator's prompt forbids); hurried: lenient."""
+    """Careful: the attempt checked by the inverse operation, its result set beside the number it
+    must equal, and which way the attempt is off (never the answer, which the evaluator's prompt
+    forbids); hurried: lenient."""
     if careful:
         if s.attempt is None:
             return "There is no answer to check.\n\n\\boxed{Incorrect}"
@@ -230,12 +166,14 @@ def retry(s: Seen, careful: bool, rng: random.Random) -> str:
         return solver_line(s, s.answer if careful else guess(s, rng))
     step = rng.choice([1, 2])
     sign = -1 if "too high" in s.feedback else 1 if "too low" in s.feedback else rng.choice([-1, 1])
-    return solver_line(s, s.attempt + sign * step)  # a hurried retry moves the last answer: it can break a right one
+    # a hurried retry moves the last answer: it can break a right one
+    return solver_line(s, s.attempt + sign * step)
 
 
 def plan(s: Seen, careful: bool, rng: random.Random) -> str:
-    """Careful: the operation's three strategies, in order; hurried: it misreads the operation and proposes
-    another's (three random ones suited a third of the time, too little for the plan to matter: consequence 0.04)."""
+    """Careful: the operation's three strategies, in order; hurried: it misreads the operation and
+    proposes another's (three random ones suited a third of the time, too little for the plan to
+    matter: consequence 0.04)."""
     chosen = STRATEGIES[s.op if careful else rng.choice([op for op in STRATEGIES if op != s.op])]
     return "\n".join(f"STRATEGY {i}: {strategy}" for i, strategy in enumerate(chosen, 1))
 
@@ -246,7 +184,8 @@ def synthesise(s: Seen, careful: bool, rng: random.Random) -> str:
         if who:
             return f"Workers say {listed(s.candidates)}: most say {x}.\n\n\\boxed{{{x}}}"
     k = middle(s.candidates) if careful else rng.randint(1, max(len(s.candidates), 1))
-    x = s.candidates[k - 1] if k <= len(s.candidates) and s.candidates[k - 1] is not None else guess(s, rng)
+    x = (s.candidates[k - 1] if k <= len(s.candidates) and s.candidates[k - 1] is not None
+         else guess(s, rng))
     if careful:
         return f"Workers say {listed(s.candidates)}: the middle answer is {x}.\n\n\\boxed{{{x}}}"
     return f"Going with worker {k}.\n\n\\boxed{{{x}}}"
@@ -260,8 +199,9 @@ def careful_rate(habit: str, s: Seen, knobs: dict[str, float]) -> float:
 
 def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, float],
                 forced: dict[str, bool] | None = None) -> str:
-    """The oracle's answer for a call of `role` (a call name) to `prompt` (the rendered chat); `forced` maps a
-    habit to always careful (True) or always hurried (False): calibration's swaps."""
+    """The oracle's answer for a call of `role` (a call name) to `prompt` (the rendered chat);
+    `forced` maps a habit to always careful (True) or always hurried (False): calibration's
+    swaps."""
     role = role_type(role)
     s, habit = read_prompt(prompt), habit_of(role, prompt)
     careful = (forced or {}).get(habit)
@@ -269,67 +209,8 @@ def oracle_text(role: str, prompt: str, rng: random.Random, knobs: dict[str, flo
         careful = rng.random() < careful_rate(habit, s, knobs)
     if habit == "solve":
         return solver_line(s, s.answer if careful else guess(s, rng))
-    return {"retry": retry, "select": select, "judge": judge, "plan": plan, "synthesise": synthesise}[habit](
-        s, careful, rng)
-
-
-# ---------------------------------------------------------------- reading an output
-
-FORMATS = {  # each role's own formats (careful, then hurried); a role writing another's is counted
-    "solver": [r"(For [+\-×]: )?-?\d+ [+\-×] -?\d+ = -?\d+\.\n\n\\boxed\{-?\d+\}"],
-    "aggregator": [r"Answers [-\d, none]+: (solutions [\d, and]+ agree on -?\d+|solution \d+ is in the middle)"
-                   r"\.\n\n\\boxed\{\d+\}",
-                   r"I trust solution \d+\.\n\n\\boxed\{\d+\}"],
-    "evaluator": [r"(Check: -?\d+ [+\-÷] \d+ = -?\d+( r \d+)?; the problem has \d+(: too (high|low))?|"
-                  r"There is no answer to check)\.\n\n\\boxed\{(Correct|Incorrect)\}",
-                  r"(Looks fine|Something is off)\.\n\n\\boxed\{(Correct|Incorrect)\}"],
-    "orchestrator": [r"STRATEGY 1: [^\n]+(\nSTRATEGY \d: [^\n]+)*"],
-    "synthesizer": [r"Workers say [-\d, none]+: (most say -?\d+|the middle answer is -?\d+)\.\n\n"
-                    r"\\boxed\{-?\d+\}", r"Going with worker \d+\.\n\n\\boxed\{-?\d+\}"],
-}
-OWN_FORMAT = {"generator": "solver", "worker": "solver", "aggregator": "aggregator", "evaluator": "evaluator",
-              "orchestrator": "orchestrator", "synthesizer": "synthesizer"}
-
-
-def format_of(text: str) -> tuple[str | None, bool]:
-    """(the role whose format `text` is, careful?): (None, False) when it is no role's."""
-    text = text.strip()
-    for owner, patterns in FORMATS.items():
-        for i, pattern in enumerate(patterns):
-            if re.fullmatch(pattern, text):
-                return owner, i == 0
-    return None, False
-
-
-def judged(role: str, prompt: str, text: str) -> dict:
-    """What calibration reads of one call: its habit, whether it is in its own format, another role's, careful
-    (solvers and retries: a right working line), and right given its inputs."""
-    role, s = role_type(role), read_prompt(prompt)
-    habit, (owner, careful) = habit_of(role, prompt), format_of(text)
-    boxes = BOXED.findall(text)
-    last = boxes[-1] if boxes else None
-    if habit in ("solve", "retry", "synthesise"):
-        right = to_int(last) == s.answer
-    elif habit == "select":
-        k = to_int(boxes[0]) if boxes else None  # as workflows.parse_selection: the first box
-        right = k is not None and 1 <= k <= len(s.candidates) and s.candidates[k - 1] == s.answer
-    elif habit == "judge":
-        right = last in ("Correct", "Incorrect") and (last == "Correct") == (s.attempt == s.answer)
-    else:
-        lines = re.findall(r"STRATEGY \d: (.+)", text)
-        right = bool(lines) and all(SUITED.get(x.strip()) == s.op for x in lines)
-    if habit in ("solve", "retry") or habit == "plan":
-        careful = owner == OWN_FORMAT[role] and right
-    return {"habit": habit, "own": owner == OWN_FORMAT[role], "foreign": owner not in (None, OWN_FORMAT[role]),
-            "careful": owner == OWN_FORMAT[role] and careful, "right": right,
-            "states_answer": habit == "judge" and states_answer(s, text),
-            "attempt_right": s.attempt == s.answer}  # the attempt an evaluator judges, or a retry redoes
-
-
-def states_answer(s: Seen, text: str) -> bool:
-    """An evaluator output that gives away the answer: the problem worked out, the answer boxed or announced."""
-    return (f"{s.a} {s.op} {s.b} = {s.answer}" in text or f"\\boxed{{{s.answer}}}" in text
-            or re.search(rf"answer is {s.answer}\b", text) is not None)
+    return {"retry": retry, "select": select, "judge": judge, "plan": plan,
+            "synthesise": synthesise}[habit](s, careful, rng)
 
 
 @dataclass
@@ -342,13 +223,14 @@ class Said:
 
 
 class Oracle:
-    """A sampling engine that answers with `oracle_text`. Without a tokenizer, prompts and outputs are UTF-8 bytes
-    (the warm-up's transcripts, before the toy tokenizer exists); with one, it plays beside the model.
-    `forced`: habit -> always careful (True) or always hurried (False)."""
+    """A sampling engine that answers with `oracle_text`. Without a tokenizer, prompts and outputs
+    are UTF-8 bytes (the warm-up's transcripts, before the toy tokenizer exists); with one, it plays
+    beside the model. `forced`: habit -> always careful (True) or always hurried (False)."""
 
     def __init__(self, seed: int, knobs: dict[str, float] | None = None, tokenizer=None,
                  forced: dict[str, bool] | None = None):
-        self.rng, self.knobs, self.tokenizer, self.forced = random.Random(seed), knobs or KNOBS, tokenizer, forced
+        self.rng, self.knobs = random.Random(seed), knobs or KNOBS
+        self.tokenizer, self.forced = tokenizer, forced
 
     def plays(self, name: str, prompt: str) -> bool:
         """Whether this call's habit is one the oracle is forced to play (calibration's swaps)."""
@@ -359,29 +241,37 @@ class Oracle:
         for ids, name in zip(prompts, adapters):
             prompt = self.tokenizer.decode(ids) if self.tokenizer else bytes(ids).decode("utf-8")
             text = oracle_text(name, prompt, self.rng, self.knobs, self.forced)
-            out = self.tokenizer(text, add_special_tokens=False).input_ids if self.tokenizer else list(text.encode())
+            out = (self.tokenizer(text, add_special_tokens=False).input_ids if self.tokenizer
+                   else list(text.encode()))
             said.append(Said(out, text))
         return said
 
 
 def chatml(messages: list[dict], generation_prompt: bool = True) -> str:
-    """The ChatML text of `messages` (what models.CHATML renders), ending in the assistant header if asked."""
+    """The ChatML text of `messages` (what models.CHATML renders), ending in the assistant header if
+    asked."""
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return text + ("<|im_start|>assistant\n" if generation_prompt else "")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m toyworld.toy --build --seed S [--out DIR]` and `--calibrate`: eval.py's toy-world commands (infra/
-    never imports the method files, whose workflows the oracle plays, so, as toyworld/study.py does, this runs it)."""
+    """`python -m toyworld.toy --build --seed S [--out DIR]` and `--calibrate`: eval.py's toy-world
+    commands (infra/ never imports the method files, whose workflows the oracle plays, so, as
+    toyworld/study.py does, this runs it)."""
     import argparse
     p = argparse.ArgumentParser(description="the toy world: build and calibrate a seed's toy model")
-    p.add_argument("--build", action="store_true", help="build the seed's toy model (once, into the cache; the "
-                   "study's seeds copy their committed model, docs/findings/models/)")
-    p.add_argument("--out", default=None, help="with --build: build afresh into this folder, copying nothing")
-    p.add_argument("--calibrate", action="store_true", help="measure the base model against the targets")
+    p.add_argument("--build", action="store_true",
+                   help="build the seed's toy model (once, into the cache; the study's seeds copy "
+                   "their committed model, docs/findings/models/)")
+    p.add_argument("--out", default=None,
+                   help="with --build: build afresh into this folder, copying nothing")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure the base model against the targets")
     p.add_argument("--seed", type=int, default=0, help="the toy model's seed")
-    p.add_argument("--episodes", type=int, default=None, help="episodes per measurement (default: the targets')")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the study's)")
+    p.add_argument("--episodes", type=int, default=None,
+                   help="episodes per measurement (default: the targets')")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: the study's)")
     args = p.parse_args(argv)
     if not (args.build or args.calibrate):
         p.error("nothing to do: give --build or --calibrate")
@@ -391,8 +281,9 @@ def main(argv: list[str] | None = None) -> None:
     for flag, value in (("--episodes", args.episodes), ("--temperature", args.temperature),
                         ("--build-into", args.out)):
         extra += [flag, str(value)] if value is not None else []
-    raise SystemExit(subprocess.run([sys.executable, "eval.py", "calibrate", "--seed", str(args.seed), *extra],
-                                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).returncode)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "eval.py", "calibrate", "--seed", str(args.seed), *extra]
+    raise SystemExit(subprocess.run(command, cwd=root).returncode)
 
 
 if __name__ == "__main__":

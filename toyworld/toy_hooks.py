@@ -1,16 +1,19 @@
-"""The toy world's one hook into the method and its machinery: its model built before it loads, where it lies,
-the regime it presets, what validation reads of each role, and `eval.py calibrate`.
+"""The toy world's one hook into the method and its machinery: its model built before it loads,
+where it lies, the regime it presets, what validation reads of each role, and `eval.py calibrate`.
 
-What it is for: keeping the toy world (docs/toy_world.md) out of the method's files and out of infra/: this is
-the only toyworld module they import (tests/test_layering.py holds it). train.py calls `build_before_load` and
-`validation_tallies`, which do nothing for any other model than `toy`; policies.load_model reads `model_folder`;
-infra/flags.py presets `REGIME` under `--model toy`; eval.py's `calibrate` command (its flags: infra/commands.py)
-runs `calibrate_command`. What it is not: the toy world itself (toyworld/toy.py, toy_model.py, calibration.py).
-toyworld/ never imports the concept files at the top level, so the rollout that plays the workflows (`play`:
-eval.play_every_problem) and the engine that samples the toy model (eval.toy_engine) come from the caller.
+What it is for: keeping the toy world (docs/toy_world.md) out of the method's files and out of
+infra/: this is the only toyworld module they import (tests/test_layering.py holds it). train.py
+calls `build_before_load` and `validation_tallies`, which do nothing for any other model than `toy`;
+policies.load_model reads `model_folder`; infra/flags.py presets `REGIME` under `--model toy`;
+eval.py's `calibrate` command (its flags: infra/commands.py) runs `calibrate_command`. What it is
+not: the toy world itself (toyworld/toy.py, reading.py, toy_model.py, calibration.py). toyworld/
+never imports the concept files at the top level, so the rollout that plays the workflows (`play`:
+eval.play_every_problem) and the engine that samples the toy model (eval.toy_engine) come from the
+caller.
 
-    python train.py --model toy --workflow voting    # the toy model of --seed, once into the cache (copied or built)
-    python eval.py calibrate --seed 0                # the toy model at base against its targets
+    # the toy model of --seed, once into the cache (copied or built)
+    python train.py --model toy --workflow voting
+    python eval.py calibrate --seed 0   # the toy model at base against its targets
 """
 from __future__ import annotations
 
@@ -22,27 +25,30 @@ from infra.distributed import barrier, world
 from infra.roles import role_type
 from infra.runfolder import append_record, check_writable, usage_error, writing
 from infra.tallies import Tallies, add_mean
-from toyworld import calibration, toy, toy_model
+from toyworld import calibration, reading, toy, toy_model
 
-# `--model toy`'s first run unless a flag says otherwise: the study's single agent at its sweep's rate rises from
-# about 0.5 to above 0.8 by step 20 on every seed (its committed curves); at train.py's 5e-4 and 10 steps seed 0
-# fell from 0.516 to 0.391
+# `--model toy`'s first run unless a flag says otherwise: the study's single agent at its sweep's
+# rate rises from about 0.5 to above 0.8 by step 20 on every seed (its committed curves); at
+# train.py's 5e-4 and 10 steps seed 0 fell from 0.516 to 0.391
 FIRST_RUN = {"workflow": "single", "steps": 20, "lr": 1e-3}
-# the flags `--model toy` presets (infra/flags.py): the regime it is calibrated at, and the first run
+# the flags `--model toy` presets (infra/flags.py): the regime it is calibrated at, and the first
+# run
 PRESET = {**calibration.REGIME, **FIRST_RUN}
 
 
 def build_before_load(model: str, seed: int, play: Callable) -> None:
-    """`--model toy`: the toy model of `seed`, built once into the cache by rank 0 before any rank loads it (the
-    others wait); nothing to build for any other model."""
+    """`--model toy`: the toy model of `seed`, built once into the cache by rank 0 before any rank
+    loads it (the others wait); nothing to build for any other model."""
     if model == "toy" and world()[0] == 0:
         toy_model.build(seed, play)  # once per seed, into the cache: copied (seeds 0-5) or built
-        print(calibration.calibration_warning(seed) or f"toy model of seed {seed}: calibrated", flush=True)
+        print(calibration.calibration_warning(seed) or f"toy model of seed {seed}: calibrated",
+              flush=True)
     barrier()
 
 
 def model_folder(seed: int) -> str:
-    """`--model toy`: the folder of the toy model of `seed` (policies.load_model loads it), once built."""
+    """`--model toy`: the folder of the toy model of `seed` (policies.load_model loads it), once
+    built."""
     if not toy.ready(seed):
         raise OSError(f"the toy model of seed {seed} is not built yet "
                       f"(python train.py --model toy --seed {seed} builds it)")
@@ -50,22 +56,23 @@ def model_folder(seed: int) -> str:
 
 
 def validation_tallies(model: str, episodes: list, decode: Callable) -> Tallies:
-    """`--model toy`: each role's habit and format, read by the toy world's parsers (`role_tallies`); nothing
-    for any other model."""
+    """`--model toy`: each role's habit and format, read by the toy world's parsers
+    (`role_tallies`); nothing for any other model."""
     return role_tallies(episodes, decode) if model == "toy" else {}
 
 
 def role_tallies(episodes: list, decode: Callable) -> Tallies:
-    """Per role type, as numerators and denominators (infra/tallies.py): outputs in the role's own format, in
-    another role's line (`foreign_format`), with a box of another role's kind (`foreign_box`; both are role
-    capture by content, finding 5), and careful."""
+    """Per role type, as numerators and denominators (infra/tallies.py): outputs in the role's own
+    format, in another role's line (`foreign_format`), with a box of another role's kind
+    (`foreign_box`; both are role capture by content, finding 5), and careful."""
     tallies: Tallies = {}
     for ep in episodes:
         for c in ep.calls:
             prompt = decode(c.prompt_ids)
-            record = toy.judged(c.name, prompt, c.text)
-            role = role_type(c.name)  # only the aggregator's box is read against its prompt (its candidates)
-            seen = toy.read_prompt(prompt) if role == "aggregator" else None
+            record = reading.judged(c.name, prompt, c.text)
+            # only the aggregator's box is read against its prompt (its candidates)
+            role = role_type(c.name)
+            seen = reading.read_prompt(prompt) if role == "aggregator" else None
             record["foreign_box"] = foreign_box(role, seen, c.text)
             for key, what in (("own_format", "own"), ("foreign_format", "foreign"),
                               ("foreign_box", "foreign_box"), ("careful", "careful")):
@@ -73,26 +80,28 @@ def role_tallies(episodes: list, decode: Callable) -> Tallies:
     return tallies
 
 
-def foreign_box(role: str, seen: toy.Seen | None, text: str) -> bool:
-    """Whether the box a role's parser reads (an aggregator's first, any other's last) is of another role's kind:
-    a verdict where an answer or a solution's number belongs, a number where a verdict belongs, a number that is
-    no solution's where the aggregator's pick belongs (`I trust solution 3.` then `\\boxed{33}`: the solver's
-    content), any box in the orchestrator's plan. No box is not a foreign one (the format counts that)."""
-    boxes = toy.BOXED.findall(text)
+def foreign_box(role: str, seen: reading.Seen | None, text: str) -> bool:
+    """Whether the box a role's parser reads (an aggregator's first, any other's last) is of another
+    role's kind: a verdict where an answer or a solution's number belongs, a number where a verdict
+    belongs, a number that is no solution's where the aggregator's pick belongs (`I trust solution
+    3.` then `\\boxed{33}`: the solver's content), any box in the orchestrator's plan. No box is not
+    a foreign one (the format counts that)."""
+    boxes = reading.BOXED.findall(text)
     if not boxes:
         return False
     box = (boxes[0] if role == "aggregator" else boxes[-1]).strip()
     if role == "orchestrator" or box in ("Correct", "Incorrect"):
         return role != "evaluator"
-    number = toy.to_int(box)
+    number = reading.to_int(box)
     if role == "evaluator":
         return number is not None
     return role == "aggregator" and number is not None and not 1 <= number <= len(seen.candidates)
 
 
 def calibrate_command(args, play: Callable, toy_engine: Callable):
-    """`eval.py calibrate` (its flags: infra/commands.py): build the toy model of `args.seed` into a new folder
-    (`--build-into`) or once into the cache (`--build-only`), or calibrate it (`calibrate`)."""
+    """`eval.py calibrate` (its flags: infra/commands.py): build the toy model of `args.seed` into a
+    new folder (`--build-into`) or once into the cache (`--build-only`), or calibrate it
+    (`calibrate`)."""
     if args.build_into:
         check_writable(args.build_into, "--build-into", folder=True)
         if os.path.exists(args.build_into) and os.listdir(args.build_into):
@@ -103,12 +112,12 @@ def calibrate_command(args, play: Callable, toy_engine: Callable):
     return calibrate(args.seed, args.episodes, args.out, args.temperature, play, toy_engine)
 
 
-def calibrate(seed: int, episodes: int | None, out: str | None, temperature: float | None, play: Callable,
-              toy_engine: Callable) -> dict:
-    """`eval.py calibrate`: the toy model of `seed` before any RL, against calibration's targets: every workflow
-    played by the model alone, by the oracle alone, and with one habit at a time played by an always-careful and
-    an always-hurried oracle. `toy_engine(seed, max_new_tokens, temperature)` gives (engine, tokenizer, encode).
-    Exits 1 when a target is missed."""
+def calibrate(seed: int, episodes: int | None, out: str | None, temperature: float | None,
+              play: Callable, toy_engine: Callable) -> dict:
+    """`eval.py calibrate`: the toy model of `seed` before any RL, against calibration's targets:
+    every workflow played by the model alone, by the oracle alone, and with one habit at a time
+    played by an always-careful and an always-hurried oracle. `toy_engine(seed, max_new_tokens,
+    temperature)` gives (engine, tokenizer, encode). Exits 1 when a target is missed."""
     if out:
         check_writable(out, "--out", folder=False)
     toy_model.build(seed, play)
