@@ -3,6 +3,8 @@ the six concept files at the top level (they import from here).
 
     flags.py        the command line: flags made from settings' fields, the checks, resume, a
                     run's first lines
+    environment.py  the machine a run needs (device, packages, model files, versions), checked
+                    before anything loads; `--engine auto` resolved
     roles.py        a call's role type: generator0 -> generator
     runfolder.py    one-line errors, args.json, the JSONL files, dumps, stop signals, write errors
     checkpoints.py  seeding and random state, adapters as PEFT folders, atomic checkpoints, resume

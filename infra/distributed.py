@@ -1,18 +1,18 @@
 """Several ranks under torchrun, on torch.distributed, and the one device each process claims.
 
-What it is for: starting the process group, each rank's share of a batch (whole GRPO groups), gathering
-picklable values, and the update's torchrun steps (grpo.update_policy): `every_rank_rows` gives every rank the
-rows of the global batch (the others' without tokens) to cut into mini-batches, `mark_mine` marks the rows a rank
-trains, and `sum_gradients` adds the ranks' gradients, so that every rank steps with the gradient one process
-would have. Which rows and weights those are is grpo.py's (`mini_batches`); this file only moves values between
-ranks.
+What it is for: starting the process group, each rank's share of a batch (whole GRPO groups),
+gathering picklable values, and the update's torchrun steps (grpo.update_policy): `every_rank_rows`
+gives every rank the rows of the global batch (the others' without tokens) to cut into mini-batches,
+`mark_mine` marks the rows a rank trains, and `sum_gradients` adds the ranks' gradients, so that
+every rank steps with the gradient one process would have. Which rows and weights those are is
+grpo.py's (`mini_batches`); this file only moves values between ranks.
 
-Every function but `claim_device` is a no-op for a plain `python train.py`. Data parallel is decided by the
-launcher (torchrun's WORLD_SIZE > 1), never by `dist.is_initialized()`: an in-process vLLM engine creates a
-world-size-1 process group of its own, which a single process must neither send its collectives through nor
-destroy. Only the group `init_distributed` created is destroyed.
+Every function but `claim_device` is a no-op for a plain `python train.py`. Data parallel is decided
+by the launcher (torchrun's WORLD_SIZE > 1), never by `dist.is_initialized()`: an in-process vLLM
+engine creates a world-size-1 process group of its own, which a single process must neither send its
+collectives through nor destroy. Only the group `init_distributed` created is destroyed.
 
-    torchrun --standalone --nproc_per_node 2 train.py --model tiny --steps 2     # CPU: gloo; GPU: nccl
+    torchrun --standalone --nproc_per_node 2 train.py --model tiny --steps 2   # gloo; GPU: nccl
 """
 from __future__ import annotations
 
@@ -27,27 +27,30 @@ import torch.distributed as dist
 
 from infra import models
 
-DIST_TIMEOUT_MIN = 30  # a rank that waits this long for the others in a collective gives up with an error
-_created_group = False  # whether init_distributed created the process group (only that one is destroyed)
+# a rank that waits this long for the others in a collective gives up with an error
+DIST_TIMEOUT_MIN = 30
+# whether init_distributed created the process group (only that one is destroyed)
+_created_group = False
 
 
 def data_parallel() -> bool:
-    """Several ranks: torchrun's WORLD_SIZE > 1 and the process group started. A group someone else made in a
-    single process (vLLM's world-size-1 group) does not count."""
+    """Several ranks: torchrun's WORLD_SIZE > 1 and the process group started. A group someone else
+    made in a single process (vLLM's world-size-1 group) does not count."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and dist.is_initialized()
 
 
 def quiet_other_ranks() -> None:
-    """Under torchrun, only rank 0 prints (for the life of the process); errors still come from every rank."""
+    """Under torchrun, only rank 0 prints (for the life of the process); errors still come from
+    every rank."""
     if int(os.environ.get("RANK", "0")) != 0:
         sys.stdout = open(os.devnull, "w")
 
 
 def init_distributed(device: str = "auto") -> str | None:
-    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): the process group and this rank's device, as --device
-    asks: `cpu` is gloo on the CPU (also on a GPU machine); `auto` and `cuda` are nccl with each rank on GPU
-    LOCAL_RANK where torch sees a GPU (a `cuda:N` index is replaced by the local rank), else gloo on the CPU. A plain
-    `python train.py` has no process group: None."""
+    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set): the process group and this rank's device,
+    as --device asks: `cpu` is gloo on the CPU (also on a GPU machine); `auto` and `cuda` are nccl
+    with each rank on GPU LOCAL_RANK where torch sees a GPU (a `cuda:N` index is replaced by the
+    local rank), else gloo on the CPU. A plain `python train.py` has no process group: None."""
     global _created_group
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return None
@@ -62,11 +65,11 @@ def init_distributed(device: str = "auto") -> str | None:
 
 
 def claim_device(device: str) -> str:
-    """One device per process, made the current device before any model or engine is built: `auto` resolved,
-    and for CUDA torch.cuda.set_device, so that memory counters and anything that names bare `cuda` (a
-    generate() cache, a checkpoint's tensors) are on it, with fp32 matmuls as TF32. Under torchrun `device` is
-    init_distributed's rank device; vLLM's own worker takes cuda:{LOCAL_RANK} there, the same GPU
-    (vllm_engine.engine_problem)."""
+    """One device per process, made the current device before any model or engine is built: `auto`
+    resolved, and for CUDA torch.cuda.set_device, so that memory counters and anything that names
+    bare `cuda` (a generate() cache, a checkpoint's tensors) are on it, with fp32 matmuls as TF32.
+    Under torchrun `device` is init_distributed's rank device; vLLM's own worker takes
+    cuda:{LOCAL_RANK} there, the same GPU (vllm_engine.engine_problem)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
@@ -76,7 +79,8 @@ def claim_device(device: str) -> str:
 
 
 def close_distributed() -> None:
-    """Destroy the process group init_distributed created; any other (vLLM's) is its owner's to destroy."""
+    """Destroy the process group init_distributed created; any other (vLLM's) is its owner's to
+    destroy."""
     global _created_group
     if _created_group and dist.is_initialized():
         dist.destroy_process_group()
@@ -84,13 +88,15 @@ def close_distributed() -> None:
 
 
 def world() -> tuple[int, int]:
-    """(rank, world size) under torchrun; (0, 1) for a plain `python train.py` (no process group)."""
+    """(rank, world size) under torchrun; (0, 1) for a plain `python train.py` (no process
+    group)."""
     return (dist.get_rank(), dist.get_world_size()) if data_parallel() else (0, 1)
 
 
 def share(items: list) -> list:
-    """This rank's contiguous share of a batch (all of it without torchrun); ranks in order give the batch back,
-    so a task's n samples stay on one rank and group advantages need no communication."""
+    """This rank's contiguous share of a batch (all of it without torchrun); ranks in order give the
+    batch back, so a task's n samples stay on one rank and group advantages need no
+    communication."""
     rank, size = world()
     k, extra = divmod(len(items), size)
     start = rank * k + min(rank, extra)
@@ -98,7 +104,8 @@ def share(items: list) -> list:
 
 
 def gather(value) -> list:
-    """Every rank's `value` (any picklable object), in rank order; [value] without a process group."""
+    """Every rank's `value` (any picklable object), in rank order; [value] without a process
+    group."""
     if not data_parallel():
         return [value]
     out = [None] * dist.get_world_size()
@@ -120,13 +127,14 @@ def mark_mine(mini_batches: list, rows: list) -> list:
     """Each mini-batch (a dataclass with `rows` and `mine`) with `mine` the indices of its rows
     that are this rank's own `rows`: those it trains."""
     own = {id(r) for r in rows}
-    return [replace(mb, mine=[i for i, r in enumerate(mb.rows) if id(r) in own]) for mb in mini_batches]
+    return [replace(mb, mine=[i for i, r in enumerate(mb.rows) if id(r) in own])
+            for mb in mini_batches]
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Under torchrun: each parameter's gradient summed over ranks (the loss weights count the global
-    mini-batch, so the sum is the gradient one process would have), in one flat fp32 tensor; nothing for one
-    process. Every parameter must have a gradient (grpo.zero_missing_grads)."""
+    """Under torchrun: each parameter's gradient summed over ranks (the loss weights count the
+    global mini-batch, so the sum is the gradient one process would have), in one flat fp32 tensor;
+    nothing for one process. Every parameter must have a gradient (grpo.zero_missing_grads)."""
     if not data_parallel():
         return
     flat = torch.cat([p.grad.flatten() for p in params]).float()

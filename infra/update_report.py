@@ -108,10 +108,10 @@ class UpdateReport:
 
 
 def role_gradient_shares(role_grads: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Finding 3, under SP: each role's own gradient norm (before clipping), its share of the roles' summed norms
-    (how much of the shared adapter's update each role drives), and the cosine between every pair of roles with a
-    gradient. `role_grads` are the differences `role_done` snapshots: the loss is a sum, so each role's rows
-    contribute their own gradient exactly."""
+    """Finding 3, under SP: each role's own gradient norm (before clipping), its share of the roles'
+    summed norms (how much of the shared adapter's update each role drives), and the cosine between
+    every pair of roles with a gradient. `role_grads` are the differences `role_done` snapshots: the
+    loss is a sum, so each role's rows contribute their own gradient exactly."""
     norms = {r: float(g.norm()) for r, g in role_grads.items()}
     out = {f"{r}/role_grad_norm": n for r, n in norms.items()}
     total = sum(norms.values())
