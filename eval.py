@@ -182,11 +182,13 @@ def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str, en
 
 def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_tokens: int,
                 temperature: float, top_p: float, rows: int, dtype: str, seed: int,
-                vllm_memory: float, share_prompts: bool, max_tokens: int, drift=None):
+                vllm_memory: float, share_prompts: bool, max_tokens: int, drift=None,
+                decode: str = "auto"):
     """The sampling engine (train.py's too): vLLM (its own copy of the base weights, the adapters
     synced in; `drift`: its log-prob check, training only) or HF generate on the model itself,
     each call at most `rows` rows and `max_tokens` tokens (0: on CUDA what fits in the free
-    memory, the prefill in pieces; rows 0: on CUDA as many as fit, on CPU 64: infra/memory.py)."""
+    memory, the prefill in pieces; rows 0: on CUDA as many as fit, on CPU 64: infra/memory.py),
+    its decode loop `decode` (infra/decoding.py)."""
     if engine == "vllm":
         eos = policies.eos_token_ids(model, tokenizer)
         return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
@@ -194,7 +196,7 @@ def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_
                                       drift=drift)
     fits = memory.hf_generation_budget(model, rows, max_tokens)  # 0s: what fits on CUDA
     return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p,
-                             share_prompts=share_prompts, **vars(fits))
+                             share_prompts=share_prompts, decode=decode, **vars(fits))
 
 
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None,

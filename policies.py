@@ -25,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from infra import models
+from infra import decoding, models
+from infra.decoding import eos_token_ids, left_pad  # the engine's stop ids; [B, L] padded
 from infra.memory import StepHooks
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
 from infra.roles import role_type
@@ -159,26 +160,6 @@ def to_generation(ids: list[int], eos_ids: set[int], tokenizer,
                       end is None, None if logprobs is None else logprobs[:len(completion)])
 
 
-def eos_token_ids(model, tokenizer) -> set[int]:
-    """Every id that ends a completion: the generation config's EOS ids (Qwen3 has two) and the
-    tokenizer's."""
-    eos = model.generation_config.eos_token_id
-    eos = tokenizer.eos_token_id if eos is None else eos
-    return set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
-
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, L] ids and attention mask, padded on the left so every row's next token is at the
-    end."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    return ids, mask
-
-
 def cache_kwarg(model) -> str:
     """The keyword a model's forward takes its KV cache under (it differs by transformers version:
     infra/models.py)."""
@@ -227,14 +208,16 @@ class HFEngine(StepHooks):
     into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt +
     max_new_tokens + `sampling_tokens`, its sampling buffers): on CUDA infra/memory's budget),
     returned in the caller's order; a chunk's repeated prompts are prefilled once
-    (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given. It samples with
-    the trainer's own weights, so its hooks around an update (`StepHooks`) only measure."""
+    (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given. `decode` static:
+    one adapter a call, decoded on a preallocated cache (on CUDA compiled; infra/decoding.py). It
+    samples with the trainer's own weights, so its hooks around an update only measure."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
                  max_tokens: int = 1 << 62, prefill_columns: Callable | None = None,
-                 sampling_tokens: int = 0):
+                 sampling_tokens: int = 0, decode: str = "auto"):
         self.model, self.tokenizer, self.prefill_columns = model, tokenizer, prefill_columns
+        self.decode = decoding.decode_mode(decode, model)  # auto: static on CUDA
         self.max_new_tokens, self.sampling_tokens = max_new_tokens, sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
@@ -248,7 +231,9 @@ class HFEngine(StepHooks):
                  desc: str = "") -> list[Generation]:
         # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and tokens
         longest = [[0] * (self.max_new_tokens + self.sampling_tokens)] * len(prompts)  # as filled
-        chunks = micro_batches(prompts, longest, self.batch_size, self.max_tokens)
+        groups = decoding.call_groups(adapters, self.decode)  # static: one adapter's rows each
+        chunks = [[g[i] for i in c] for g in groups for c in micro_batches(
+            [prompts[i] for i in g], longest[:len(g)], self.batch_size, self.max_tokens)]
         out: list[Generation | None] = [None] * len(prompts)
         for chunk in tqdm(chunks, desc=desc, leave=False, disable=None):
             generated = self._generate_chunk([prompts[i] for i in chunk],
@@ -273,8 +258,11 @@ class HFEngine(StepHooks):
             shared = (self.share_prompts or self.prefill_columns) and shared_prompt_cache(
                 self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names"),
                 self.prefill_columns)
-            # with a cache, generate() runs only each row's last prompt token on top of it
-            cache = {cache_kwarg(self.model): shared[0]} if shared else {}
+            # with a cache, generate() runs only each row's last prompt token on top of it; static:
+            # a cache preallocated for the call, holding the shared prompts' (infra/decoding.py)
+            width = ids.shape[1] + self.max_new_tokens
+            cache = decoding.cache_kwargs(self.decode, self.model, shared[0] if shared else None,
+                                          width, cache_kwarg(self.model))
             seqs = self.model.generate(input_ids=ids, attention_mask=mask,
                                        max_new_tokens=self.max_new_tokens,
                                        pad_token_id=self.tokenizer.pad_token_id,

@@ -270,7 +270,8 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
                     max_tokens=update.max_tokens_per_micro_batch)  # vLLM's, in the update's budget
     engine = make_engine(cfg.engine, model, tokenizer, base_folder, cfg.max_new_tokens,
                          update.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
-                         cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift)
+                         cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift,
+                         cfg.decode)
     encode = policies.chat_encoder(tokenizer, cfg.enable_thinking, cfg.chat_template)
     return Trainer(model, tokenizer, optimizers, engine, encode, {})
 
@@ -370,6 +371,9 @@ class Settings:
     engine: str = setting("auto", "--engine", "auto: vllm on CUDA when it imports, else hf "
                           "(transformers generate)", group="rollout",
                           choices=["auto", "hf", "vllm"])
+    decode: str = setting("auto", "--decode", "hf: static compiles the decode step (CUDA), "
+                          "dynamic does not; auto: static on CUDA",
+                          choices=["auto", "dynamic", "static"])
     top_p: float = setting(1.0, "--top-p", "nucleus sampling", within="(0, 1]", paper=1.0)
     max_new_tokens: int = setting(64, "--max-new-tokens", "response limit", within="[1, inf)",
                                   paper="math 5120, code 2048")

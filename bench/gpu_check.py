@@ -9,8 +9,9 @@ so. `gpu_check.json` is rewritten after every check, so a run killed part-way le
 check it was in).
   part 1
   1. training: one step of the Voting-IP cell configuration with a learnable stand-in reward, validated before
-     and after (bench/gpu_check_runs.py), the rows per generate() call from the memory budget: finite, both adapters
-     with a gradient; rollout and update tokens/s; allocated and reserved peaks, reserved within 1.5x allocated.
+     and after (bench/gpu_check_runs.py), the rows per generate() call from the memory budget, the HF engine's
+     static decode (`--decode static`, infra/decoding.py: a compiled decode step): finite, both adapters with a
+     gradient; rollout and update tokens/s; allocated and reserved peaks, reserved within 1.5x allocated.
   2. ratio: bf16's importance ratio at identical weights: a zero-learning-rate update in three mini-batches, the
      clip fraction and approximate KL of mini-batches 2-3 (old log-probs from the no-grad path, new ones from the
      update's), the random LM head scaled until the sampled tokens' entropy is a trained model's (~0.75 nat).
@@ -27,9 +28,12 @@ check it was in).
   5. eval: eval.py on the training check's run, prompts near Voting-math's evaluation limit (25,600 tokens), the
      HF engine: no episode cut short, and on CUDA the allocated peak within the HF budget's own bound.
   6. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
-  7. training-sp: one step of the Voting-SP cell configuration with --kl-coef on both roles: SP's per-role
+  7. decode: the HF engine's decode modes (infra/decoding.py) on the same 256 rows x 128 new tokens, one LoRA
+     adapter: tokens/s and the first call's seconds (static: the compile) of each; fails where static, which
+     `--decode auto` picks on CUDA, is the slower (bench/gpu_cost.check_decode). `--only decode` runs it alone.
+  8. training-sp: one step of the Voting-SP cell configuration with --kl-coef on both roles: SP's per-role
      gradients and the KL reference pass, finite.
-  8. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
+  9. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
 Nothing is downloaded: Qwen/Qwen3-0.6B where it is in the local hub cache, else `random-qwen3-0.6b` (its shape,
 random weights). Runs and data go under --work (/tmp/gpu_check); only `gpu_check.json` (the summary: versions,
 results, the runs' metrics, the cost table) goes to --out ($OUT), next to the log gpu_check.sh writes there.
@@ -61,7 +65,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from gpu_check_runs import check_eval, check_training, check_training_sp, write_data  # noqa: E402 (bench/)
-from gpu_cost import check_cost, plan_terms  # noqa: E402 (bench/)
+from gpu_cost import check_cost, check_decode, plan_terms  # noqa: E402 (bench/)
 from gpu_wheels import SITE, VERSIONS, install_wheels, preflight, versions  # noqa: E402 (bench/, beside this file)
 
 REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; README, 'Two commands')",
@@ -76,7 +80,7 @@ KL = {"generator": 0.01}  # the memory check's --kl-coef: a reference pass in ev
 # from the first GPU run's times (2 training steps took 233 s then; the decode is unchanged); none is measured yet.
 CHECKS = {"training": (1, 200), "ratio": (1, 45),
           "memory": (2, 60), "cost-1.7b": (2, 80), "cost-4b": (2, 110), "eval": (2, 60), "gpu-tests": (2, 60),
-          "cost-0.6b": (2, 60), "training-sp": (2, 120), "vllm": (2, 120)}
+          "decode": (2, 150), "cost-0.6b": (2, 60), "training-sp": (2, 120), "vllm": (2, 120)}
 PART_SECONDS = 270  # a part's checks; gpu_check.sh kills the command at 300 s, imports and wheels included
 
 
@@ -312,6 +316,7 @@ def checks(args, model: str, summary: dict) -> dict:
                for scale in ("1.7B", "4B")},
             "eval": runs(check_eval),
             "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, CHECKS["gpu-tests"][1]),
+            "decode": lambda: check_decode(args.small, model),
             "cost-0.6b": lambda: check_cost(args.small, "0.6B", summary),
             "training-sp": runs(check_training_sp),
             "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, CHECKS["vllm"][1])}

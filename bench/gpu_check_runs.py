@@ -82,6 +82,7 @@ def training_flags(small: bool, data: dict) -> list[str]:
     (the cells' split needs it) the synthetic math task, said in `data["note"]`."""
     sizes = ["--device", "cpu", "--tasks-per-step", "2", "--n", "2", "--max-new-tokens", "16"] if small else \
         ["--tasks-per-step", "8", "--max-new-tokens", "256"]  # rows per generate() call: the memory budget
+    sizes += ["--decode", "static"]  # the HF engine's compiled decode on CUDA (--small: its code path, uncompiled)
     if data.get("note"):
         return [*sizes, "--task", "math", "--data", "", "--val-data", ""]
     return [*sizes, "--data", data["data"], "--val-data", data["val"]]
@@ -110,8 +111,9 @@ def check_training(small: bool, model: str, work: str, data: dict, summary: dict
     seconds = sum(m["time_rollout"] + m["time_update"] for m in trained) / len(trained)
     rates = ", ".join(f"{k} {' then '.join(f'{m[k]:,.0f}' for m in trained)}" for k in ("rollout_tok_s", "update_tok_s")
                       if k in trained[0])
-    detail = (f"{engine}, {seconds:.1f} s a step ({rates}), validation at steps {validated}, gradient norms generator "
-              f"{grads['generator']:.3g} aggregator {grads['aggregator']:.3g}{peaks(trained[-1])}")
+    detail = (f"{engine}{' (static decode)' if engine == 'hf' else ''}, {seconds:.1f} s a step ({rates}), "
+              f"validation at steps {validated}, gradient norms generator {grads['generator']:.3g} "
+              f"aggregator {grads['aggregator']:.3g}{peaks(trained[-1])}")
     if "memory/peak_gib" in trained[-1]:  # the allocator grows segments, the cache is emptied after the rollout
         ratio = max(m["memory/peak_reserved_gib"] / m["memory/peak_gib"] for m in trained)
         ok = ok and ratio <= RESERVED_OVER_ALLOCATED

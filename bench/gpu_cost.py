@@ -150,9 +150,10 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     engine = policies.HFEngine(lm, tokenizer, steps[0], 0.7, **vars(budget))
     vocab = min(1000, lm.config.vocab_size)
     prompt = [(7 * i) % vocab for i in range(end)]
-    decode_step_seconds(engine, prompt[:start], rows, (1, 2))  # warm-up: kernels, the allocator's first blocks
+    for n in (start, end):  # warm-up: kernels, the allocator's blocks, and (static mode) each width's compile
+        decode_step_seconds(engine, prompt[:n], rows, (1, 2))
     seconds = tuple(decode_step_seconds(engine, prompt[:n], rows, steps) for n in (start, end))
-    return dict(decode_rows=rows, decode_context=(start, end), decode_step_s=seconds,
+    return dict(decode_rows=rows, decode_context=(start, end), decode_step_s=seconds, decode_mode=engine.decode,
                 budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens)
 
 
@@ -183,8 +184,9 @@ def measure_update(lm, small: bool) -> dict:
     short = [Row(r.prompt_ids[:64], r.completion_ids[:32], r.advantage, r.role, r.adapter) for r in rows]
     update_policy(lm, short, opts, cfg)  # warm-up
     cuda = next(lm.parameters()).is_cuda
-    if cuda:  # the decode's cached blocks go back first: the peaks are the update's own
+    if cuda:  # the decode's cached blocks and compiled graphs' pools go back first: the peaks are the update's own
         torch.cuda.synchronize()
+        torch._dynamo.reset()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -246,7 +248,8 @@ def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
     start, end = m["decode_step_s"]
     detail = (f"{model}: update {m['update_tok_s']:,.0f} tok/s (2 rows, widest {m['update_longest']}, budget "
               f"{m['update_budget']}); decode step {1e3 * start:.1f} ms at {m['decode_context'][0]} tokens, "
-              f"{1e3 * end:.1f} ms at {m['decode_context'][1]}, {m['decode_rows']} rows a call")
+              f"{1e3 * end:.1f} ms at {m['decode_context'][1]}, {m['decode_rows']} rows a call, "
+              f"{m['decode_mode']} decode")
     ok = m["update_finite"] and all(math.isfinite(t) and t > 0 for t in (m["update_tok_s"], start, end))
     if "peak_bytes" not in m:
         return ("pass" if ok else "FAIL"), detail + "; the plan's bounds need CUDA (skipped)"
@@ -257,3 +260,44 @@ def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
                f"{plan['reserved'] / memory.GIB:.1f}")
     ok = ok and m["peak_bytes"] <= plan["allocated"] and m["reserved_bytes"] <= plan["reserved"]
     return ("pass" if ok else "FAIL"), detail
+
+
+# ---------------------------------------------------------------- the decode modes, A/B (infra/decoding.py)
+DECODE_ROWS, DECODE_PROMPT, DECODE_NEW = 256, 200, 128  # the training check's rows a call; a generator's prompt
+
+
+def check_decode(small: bool, model: str) -> tuple[str, str]:
+    """The HF engine's decode modes on the same rows: 32 prompts x 8 samples (a GRPO group's copies), each row
+    all DECODE_NEW steps, under one LoRA adapter: each mode's first call (static: generate() compiles its decode
+    step there) and a second call's tokens/s. On CUDA it fails when the static mode, which `--decode auto` picks
+    there, is the slower; --small (CPU, nothing compiles) has no bound."""
+    import torch
+
+    import policies
+    device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
+    rows, new = (16, 8) if small else (DECODE_ROWS, DECODE_NEW)
+    torch.manual_seed(0)
+    base, tokenizer = policies.load_model(model, dtype, device)
+    lm = policies.add_adapters(base, ["generator"], rank=64, alpha=32)
+    vocab = min(1000, lm.config.vocab_size)
+    prompts = [[(7 * i + 13 * k) % vocab for i in range(DECODE_PROMPT)] for k in range(rows // 8)] * 8
+    rates, firsts = {}, {}
+    for decode in ("dynamic", "static"):
+        engine = policies.HFEngine(lm, tokenizer, new, 0.7, decode=decode, batch_size=rows)
+        engine.sampling["min_new_tokens"] = new  # every row runs every step (no early EOS)
+        seconds = []
+        for _ in range(2):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.generate(prompts, ["generator"] * rows)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        firsts[decode], rates[decode] = seconds[0], rows * new / seconds[1]
+    detail = f"{model}, {rows} rows x {new} new tokens a call: " + ", ".join(
+        f"{d} {rates[d]:,.0f} tok/s (first call {firsts[d]:.1f} s)" for d in rates) + \
+        f"; static / dynamic {rates['static'] / rates['dynamic']:.2f}"
+    if small:
+        return "pass", detail + " (CPU: nothing compiles, no bound)"
+    return ("pass" if rates["static"] >= rates["dynamic"] else "FAIL"), detail

