@@ -55,3 +55,14 @@ def make_lora_model():
                     p.copy_(0.05 * torch.randn(p.shape, generator=g))
         return model
     return make
+
+
+@pytest.fixture(autouse=True)
+def restore_float32_matmul_precision():
+    """A test that stands in a GPU claims a device (infra/distributed.claim_device), which sets fp32
+    matmuls to TF32 ('high') for the whole process: put it back after each test, so that a later test
+    in the same worker sees the CPU's 'highest', whatever the order."""
+    import torch
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
