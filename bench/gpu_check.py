@@ -65,7 +65,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from gpu_check_runs import check_eval, check_training, check_training_sp, write_data  # noqa: E402 (bench/)
-from gpu_cost import check_cost, check_decode, plan_terms  # noqa: E402 (bench/)
+from gpu_cost import cell_model, check_cost, check_decode, plan_terms  # noqa: E402 (bench/)
 from gpu_wheels import SITE, VERSIONS, install_wheels, preflight, versions  # noqa: E402 (bench/, beside this file)
 
 REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; README, 'Two commands')",
@@ -153,15 +153,9 @@ def check_memory(small: bool, model: str) -> tuple[str, str]:
     against the plan."""
     import torch
 
-    import policies
     from grpo import UpdateSettings, make_optimizers, update_policy
-    device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
-    torch.manual_seed(0)
-    base, _ = policies.load_model(model, dtype, device)
-    params = sum(p.numel() for p in base.parameters())
-    lm = policies.add_adapters(base, ["aggregator", "generator"], rank=64, alpha=32)
-    policies.enable_grad_checkpointing(lm)
-    lora = sum(p.numel() for p in policies.adapter_parameters(lm, "generator"))
+    device = "cpu" if small else "cuda"
+    lm, _, params, lora = cell_model(model, small)
     rows, budget, longest = generator_rows(small, min(1000, lm.config.vocab_size))
     opts = make_optimizers(lm, ["aggregator", "generator"],
                            UpdateSettings(lr=1e-6, weight_decay=0.0, warmup_steps=0), 10)

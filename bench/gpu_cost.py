@@ -225,14 +225,12 @@ def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: 
     return memory.plan_bytes(m, adapters, 1, budget, longest, kl=kl)
 
 
-def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
-    """One shape's cost figures (`measure_decode`, `measure_update`) into summary["cost"], and the cost table of
-    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks within the plan."""
+def cell_model(model: str, small: bool):
+    """`model` (fp32 on the CPU at --small, bf16 on CUDA) with a cell's two rank-64 LoRA adapters and
+    checkpointing, seeded: (the PEFT model, its tokenizer, the base's parameters, one adapter's)."""
     import torch
 
     import policies
-    from infra import memory
-    model = "tiny-qwen3" if small else SHAPES[scale]
     device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
     torch.manual_seed(0)
     base, tokenizer = policies.load_model(model, dtype, device)
@@ -240,6 +238,15 @@ def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
     lm = policies.add_adapters(base, ["aggregator", "generator"], rank=64, alpha=32)
     policies.enable_grad_checkpointing(lm)
     lora = sum(p.numel() for p in policies.adapter_parameters(lm, "generator"))
+    return lm, tokenizer, params, lora
+
+
+def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
+    """One shape's cost figures (`measure_decode`, `measure_update`) into summary["cost"], and the cost table of
+    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks within the plan."""
+    from infra import memory
+    model = "tiny-qwen3" if small else SHAPES[scale]
+    lm, tokenizer, params, lora = cell_model(model, small)
     c = lm.config
     m = {**measure_decode(lm, tokenizer, small), **measure_update(lm, small), "weight_bytes": 2 * params,
          "kv_token_bytes": memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}
