@@ -120,20 +120,26 @@ def cost_table(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------- the measurement (GPU; --small on the CPU)
 
-def decode_step_seconds(engine, prompt: list[int], rows: int, steps: tuple[int, int]) -> float:
+def decode_step_seconds(engine, prompt: list[int], rows: int, steps: tuple[int, int],
+                        repeats: int = 3) -> float:
     """One decode step's time for `rows` rows of `prompt`: two calls of steps[0] and steps[1] new tokens, the
-    difference over the extra steps, so the (shared, one-row) prefill and the call's setup cancel."""
+    difference over the extra steps, so the (shared, one-row) prefill and the call's setup cancel. Each call's
+    time is the fastest of `repeats`: a difference of two noisy times can come out negative (the CPU rehearsal,
+    beside another job, once read -18.6 ms a step)."""
     import torch
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
     for new in steps:
         engine.max_new_tokens = new
         engine.sampling["min_new_tokens"] = new  # every row runs every step (no early EOS)
-        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-        sync()
-        start = time.perf_counter()
-        engine.generate([prompt] * rows, ["generator"] * rows)
-        sync()
-        times.append(time.perf_counter() - start)
+        fastest = math.inf
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            engine.generate([prompt] * rows, ["generator"] * rows)
+            sync()
+            fastest = min(fastest, time.perf_counter() - start)
+        times.append(fastest)
     return (times[1] - times[0]) / (steps[1] - steps[0])
 
 
@@ -143,7 +149,7 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     import policies
     from infra import memory
     start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
-    steps = (2, 6) if small else (8, 24)
+    steps = (2, 10) if small else (8, 24)
     budget = memory.hf_generation_budget(lm, 0)
     rows = 8 if small else max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
     budget.batch_size = rows
@@ -151,7 +157,7 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     vocab = min(1000, lm.config.vocab_size)
     prompt = [(7 * i) % vocab for i in range(end)]
     for n in (start, end):  # warm-up: kernels, the allocator's blocks, and (static mode) each width's compile
-        decode_step_seconds(engine, prompt[:n], rows, (1, 2))
+        decode_step_seconds(engine, prompt[:n], rows, (1, 2), repeats=1)
     seconds = tuple(decode_step_seconds(engine, prompt[:n], rows, steps) for n in (start, end))
     return dict(decode_rows=rows, decode_context=(start, end), decode_step_s=seconds, decode_mode=engine.decode,
                 budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens)
