@@ -218,6 +218,10 @@ class HFEngine(StepHooks):
                  sampling_tokens: int = 0, decode: str = "auto"):
         self.model, self.tokenizer, self.prefill_columns = model, tokenizer, prefill_columns
         self.decode = decoding.decode_mode(decode, model)  # auto: static on CUDA
+        on_cuda = next(model.parameters()).is_cuda
+        self.compiles = on_cuda and self.decode == "static"  # its compile stats in the metrics
+        self.decode_fallback = on_cuda and decode != "dynamic" and self.decode == "dynamic"
+        self.store = decoding.CacheStore()  # the static mode's K and V, kept across calls
         self.max_new_tokens, self.sampling_tokens = max_new_tokens, sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
@@ -262,14 +266,28 @@ class HFEngine(StepHooks):
             # a cache preallocated for the call, holding the shared prompts' (infra/decoding.py)
             width = ids.shape[1] + self.max_new_tokens
             cache = decoding.cache_kwargs(self.decode, self.model, shared[0] if shared else None,
-                                          width, cache_kwarg(self.model))
-            seqs = self.model.generate(input_ids=ids, attention_mask=mask,
-                                       max_new_tokens=self.max_new_tokens,
-                                       pad_token_id=self.tokenizer.pad_token_id,
-                                       eos_token_id=list(self.eos_ids),
-                                       **self.sampling, **routing, **cache)
+                                          len(prompts), width, cache_kwarg(self.model), self.store)
+            static = self.decode == "static"  # static: attention reads only the filled columns
+            with decoding.attending_filled(self.model) if static else contextlib.nullcontext():
+                seqs = self.model.generate(input_ids=ids, attention_mask=mask,
+                                           max_new_tokens=self.max_new_tokens,
+                                           pad_token_id=self.tokenizer.pad_token_id,
+                                           eos_token_id=list(self.eos_ids),
+                                           **self.sampling, **routing, **cache)
         new_tokens = seqs[:, ids.shape[1]:].tolist()
         return [to_generation(row, self.eos_ids, self.tokenizer) for row in new_tokens]
+
+    def before_update(self, calls: list) -> dict[str, list[float]]:
+        """The static mode's K and V go before the update (its memory plan does not hold them)."""
+        self.store.release()
+        return super().before_update(calls)
+
+    def after_update(self, adapters: list[str]) -> dict[str, float]:
+        """The step's memory peaks; on CUDA, what the static mode compiled so far or that it fell
+        back to the dynamic one (infra/decoding.py)."""
+        compiled = decoding.compile_stats() if self.compiles else {}
+        return {**super().after_update(adapters), **{f"decode/{k}": v for k, v in compiled.items()},
+                **({"decode_fallback": 1} if self.decode_fallback else {})}
 
 
 # ---------------------------------------------------------------- log-probs

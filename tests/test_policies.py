@@ -652,7 +652,8 @@ def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_ad
     assert decoding.call_groups(["x", "y", None, "x"], "dynamic") == [[0, 1, 2, 3]]
     assert decoding.call_groups(["x", "y", None, "x"], "static") == [[0, 3], [1], [2]]
     # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths
-    assert [decoding.static_cache(model, n).layers[0].max_cache_len for n in (1, 128, 129)] == [128, 128, 256]
+    assert [decoding.blocks(n) for n in (1, 128, 129)] == [128, 128, 256]
+    assert [decoding.CacheStore().cache(model, 2, n).layers[0].max_cache_len for n in (1, 129)] == [128, 256]
 
 
 def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_model, monkeypatch):
@@ -666,16 +667,19 @@ def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_mo
         config = model.config
 
         def parameters(self):
-            return iter([types.SimpleNamespace(is_cuda=True)])
+            # says CUDA; its cache buffers go to the CPU
+            return iter([types.SimpleNamespace(is_cuda=True, dtype=torch.float32, device="cpu")])
     monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
     monkeypatch.setattr(inductor.triton, "cudagraph_unexpected_rerecord_limit", 128)
+    monkeypatch.setattr(decoding, "compiler_problem", lambda: None)  # a machine with gcc and Python.h
     assert decoding.decode_mode("auto", OnCuda()) == "static"
-    kwargs = decoding.cache_kwargs("static", OnCuda(), None, 200, "cache")
+    kwargs = decoding.cache_kwargs("static", OnCuda(), None, 3, 200, "cache", decoding.CacheStore())
     assert kwargs["compile_config"] is decoding.COMPILE and decoding.COMPILE.dynamic is True
-    assert kwargs["cache"].layers[0].max_cache_len == 256
+    assert kwargs["cache"].layers[0].max_cache_len == 256 and kwargs["cache"].layers[0].keys.shape[0] == 3
     assert torch._dynamo.config.cache_size_limit == 64
     assert inductor.triton.cudagraph_unexpected_rerecord_limit == 1 << 30
-    assert set(decoding.cache_kwargs("static", model, None, 200, "cache")) == {"cache"}  # the CPU: no compile
+    store = decoding.CacheStore()
+    assert set(decoding.cache_kwargs("static", model, None, 3, 200, "cache", store)) == {"cache"}  # CPU: no compile
 
 
 def test_static_decode_greedy_equals_dynamic(two_adapter_model):
