@@ -332,11 +332,12 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     decoder, lm_head = base.get_decoder(), base.get_output_embeddings()
     T = max(len(c) for c in completions)
-    # checkpointed layers drop a passed cache with grad on, and in train mode under transformers
-    # < 5.2x even without it (the KL reference pass runs inside the update)
-    grad_ckpt = (torch.is_grad_enabled() or model.training) and grad_checkpointing_on(model)
+    # checkpointed layers drop a passed cache (with grad on; in train mode under transformers < 5.2x
+    # even without it), so under checkpointing every pass runs full rows: the no-grad ones too (old
+    # log-probs, the KL reference), so that at equal weights they compute what the update computes
+    # (a shared prompt pass's bf16 rounding differs: the ratio would move by numerics alone)
     shared = None
-    if share_prompts and not grad_ckpt:
+    if share_prompts and not grad_checkpointing_on(model):
         shared = shared_prompt_cache(model, prompts, pad_id=0)
     if shared is None:  # one pass per row over prompt + completion: [B, P + T]
         ids, attn = left_pad([p + c for p, c in zip(prompts, completions)], pad_id=0)

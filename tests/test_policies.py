@@ -29,7 +29,9 @@ from policies import (
     chat_encoder,
     chat_prompt_ids,
     completion_logprobs,
+    enable_grad_checkpointing,
     load_model,
+    micro_batches,
     policy_logprobs,
     route_adapter,
     shared_prompt_cache,
@@ -618,6 +620,36 @@ def test_lora_computes_in_the_weights_dtype_on_fp32_master_weights(dtype):
     # every weight moved by lr, within fp32's rounding (spacing near 0.125: 7e-9, 0.7% of 1e-6; bound 3%)
     assert moved.min() > 0.97e-6 and moved.max() < 1.03e-6
     assert torch.get_float32_matmul_precision() == "highest"  # TF32 is for CUDA only
+
+
+def test_old_logprobs_equal_the_updates_in_bf16_with_lora_active():
+    """At identical weights, in bf16, with LoRA active (B random) and activation checkpointing (a GPU cell's
+    update): the no-grad pass that gives the old log-probs (policy_logprobs, eval mode, its own micro-batches)
+    computes what the update's pass computes (grad on, train mode), token for token, so a PPO ratio moves only
+    when the weights do. Rows share prompts, as a GRPO group's do: a no-grad pass that ran each prompt once
+    (shared_prompt_cache) would round differently in bf16 than the update's full rows (gpu_check's ratio check
+    measured it); under checkpointing both run full rows. Exact: the same rows, the same kernels."""
+    torch.manual_seed(0)
+    model, _ = load_model("tiny-qwen3", torch.bfloat16)
+    model = add_adapters(model, ["x"], rank=8, alpha=16)
+    _randomize_lora(model, seed=2, scale=0.05, names=("lora_B",))
+    enable_grad_checkpointing(model)
+    g = torch.Generator().manual_seed(4)
+    prompts = [p for p in [torch.randint(0, 200, (24,), generator=g).tolist() for _ in range(3)] for _ in range(4)]
+    completions = [torch.randint(0, 200, (int(n),), generator=g).tolist()
+                   for n in torch.randint(5, 20, (12,), generator=g)]
+    model.eval()
+    old = policy_logprobs(model, "x", prompts, completions, micro_batch=4, temperature=0.7)
+    new = [None] * len(prompts)
+    with use_adapter(model, "x"):
+        model.train()
+        for part in micro_batches(prompts, completions, 4, 0):  # the same rows a micro-batch (grpo.old_logprobs)
+            logp, _, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
+                                             0.7, with_entropy=True)
+            for i, row in zip(part, logp):
+                new[i] = row[len(row) - len(completions[i]):].detach()
+        model.eval()
+    assert all(torch.equal(a, b) for a, b in zip(old, new))
 
 
 def test_fp32_matmuls_run_as_tf32_on_cuda_only(monkeypatch):
