@@ -10,27 +10,30 @@ check it was in).
   part 1
   1. training: one step of the Voting-IP cell configuration with a learnable stand-in reward, validated before
      and after (bench/gpu_check_runs.py), the rows per generate() call from the memory budget, the HF engine's
-     static decode (`--decode static`, infra/decoding.py: a compiled decode step): finite, both adapters with a
-     gradient; rollout and update tokens/s; allocated and reserved peaks, reserved within 1.5x allocated.
-  2. ratio: bf16's importance ratio at identical weights: a zero-learning-rate update in three mini-batches, the
-     clip fraction and approximate KL of mini-batches 2-3 (old log-probs from the no-grad path, new ones from the
-     update's), the random LM head scaled until the sampled tokens' entropy is a trained model's (~0.75 nat).
+     static decode (`--decode static`, infra/decoding.py: a compiled decode step reading only the filled
+     columns): finite, both adapters with a gradient; rollout and update tokens/s; allocated and reserved peaks,
+     reserved within 1.5x allocated; what torch.compile did (seconds, graphs, CUDA graphs recorded or skipped).
+  2. ratio: bf16's importance ratio at identical weights with LoRA active (lora_B random): a zero-learning-rate
+     update in three mini-batches, the clip fraction and approximate KL of mini-batches 2-3 (old log-probs from
+     the no-grad pass, new ones from the update's), rows sampled in the dynamic decode (nothing to compile), the
+     random LM head scaled until the sampled tokens' entropy is a trained model's (~0.75 nat).
   part 2
-  3. memory: an IP generator update of three mini-batches (the later two need the no-grad old-log-prob pass),
-     each one padded micro-batch at a cell's token budget (51,200) of rows that share one prompt (so the no-grad
-     passes hold its KV cache) and differ in length, the widest 12,799 tokens (not a multiple of 8: the
-     alignment copy of the mask), with --kl-coef's reference pass in every micro-batch; on the Qwen3-0.6B shape
-     in bf16 with checkpointing and LoRA 64: the SDPA kernels that ran, the allocated and reserved peaks, each
-     against the plan (infra/memory.plan_bytes), and update tokens/s after a warm-up update.
-  4. cost-1.7b, cost-4b (then cost-0.6b): at the random Qwen3 shape, built on the GPU, the update at a cell's
-     budget with the 4B math cell's widest row, the decode step at the start and end of a long generation, the
-     peaks against the plan; the cost table of a Voting math step and a 500-step cell (bench/gpu_cost.py).
+  3. cost-1.7b, cost-4b (cost-0.6b later): at the random Qwen3 shape, built on the GPU, the decode step at the
+     start and end of a long generation (at most 64 rows a call; saved before the update runs), then the update
+     at a cell's budget with the 4B math cell's widest row, the peaks against the plan; the cost table of a
+     Voting math step and a 500-step cell in the static mode's terms (bench/gpu_cost.py).
+  4. memory: an IP generator update of three mini-batches (the later two need the no-grad old-log-prob pass),
+     each one padded micro-batch at a cell's token budget (51,200) of rows that share one prompt and differ in
+     length, the widest 12,799 tokens (not a multiple of 8: the alignment copy of the mask), with --kl-coef's
+     reference pass in every micro-batch; on the Qwen3-0.6B shape in bf16 with checkpointing and LoRA 64: the
+     SDPA kernels that ran, the allocated and reserved peaks, each against the plan (infra/memory.plan_bytes),
+     and update tokens/s after a warm-up update.
   5. eval: eval.py on the training check's run, prompts near Voting-math's evaluation limit (25,600 tokens), the
      HF engine: no episode cut short, and on CUDA the allocated peak within the HF budget's own bound.
-  6. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
-  7. decode: the HF engine's decode modes (infra/decoding.py) on the same 256 rows x 128 new tokens, one LoRA
-     adapter: tokens/s and the first call's seconds (static: the compile) of each; fails where static, which
-     `--decode auto` picks on CUDA, is the slower (bench/gpu_cost.check_decode). `--only decode` runs it alone.
+  6. decode: the HF engine's decode modes (infra/decoding.py) on the same 256 rows x 128 new tokens, one LoRA
+     adapter: tokens/s and the first call's seconds (static: the compile) of each, each saved as it ends; fails
+     where static, which `--decode auto` picks on CUDA, is the slower (bench/gpu_cost.check_decode).
+  7. GPU tests: `MARL_GPU_TESTS=1 pytest -m gpu` (tests/test_gpu.py).
   8. training-sp: one step of the Voting-SP cell configuration with --kl-coef on both roles: SP's per-role
      gradients and the KL reference pass, finite.
   9. vLLM: its engine against HF (tests/test_vllm.py: same greedy tokens, drift under 1e-3), where vLLM imports.
@@ -38,10 +41,11 @@ Nothing is downloaded: Qwen/Qwen3-0.6B where it is in the local hub cache, else 
 random weights). Runs and data go under --work (/tmp/gpu_check); only `gpu_check.json` (the summary: versions,
 results, the runs' metrics, the cost table) goes to --out ($OUT), next to the log gpu_check.sh writes there.
 Wheels in .whl/ (gpu_check.sh --fetch-wheels) are installed into /tmp/gpu-check-site where the machine lacks their
-package. `--small` rehearses every check on the CPU with tiny-qwen3 and small sizes, with no time bounds (the
-memory bounds, vLLM and the GPU tests skip); `--preflight` (this CPU machine) installs .whl/ into a fresh folder for
-the lent machine's Python and imports what the checks need from it, before any device time is spent. No part has
-been timed on a GPU yet (bench/README.md).
+package. The header says whether the static decode can compile here (a C compiler and Python's headers for Triton;
+without them it decodes dynamic, counted in the training run's metrics). `--small` rehearses every check on the CPU
+with tiny-qwen3 and small sizes, with no time bounds (the memory bounds, vLLM and the GPU tests skip); `--preflight`
+(this CPU machine) installs .whl/ into a fresh folder for the lent machine's Python and imports what the checks need
+from it, before any device time is spent. No part has been timed on a GPU yet (bench/README.md).
 
     bash bench/gpu_check.sh 1                  # on the GPU machine: part 1, at most 5 minutes
     bash bench/gpu_check.sh 2                  # then part 2, at most 5 minutes
@@ -74,13 +78,16 @@ REQUIRED = {"torch": "pip install torch==2.13.0 (a CUDA build on a GPU machine; 
             "safetensors": "pip install -r requirements.txt", "numpy": "pip install -r requirements.txt"}
 RATIO_ENTROPY = 0.75   # nats a sampled token: a trained model's 0.5-1 (random weights: ~11.5 over Qwen3's vocabulary)
 RATIO_BOUNDS = {"clip_frac": 0.005, "approx_kl": 1e-4}  # check_ratio gives the reasons
+LORA_B_STD = 0.01  # the ratio check's active LoRA: B of a trained adapter's order (PEFT starts it at 0)
 BUDGET = 51200          # the cells' micro-batch token budget (cells.PAPER_HYPERPARAMETERS)
 KL = {"generator": 0.01}  # the memory check's --kl-coef: a reference pass in every micro-batch
-# Each check: (its part, its time bound in seconds), in order of value within a part. The bounds are guesses
-# from the first GPU run's times (2 training steps took 233 s then; the decode is unchanged); none is measured yet.
-CHECKS = {"training": (1, 200), "ratio": (1, 45),
-          "memory": (2, 60), "cost-1.7b": (2, 80), "cost-4b": (2, 110), "eval": (2, 60), "gpu-tests": (2, 60),
-          "decode": (2, 150), "cost-0.6b": (2, 60), "training-sp": (2, 120), "vllm": (2, 120)}
+# Each check: (its part, its time bound in seconds), in order of value within a part. The bounds are estimates
+# (none measured yet), each with a cold torch.compile of the static decode where the check compiles one (40-110 s
+# by a reading of the lent machine's sources; training compiles one per adapter): the first GPU run's 2 training
+# steps took 233 s, eagerly. The cost checks come first in part 2, so the cost table is there whatever follows.
+CHECKS = {"training": (1, 230), "ratio": (1, 40),
+          "cost-1.7b": (2, 110), "cost-4b": (2, 140), "memory": (2, 60), "eval": (2, 60), "decode": (2, 120),
+          "gpu-tests": (2, 60), "cost-0.6b": (2, 90), "training-sp": (2, 150), "vllm": (2, 120)}
 PART_SECONDS = 270  # a part's checks; gpu_check.sh kills the command at 300 s, imports and wheels included
 
 
@@ -221,19 +228,34 @@ def sample_rows(lm, tokenizer, prompts: list[list[int]], per_group: int, new: in
                                      requires_grad=False)
     head.scaled = scale
     calls = [p for p in prompts for _ in range(per_group)]
-    samples = policies.HFEngine(lm, tokenizer, new, 0.7).generate(calls, ["generator"] * len(calls))
+    # the dynamic decode: nothing to compile in this check's bound (the training check times the static one)
+    engine = policies.HFEngine(lm, tokenizer, new, 0.7, decode="dynamic")
+    samples = engine.generate(calls, ["generator"] * len(calls))
     return [Row(p, s.completion_ids, (-1.0) ** k, "generator", "generator")
             for k, (p, s) in enumerate(zip(calls, samples))]
 
 
+def lora_active(lm, seed: int, std: float = LORA_B_STD) -> None:
+    """Every lora_B drawn from N(0, std) (PEFT starts it at 0, where LoRA's output is exactly 0 and its bf16
+    path is never exercised)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if "lora_B" in name:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+
 def check_ratio(small: bool, model: str) -> tuple[str, str]:
-    """bf16's importance ratio at identical weights: sampled rows, then a zero-learning-rate update in three
-    mini-batches; mini-batches 2-3 take their old log-probs from the no-grad path (shared prompt cache,
-    policy_logprobs' micro-batches) and their new ones from the update's (gradients, checkpointing, full rows),
-    so their clip fraction and approx KL are what numerics alone cause. The random head is scaled until the
-    next-token entropy is RATIO_ENTROPY nats, a trained model's. Bounds (RATIO_BOUNDS): approx KL 1e-4 nats a
-    token is an RMS log-prob difference of sqrt(2e-4) = 0.014, a ratio within 1.4%, 14 times inside the clip's
-    0.2; clip fraction 0.5%: at most 1 token in 200 losing its gradient by chance."""
+    """bf16's importance ratio at identical weights, LoRA active (`lora_active`): sampled rows (the dynamic
+    decode), then a zero-learning-rate update in three mini-batches; mini-batches 2-3 take their old log-probs
+    from the no-grad pass (policy_logprobs, eval mode) and their new ones from the update's (gradients,
+    checkpointing), so their clip fraction and approx KL are what numerics alone cause. Under checkpointing both
+    run full rows in the update's micro-batches (policies.completion_logprobs, grpo.old_logprobs): on the CPU
+    they are 0. The random head is scaled until the next-token entropy is RATIO_ENTROPY nats, a trained
+    model's. Bounds (RATIO_BOUNDS): approx KL 1e-4 nats a token is an RMS log-prob difference of sqrt(2e-4) =
+    0.014, a ratio within 1.4%, 14 times inside the clip's 0.2; clip fraction 0.5%: at most 1 token in 200
+    losing its gradient by chance."""
     import torch
 
     import policies
@@ -243,6 +265,7 @@ def check_ratio(small: bool, model: str) -> tuple[str, str]:
     base, tokenizer = policies.load_model(model, torch.bfloat16, device)
     lm = policies.add_adapters(base, ["generator"], rank=64, alpha=32)
     policies.enable_grad_checkpointing(lm)
+    lora_active(lm, seed=5)
     groups, per_group, (prompt_len, new) = 3, 4 if small else 8, (32, 32) if small else (256, 128)
     g = torch.Generator().manual_seed(3)
     vocab = min(1000, lm.config.vocab_size)
@@ -282,13 +305,16 @@ def check_pytest(marker: str, path: str, needs: str | None, timeout: int) -> tup
 def header(small: bool, site: str) -> dict:
     """Versions (torch, transformers, peft, datasets first), the device, the model; printed and summarized."""
     import torch
+
+    from infra.decoding import compiler_problem
     info = {**versions(site), "cuda": torch.version.cuda, "model": model_name(small),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"}
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+            "compiler": compiler_problem() or "gcc or clang and Python.h: the static decode compiles"}
     print(", ".join(f"{k} {info[k]}" for k in ("torch", "transformers", "peft", "datasets", "python", "cuda", "gpu",
                                                 "model")), flush=True)
     print(f"other versions: {', '.join(f'{k} {v}' for k, v in info.items() if k in VERSIONS[4:])}; from .whl: "
           f"{', '.join(info['from .whl']) or 'none'}; unmet requirements: "
-          f"{'; '.join(info['unmet requirements']) or 'none'}", flush=True)
+          f"{'; '.join(info['unmet requirements']) or 'none'}; compiler: {info['compiler']}", flush=True)
     return info
 
 
@@ -298,6 +324,9 @@ def checks(args, model: str, summary: dict) -> dict:
     no_gpu = "--small: no GPU" if args.small else None
     data: dict = {}
 
+    def save():  # a check's figures so far, before its next measurement
+        write_summary(args.out, summary)
+
     def runs(check):  # the runs' files are written once, by the first of them
         def run():
             if not data:
@@ -305,13 +334,13 @@ def checks(args, model: str, summary: dict) -> dict:
             return check(args.small, model, args.work, data, summary)
         return run
     return {"training": runs(check_training), "ratio": lambda: check_ratio(args.small, model),
-            "memory": lambda: check_memory(args.small, model),
-            **{f"cost-{scale.lower()}": (lambda scale=scale: check_cost(args.small, scale, summary))
+            **{f"cost-{scale.lower()}": (lambda scale=scale: check_cost(args.small, scale, summary, save))
                for scale in ("1.7B", "4B")},
+            "memory": lambda: check_memory(args.small, model),
             "eval": runs(check_eval),
+            "decode": lambda: check_decode(args.small, model, summary, save),
             "gpu-tests": lambda: check_pytest("gpu", "tests/test_gpu.py", no_gpu, CHECKS["gpu-tests"][1]),
-            "decode": lambda: check_decode(args.small, model),
-            "cost-0.6b": lambda: check_cost(args.small, "0.6B", summary),
+            "cost-0.6b": lambda: check_cost(args.small, "0.6B", summary, save),
             "training-sp": runs(check_training_sp),
             "vllm": lambda: check_pytest("vllm", "tests/test_vllm.py", no_gpu or vllm, CHECKS["vllm"][1])}
 

@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 
+from gpu_cost import compiled  # noqa: E402 (bench/, beside this file)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARITY = """
 import sys
@@ -118,6 +120,9 @@ def check_training(small: bool, model: str, work: str, data: dict, summary: dict
         ratio = max(m["memory/peak_reserved_gib"] / m["memory/peak_gib"] for m in trained)
         ok = ok and ratio <= RESERVED_OVER_ALLOCATED
         detail += f", reserved / allocated {ratio:.2f} (bound {RESERVED_OVER_ALLOCATED})"
+    stats = {k[len("decode/"):]: v for k, v in trained[-1].items() if k.startswith("decode/")}
+    detail += compiled(stats) + (", the static decode FELL BACK to dynamic (no compiler for Triton)"
+                                 if trained[-1].get("decode_fallback") else "")
     if "vllm/logprob_drift" in trained[-1]:
         detail += f", vllm/logprob_drift {max(m['vllm/logprob_drift'] for m in trained):.2g}"
     return ("pass" if ok else "FAIL"), detail + data.get("note", "")

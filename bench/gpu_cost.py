@@ -35,6 +35,11 @@ NEW_TOKENS = 5120           # math's response limit (infra/cells.PAPER_LENGTHS)
 GENERATOR_PROMPT = 512      # a math problem in the rLLM template, rounded up
 AGGREGATOR_PROMPT = 3 * NEW_TOKENS + 512  # 3 solutions at the limit and the aggregator's instructions
 SHAPES = {"0.6B": "random-qwen3-0.6b", "1.7B": "random-qwen3-1.7b", "4B": "random-qwen3-4b"}
+# the cost check's decode: at most this many rows a call (the fit is linear in rows x context, so a row count
+# that fits the lease extrapolates), each pair of calls (--small, GPU) new tokens apart, the fastest of repeats
+DECODE_ROWS_CAP = 64
+DECODE_STEPS = ((2, 10), (8, 24))
+DECODE_REPEATS = (3, 2)  # --small (a noisy CPU), GPU
 
 
 @dataclass
@@ -65,11 +70,22 @@ def call_rows(budget_tokens: int, sampling_tokens: int, stage: Stage) -> int:
     return max(1, budget_tokens // (stage.prompt + stage.new + sampling_tokens))
 
 
-def hf_stage_seconds(stage: Stage, rows_per_call: int, a: float, b: float) -> float:
+def read_columns(prompt: int, steps: range, mode: str) -> float:
+    """The mean columns a decode step's attention reads over `steps` (the step after s new tokens has prompt + s
+    filled): dynamic the filled ones, the mean at the middle step; static the filled ones rounded up to the
+    cache's block (infra/decoding.BlockCache), averaged step by step. Example: prompt 512, steps 0..5,119:
+    dynamic 512 + 5,120 / 2 = 3,072; static (640 + 5,632) / 2 = 3,136, 40 blocks of 128 steps each."""
+    if mode == "dynamic":
+        return prompt + (steps.start + steps.stop) / 2
+    from infra.decoding import blocks
+    return sum(blocks(prompt + s + 1) for s in steps) / len(steps)
+
+
+def hf_stage_seconds(stage: Stage, rows_per_call: int, a: float, b: float, mode: str = "dynamic") -> float:
     """A stage in calls of `rows_per_call` rows (the last one partial), each `stage.new` decode steps at the
-    line's time, the context growing from the prompt to prompt + new: its mean is at prompt + new / 2."""
+    line's time, a step's context the columns its attention reads (`read_columns` in the decode `mode`)."""
     full, rest = divmod(stage.rows, rows_per_call)
-    mean_context = stage.prompt + stage.new / 2
+    mean_context = read_columns(stage.prompt, range(stage.new), mode)
     seconds = full * stage.new * (a + b * rows_per_call * mean_context)
     return seconds + (stage.new * (a + b * rest * mean_context) if rest else 0.0)
 
@@ -93,12 +109,17 @@ def update_tokens(stages: list[Stage]) -> int:
 def cost_rows(measured: dict[str, dict], stages: list[Stage] | None = None) -> list[dict]:
     """Per measured shape: hours of a step's rollout and update, a step and a 500-step cell, HF as measured and
     vLLM estimated. `measured[scale]` holds update_tok_s, decode_rows, decode_context (start, end),
-    decode_step_s (start, end), budget_tokens, sampling_tokens, weight_bytes, kv_token_bytes."""
+    decode_step_s (start, end), budget_tokens, sampling_tokens, weight_bytes, kv_token_bytes, and where measured
+    decode_mode and decode_read (the columns the measured steps read: `read_columns`)."""
     stages = stages or voting_math_stages()
     out = []
     for scale, m in measured.items():
-        a, b = decode_line(m["decode_rows"], m["decode_context"], m["decode_step_s"])
-        hf = sum(hf_stage_seconds(s, call_rows(m["budget_tokens"], m["sampling_tokens"], s), a, b) for s in stages)
+        if "update_tok_s" not in m:  # a check cut short after its decode: no row yet
+            continue
+        mode = m.get("decode_mode", "dynamic")
+        a, b = decode_line(m["decode_rows"], m.get("decode_read", m["decode_context"]), m["decode_step_s"])
+        hf = sum(hf_stage_seconds(s, call_rows(m["budget_tokens"], m["sampling_tokens"], s), a, b, mode)
+                 for s in stages)
         vllm = sum(roofline_stage_seconds(s, m["weight_bytes"], m["kv_token_bytes"]) for s in stages)
         update = update_tokens(stages) / m["update_tok_s"]
         out.append(dict(scale=scale, hf_rollout_h=hf / 3600, vllm_rollout_h=vllm / 3600, update_h=update / 3600,
@@ -145,22 +166,28 @@ def decode_step_seconds(engine, prompt: list[int], rows: int, steps: tuple[int, 
 
 def measure_decode(lm, tokenizer, small: bool) -> dict:
     """The decode step at the start (a generator's prompt) and at the end (that prompt + the response limit) of a
-    long generation, for the rows the HF budget fits at the end's width; a warm-up call first."""
+    long generation, for the rows the HF budget fits at the end's width, at most DECODE_ROWS_CAP (the cost is
+    linear in rows x context: `decode_line`); a warm-up call first (static mode on CUDA: the compile, then a CUDA
+    graph per shape), whose compile statistics are kept (infra/decoding.compile_stats)."""
     import policies
-    from infra import memory
+    from infra import decoding, memory
     start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
-    steps = (2, 10) if small else (8, 24)
+    steps = DECODE_STEPS[not small]
     budget = memory.hf_generation_budget(lm, 0)
-    rows = 8 if small else max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
+    fits = max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
+    rows = 8 if small else min(fits, DECODE_ROWS_CAP)
     budget.batch_size = rows
     engine = policies.HFEngine(lm, tokenizer, steps[0], 0.7, **vars(budget))
     vocab = min(1000, lm.config.vocab_size)
     prompt = [(7 * i) % vocab for i in range(end)]
-    for n in (start, end):  # warm-up: kernels, the allocator's blocks, and (static mode) each width's compile
+    for n in (start, end):  # warm-up: kernels, the allocator's blocks, and (static mode) the compile
         decode_step_seconds(engine, prompt[:n], rows, (1, 2), repeats=1)
-    seconds = tuple(decode_step_seconds(engine, prompt[:n], rows, steps) for n in (start, end))
-    return dict(decode_rows=rows, decode_context=(start, end), decode_step_s=seconds, decode_mode=engine.decode,
-                budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens)
+    repeats = DECODE_REPEATS[not small]
+    seconds = tuple(decode_step_seconds(engine, prompt[:n], rows, steps, repeats) for n in (start, end))
+    read = tuple(read_columns(n, range(*steps), engine.decode) for n in (start, end))
+    return dict(decode_rows=rows, decode_context=(start, end), decode_read=read, decode_step_s=seconds,
+                decode_mode=engine.decode, budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens,
+                compile=decoding.compile_stats() if engine.compiles else None)
 
 
 def update_rows(small: bool, vocab: int):
@@ -247,22 +274,27 @@ def cell_model(model: str, small: bool):
     return lm, tokenizer, params, lora
 
 
-def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
+def check_cost(small: bool, scale: str, summary: dict, save=lambda: None) -> tuple[str, str]:
     """One shape's cost figures (`measure_decode`, `measure_update`) into summary["cost"], and the cost table of
-    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks within the plan."""
+    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks within the plan. The
+    decode's figures are saved (`save`) before the update starts: a check cut short keeps them."""
     from infra import memory
     model = "tiny-qwen3" if small else SHAPES[scale]
     lm, tokenizer, params, lora = cell_model(model, small)
     c = lm.config
-    m = {**measure_decode(lm, tokenizer, small), **measure_update(lm, small), "weight_bytes": 2 * params,
-         "kv_token_bytes": memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}
-    summary.setdefault("cost", {})[scale] = m
+    m = summary.setdefault("cost", {})[scale] = {
+        "weight_bytes": 2 * params,
+        "kv_token_bytes": memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}
+    m.update(measure_decode(lm, tokenizer, small))
+    save()
+    m.update(measure_update(lm, small))
     summary["cost_table"] = cost_table(cost_rows(summary["cost"]))
     start, end = m["decode_step_s"]
     detail = (f"{model}: update {m['update_tok_s']:,.0f} tok/s (2 rows, widest {m['update_longest']}, budget "
               f"{m['update_budget']}); decode step {1e3 * start:.1f} ms at {m['decode_context'][0]} tokens, "
-              f"{1e3 * end:.1f} ms at {m['decode_context'][1]}, {m['decode_rows']} rows a call, "
-              f"{m['decode_mode']} decode")
+              f"{1e3 * end:.1f} ms at {m['decode_context'][1]} ({m['decode_rows'] / end:,.0f} tok/s), "
+              f"{m['decode_rows']} rows a call, "
+              f"{m['decode_mode']} decode{compiled(m['compile'])}")
     ok = m["update_finite"] and all(math.isfinite(t) and t > 0 for t in (m["update_tok_s"], start, end))
     if "peak_bytes" not in m:
         return ("pass" if ok else "FAIL"), detail + "; the plan's bounds need CUDA (skipped)"
@@ -275,18 +307,29 @@ def check_cost(small: bool, scale: str, summary: dict) -> tuple[str, str]:
     return ("pass" if ok else "FAIL"), detail
 
 
+def compiled(stats: dict | None) -> str:
+    """What torch.compile did (infra/decoding.compile_stats), as a detail's tail ('' where nothing compiled)."""
+    if not stats:
+        return ""
+    return (f"; compiled {stats['compile_s']:.0f} s, {stats['graphs']} graph(s), {stats['graph_breaks']} "
+            f"break(s), CUDA graphs recorded {stats['cudagraphs_recorded']}, re-recorded "
+            f"{stats['cudagraph_rerecords']}, skipped {stats['cudagraph_skips']}")
+
+
 # ---------------------------------------------------------------- the decode modes, A/B (infra/decoding.py)
 DECODE_ROWS, DECODE_PROMPT, DECODE_NEW = 256, 200, 128  # the training check's rows a call; a generator's prompt
 
 
-def check_decode(small: bool, model: str) -> tuple[str, str]:
+def check_decode(small: bool, model: str, summary: dict, save=lambda: None) -> tuple[str, str]:
     """The HF engine's decode modes on the same rows: 32 prompts x 8 samples (a GRPO group's copies), each row
     all DECODE_NEW steps, under one LoRA adapter: each mode's first call (static: generate() compiles its decode
-    step there) and a second call's tokens/s. On CUDA it fails when the static mode, which `--decode auto` picks
-    there, is the slower; --small (CPU, nothing compiles) has no bound."""
+    step there) and a second call's tokens/s, into summary["decode"] (saved after each mode), with what the
+    static mode compiled. On CUDA it fails when the static mode, which `--decode auto` picks there, is the
+    slower; --small (CPU, nothing compiles) has no bound."""
     import torch
 
     import policies
+    from infra import decoding
     device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
     rows, new = (16, 8) if small else (DECODE_ROWS, DECODE_NEW)
     torch.manual_seed(0)
@@ -308,9 +351,13 @@ def check_decode(small: bool, model: str) -> tuple[str, str]:
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         firsts[decode], rates[decode] = seconds[0], rows * new / seconds[1]
+        stats = decoding.compile_stats() if engine.compiles else None
+        summary.setdefault("decode", {})[decode] = dict(tok_s=rates[decode], first_call_s=firsts[decode],
+                                                        compile=stats)
+        save()
     detail = f"{model}, {rows} rows x {new} new tokens a call: " + ", ".join(
         f"{d} {rates[d]:,.0f} tok/s (first call {firsts[d]:.1f} s)" for d in rates) + \
-        f"; static / dynamic {rates['static'] / rates['dynamic']:.2f}"
+        f"; static / dynamic {rates['static'] / rates['dynamic']:.2f}" + compiled(stats)
     if small:
         return "pass", detail + " (CPU: nothing compiles, no bound)"
     return ("pass" if rates["static"] >= rates["dynamic"] else "FAIL"), detail

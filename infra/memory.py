@@ -16,7 +16,8 @@ vLLM 0.32 and 0.33; torch's SDPA front end, aten/src/ATen/native/transformers/at
   - with a mask, transformers' SDPA path repeats K and V across the query heads (GQA is off): one
     layer's repeated K and V per token (`repeated_kv_bytes_per_token`);
   - the no-grad passes (old log-probs, drift, the KL reference) hold the KV cache of the prompts
-    they share;
+    they share (without activation checkpointing; under it they run full rows, as the update does:
+    policies.completion_logprobs, so `shared_kv_bytes` is then an upper bound);
   - SP's diagnostics keep an fp32 copy of the adapter's gradient per role (infra/update_report.py);
   - PyTorch's caching allocator reserves more than it allocates: a freed block of one size can sit
     unused while a larger one is allocated (`reserved_bytes`);

@@ -68,6 +68,25 @@ def test_a_kill_part_way_leaves_the_summary_of_every_finished_check(tmp_path):
     assert os.listdir(out) == ["gpu_check.json"]
 
 
+def test_a_cost_check_saves_its_decode_before_its_update_runs(monkeypatch):
+    """A cost check cut short in its update (a lease's end, its bound) leaves its decode figures in the summary,
+    written (`save`) before the update began, with what compiled (nothing on the CPU: None); the cost table
+    waits for a whole row."""
+    import gpu_cost
+    saved = []
+
+    def cut_short(lm, small):
+        raise TimeoutError("ran past its bound")
+    monkeypatch.setattr(gpu_cost, "measure_update", cut_short)
+    summary = {}
+    with pytest.raises(TimeoutError):
+        gpu_cost.check_cost(True, "1.7B", summary, save=lambda: saved.append(json.dumps(summary)))
+    [written] = saved
+    m = json.loads(written)["cost"]["1.7B"]
+    assert m["decode_rows"] == 8 and len(m["decode_step_s"]) == 2 and m["decode_mode"] == "dynamic"
+    assert m["compile"] is None and "update_tok_s" not in m and "cost_table" not in summary
+
+
 def test_every_check_of_the_list_is_run_by_name():
     """--only takes the names the table prints, and every one names a check."""
     import argparse
@@ -119,6 +138,35 @@ def test_a_voting_math_steps_hours_from_the_measured_figures_by_hand():
         vllm_step_h=vllm + update, hf_cell_h=500 * (rollout + update), vllm_cell_h=500 * (vllm + update)), rel=1e-9)
     assert gpu_cost.cost_table([{"scale": "1.7B", **row}]).splitlines()[2] == \
         "| 1.7B | 4.72 | 0.53 | 0.54 | 5.26 | 1.07 | 2628.47 | 536.02 |"
+
+
+def test_the_static_modes_step_costs_the_filled_blocks_by_hand():
+    """The static mode's decode step reads the filled columns rounded up to the cache's block (128: infra/decoding
+    BlockCache), so a call's mean context is the mean of those: generators after a 512-token prompt fill 513 ..
+    5,632 columns, 40 blocks of 128 steps each, 640 .. 5,632: mean 3,136 (dynamic: 3,072); aggregators after
+    15,872 (124 blocks exactly) read 16,000 .. 20,992: 18,496. The measured steps (8 .. 24 new tokens) read 640
+    columns after 512 and 5,760 after 5,632, so the line through 50 and 100 ms at 100 rows is b = 0.05 / (100 x
+    5,120) = 9.765625e-8 and a = 0.05 - b x 100 x 640 = 0.04375 s.
+      generators   18 calls of 83: 0.04375 + b x 83 x 3,136 = 0.06916875 s a step, x 5,120 x 18 = 6,374.592 s;
+                   one of 42: 0.0566125 x 5,120 = 289.856 s
+      aggregators  23 calls of 22: 0.04375 + b x 22 x 18,496 = 0.08348750, x 5,120 x 23 = 9,831.488 s; one of 6:
+                   0.0545875 x 5,120 = 279.488 s
+    The rollout 16,775.424 s = 4.65984 h (a dynamic line through the same steps would read 4.71808 h)."""
+    import gpu_cost
+    assert gpu_cost.read_columns(512, range(5120), "dynamic") == 3072
+    assert gpu_cost.read_columns(512, range(5120), "static") == 3136
+    assert gpu_cost.read_columns(15872, range(5120), "static") == 18496
+    assert [gpu_cost.read_columns(n, range(8, 24), "static") for n in (512, 5632)] == [640, 5760]
+    a, b = gpu_cost.decode_line(100, (640, 5760), (0.05, 0.10))
+    assert (a, b) == pytest.approx((0.04375, 9.765625e-8), rel=1e-12)
+    generators, aggregators = gpu_cost.voting_math_stages()
+    assert gpu_cost.hf_stage_seconds(generators, 83, a, b, "static") == pytest.approx(6374.592 + 289.856, rel=1e-12)
+    assert gpu_cost.hf_stage_seconds(aggregators, 22, a, b, "static") == pytest.approx(9831.488 + 279.488,
+                                                                                       rel=1e-12)
+    static = {**MEASURED, "decode_mode": "static", "decode_read": (640, 5760)}
+    [row] = gpu_cost.cost_rows({"1.7B": static})
+    assert row["hf_rollout_h"] == pytest.approx(16_775.424 / 3600, rel=1e-12)
+    assert gpu_cost.cost_rows({"4B": {"decode_rows": 8}}) == []  # cut short after its decode: no row yet
 
 
 def test_a_decode_pair_whose_end_is_faster_reads_as_no_growth():
