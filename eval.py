@@ -180,25 +180,6 @@ def build_model(run_args: dict, mode: str, sa_args: dict | None, device: str, en
     return model, tokenizer, folder
 
 
-def make_engine(engine: str, model, tokenizer, base_folder: str | None, max_new_tokens: int,
-                temperature: float, top_p: float, rows: int, dtype: str, seed: int,
-                vllm_memory: float, share_prompts: bool, max_tokens: int, drift=None,
-                decode: str = "auto"):
-    """The sampling engine (train.py's too): vLLM (its own copy of the base weights, the adapters
-    synced in; `drift`: its log-prob check, training only) or HF generate on the model itself,
-    each call at most `rows` rows and `max_tokens` tokens (0: on CUDA what fits in the free
-    memory, the prefill in pieces; rows 0: on CUDA as many as fit, on CPU 64: infra/memory.py),
-    its decode loop `decode` (infra/decoding.py)."""
-    if engine == "vllm":
-        eos = policies.eos_token_ids(model, tokenizer)
-        return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, policies.to_generation,
-                                      max_new_tokens, temperature, top_p, vllm_memory, dtype, seed,
-                                      drift=drift)
-    fits = memory.hf_generation_budget(model, rows, max_tokens)  # 0s: what fits on CUDA
-    return policies.HFEngine(model, tokenizer, max_new_tokens, temperature, top_p,
-                             share_prompts=share_prompts, decode=decode, **vars(fits))
-
-
 def load_step(model, mode: str, run_dir: str, sa_run: str | None, sa_args: dict | None,
               step: int) -> None:
     """Put checkpoint `step` into the model: every adapter of the run, or the SA run's only adapter
@@ -274,9 +255,11 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
     temp = run_args["temperature"] if args.temperature is None else args.temperature
     cell_prompt, cell_new = eval_lengths(run_args)
     max_prompt, max_new = args.max_prompt_tokens or cell_prompt, args.max_new_tokens or cell_new
-    engine = make_engine(args.engine, model, tokenizer, folder, max_new, temp, run_args["top_p"],
-                         run_args["gen_batch_size"], run_args["dtype"], args.seed,
-                         args.vllm_gpu_memory, share_prompts=True, max_tokens=0)
+    engine = policies.make_engine(
+        args.engine, model, tokenizer, max_new_tokens=max_new, temperature=temp,
+        top_p=run_args["top_p"], rows=run_args["gen_batch_size"], max_tokens=0, share_prompts=True,
+        decode="auto", base_folder=folder, dtype=run_args["dtype"], seed=args.seed,
+        vllm_memory=args.vllm_gpu_memory)
     encode = policies.chat_encoder(tokenizer, run_args["enable_thinking"],
                                    run_args.get("chat_template", "model"))
     options = dataclasses.replace(settings_from(workflows.WorkflowOptions, run_args),

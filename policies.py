@@ -5,11 +5,11 @@ IP"): one `shared` adapter under Shared-Policy, one per role type under Isolated
 (`route_adapter`). That name, set on each call by the rollout, is all that differs between SP and
 IP: the engine samples each row under its adapter and grpo.py updates each adapter on its rows.
 
-This file owns what touches the weights in the method: loading a model, chat formatting, the HF
-engine (one batched call per workflow stage, each row under its own adapter), log-probs under one
-adapter, and shared prompt passes (the n rows of a GRPO group run their prompt once). The built-in
-models and the library-version shims are in infra/models.py, the vLLM engine is
-infra/vllm_engine.py, and adapters are saved as PEFT folders by infra/checkpoints.py.
+This file owns what touches the weights in the method: loading a model, chat formatting, the engine
+(`make_engine`: the HF engine, one batched call per workflow stage, each row under its own adapter,
+or vLLM's), log-probs under one adapter, and shared prompt passes (the n rows of a GRPO group run
+their prompt once). The built-in models and the library-version shims are in infra/models.py, the
+vLLM engine is infra/vllm_engine.py, and adapters are saved as PEFT folders by infra/checkpoints.py.
 
     python -c "import policies; m, t = policies.load_model('smollm2')"   # converts once
 """
@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from infra import decoding, models
+from infra import decoding, memory, models, vllm_engine
 from infra.decoding import eos_token_ids, left_pad  # the engine's stop ids; [B, L] padded
 from infra.memory import StepHooks
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
@@ -141,6 +141,26 @@ def use_adapter(model, adapter: str | None):
 
 
 # ---------------------------------------------------------------- generation
+
+def make_engine(engine: str, model, tokenizer, *, max_new_tokens: int, temperature: float,
+                top_p: float, rows: int, max_tokens: int, share_prompts: bool, decode: str,
+                base_folder: str | None, dtype: str, seed: int, vllm_memory: float,
+                drift: Callable | None = None):
+    """The sampling engine of train.py and eval.py: HF generate on the model itself (`HFEngine`),
+    each call at most `rows` rows and `max_tokens` tokens (0: on CUDA what fits in the free
+    memory, the prefill in pieces; rows 0: on CUDA as many as fit, on CPU 64: infra/memory.py),
+    its decode loop `decode` (infra/decoding.py); or vLLM (infra/vllm_engine.py: its own copy of
+    the base weights from `base_folder`, in `dtype`, `vllm_memory` of the GPU, the adapters synced
+    in; `drift`: its log-prob check, training only)."""
+    if engine == "vllm":
+        eos = eos_token_ids(model, tokenizer)
+        return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, to_generation,
+                                      max_new_tokens, temperature, top_p, vllm_memory, dtype, seed,
+                                      drift=drift)
+    fits = memory.hf_generation_budget(model, rows, max_tokens)  # 0s: what fits on CUDA
+    return HFEngine(model, tokenizer, max_new_tokens, temperature, top_p,
+                    share_prompts=share_prompts, decode=decode, **vars(fits))
+
 
 @dataclass
 class Generation:

@@ -36,7 +36,7 @@ import grpo
 import policies
 import tasks
 import workflows
-from eval import make_engine, play_every_problem
+from eval import play_every_problem  # the toy model's transcripts (toy_hooks.build_before_load)
 from infra import checkpoints, distributed, flags, memory, samples, vllm_engine
 from infra.flags import RESUMABLE
 from infra.runfolder import (
@@ -49,6 +49,7 @@ from infra.runfolder import (
     write_args,
     writing,
 )
+from infra.settings import setting
 from infra.tallies import add_tallies, rates
 from toyworld import toy_hooks
 from workflows import ROLES
@@ -268,10 +269,12 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
     optimizers = grpo.make_optimizers(model, adapters, update, cfg.steps)
     drift = partial(policies.logprob_drift, model, micro_batch=update.micro_batch_size,
                     max_tokens=update.max_tokens_per_micro_batch)  # vLLM's, in the update's budget
-    engine = make_engine(cfg.engine, model, tokenizer, base_folder, cfg.max_new_tokens,
-                         update.temperature, cfg.top_p, cfg.gen_batch_size, cfg.dtype, cfg.seed,
-                         cfg.vllm_gpu_memory, update.share_prompts, cfg.gen_max_tokens, drift,
-                         cfg.decode)
+    engine = policies.make_engine(
+        cfg.engine, model, tokenizer, max_new_tokens=cfg.max_new_tokens,
+        temperature=update.temperature, top_p=cfg.top_p, rows=cfg.gen_batch_size,
+        max_tokens=cfg.gen_max_tokens, share_prompts=update.share_prompts, decode=cfg.decode,
+        base_folder=base_folder, dtype=cfg.dtype, seed=cfg.seed, vllm_memory=cfg.vllm_gpu_memory,
+        drift=drift)
     encode = policies.chat_encoder(tokenizer, cfg.enable_thinking, cfg.chat_template)
     return Trainer(model, tokenizer, optimizers, engine, encode, {})
 
@@ -312,12 +315,6 @@ def build_parser() -> flags.Parser:
     p.add_settings(workflows.WorkflowOptions)
     p.add_settings(grpo.UpdateSettings)
     return p
-
-
-def setting(default, flag: str, help: str, **meta):
-    """A field of `Settings`: its default, its flag as written, its help and more metadata
-    (infra/flags.py lists the keys)."""
-    return field(default=default, metadata=dict(flag=flag, help=help, **meta))
 
 
 @dataclass

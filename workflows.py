@@ -1,10 +1,14 @@
-"""Workflows: the roles, their prompts, the control flow between them, and credit.
+"""Workflows: the roles, the control flow between them, credit, and the roles' prompts.
 
 docs/method.md, "Workflows", describes them. A workflow is a plain Python generator per episode:
 it `yield`s the calls it needs next (one stage: one call, or several parallel calls), reads their
 `.text` when it resumes, and fills in the episode's answer at the end. The driver `rollout` runs
 the generators of *all* episodes of a step in lockstep, so every stage goes to the engine as one
 batch (3 x tasks x n voting generators in one call), whatever control flow each episode follows.
+A call made with `is_answer=True` answers the task: `rollout` grades it as soon as it is sampled
+(every answer of the stage at once), so the workflow reads its `metrics["correct"]` when it
+resumes. The file reads top-down: the workflows, the driver, credit; then the prompts and parsers
+the workflows use, the metrics, and the options (`WorkflowOptions`) last.
 
 A `Call` is one model call (role instance name such as `generator0`, turn, prompt messages and
 ids, completion); an `Episode` is one run of the workflow on one task. GRPO then trains on the
@@ -21,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from infra.roles import role_type
+from infra.settings import setting
 from infra.tallies import Tallies, add_mean
 from tasks import Task, grade_many
-
-# ---------------------------------------------------------------- records
 
 
 @dataclass
@@ -40,16 +43,12 @@ class Call:
     reward: float = 0.0        # credit this call trains on
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format ...
     group: str = ""            # GRPO group when not (name, turn) (Eval-Opt: its attempts share one)
-    is_answer: bool = False    # its text answers the task: the driver grades it (a stage at once)
+    is_answer: bool = False    # its text answers the task: `rollout` grades it once it is sampled
     sample_logprobs: list[float] | None = None  # the engine's log-prob of each token (vLLM: drift)
 
     @property
     def role(self) -> str:
         return role_type(self.name)
-
-    def group_key(self, task_id: str) -> tuple:
-        """GRPO group: calls with the same key are compared with each other (task, name, turn)."""
-        return (task_id, self.group) if self.group else (task_id, self.name, self.turn)
 
 
 @dataclass
@@ -62,10 +61,198 @@ class Episode:
     metrics: dict = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- workflows
+
+WorkflowRun = Iterator[list[Call]]  # one episode's workflow, running: each next() is its next stage
+
+
+def single_agent(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
+    """One `generator` call; its answer is the episode's answer."""
+    call = Call("generator", 0, solver_messages(ep.task, opts), is_answer=True)
+    yield [call]  # back sampled and, an answer, graded by `rollout`: its .text and .metrics
+    ep.final_answer, ep.correct = call.metrics["parsed"], call.metrics["correct"]
+
+
+def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
+    """`n_votes` generators in parallel (each instance its own name, so its own GRPO group), then an
+    aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
+    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True)
+            for i in range(opts.n_votes)]
+    yield gens  # back sampled and graded (`rollout`): each one's metrics["parsed"], ["correct"]
+    agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens], opts))
+    yield [agg]
+    pick, how = parse_selection(agg.text, len(gens))
+    ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
+    agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
+    ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens),
+                      fallback=how if how != "boxed" else None)
+
+
+def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
+    """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or
+    `max_iterations` evaluator calls (`paper_iterations` when not given). The final answer is the
+    last attempt. Every generator call of a task shares one GRPO group (as in the reference), and so
+    does every evaluator call. `history` is the reference's shared conversation: attempts and
+    critiques as assistant turns, no instructions after the first."""
+    budget = opts.max_iterations or paper_iterations(ep.task)
+    first = solver_messages(ep.task, opts)
+    attempt = Call("generator", 0, first, group="generator", is_answer=True)
+    history = list(attempt.messages)
+    for it in range(budget):
+        yield [attempt]
+        history.append(assistant(attempt.text))
+        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text, history, opts),
+                     group="evaluator")
+        yield [judge]
+        history.append(assistant(judge.text))
+        verdict = parse_verdict(judge.text)  # unparseable: not satisfied, and not a correct call
+        judge.metrics.update(verdict=verdict, formatted=verdict is not None,
+                             correct=verdict is not None and verdict == attempt.metrics["correct"])
+        if verdict is True or it == budget - 1:
+            break
+        feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
+        retry = refine_messages(ep.task, opts, attempt.text, feedback, history)
+        attempt = Call("generator", it + 1, retry, group="generator", is_answer=True)
+    attempts = [c for c in ep.calls if c.role == "generator"]
+    judges = [c for c in ep.calls if c.role == "evaluator"]
+    ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
+    ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],
+                      unparseable_verdicts=sum(c.metrics["verdict"] is None for c in judges))
+
+
 def paper_iterations(task: Task) -> int:
     """Eval-Opt's evaluator calls at most when --max-iterations is not given: the paper's, 3 for
     math and 2 for code."""
     return 2 if task.kind == "code" else 3
+
+
+def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
+    """orchestrator proposes strategies (without solving) -> one `worker` per strategy, in parallel,
+    all in one GRPO group -> synthesizer compares them and writes the final answer, which is
+    graded."""
+    orch = Call("orchestrator", 0, orchestrator_messages(ep.task, opts.max_subtasks))
+    yield [orch]
+    strategies, how = parse_strategies(orch.text, opts.max_subtasks)
+    orch.metrics.update(parse=how, formatted=how == "strategy", strategies=len(strategies))
+    workers = [Call("worker", 0, solver_messages(ep.task, opts, s), is_answer=True)
+               for s in strategies]
+    yield workers
+    synthesis = synthesizer_messages(ep.task, [w.text for w in workers], strategies, opts)
+    synth = Call("synthesizer", 0, synthesis, is_answer=True)
+    yield [synth]
+    ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
+    ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
+
+
+WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], WorkflowRun]] = {
+    "single": single_agent,
+    "voting": voting,
+    "evalopt": evaluator_optimizer,
+    "orchworkers": orchestrator_workers,
+}
+ROLES = {  # role types of each workflow: the adapters IP creates
+    "single": ["generator"],
+    "voting": ["generator", "aggregator"],
+    "evalopt": ["generator", "evaluator"],
+    "orchworkers": ["orchestrator", "worker", "synthesizer"],
+}
+
+
+# ---------------------------------------------------------------- the driver
+
+def rollout(tasks: list[Task], n: int, opts: WorkflowOptions, engine,
+            encode: Callable[[list[dict]], list[int]], route: Callable[[str], str],
+            desc: str = "rollout") -> list[Episode]:
+    """Run `n` episodes of `opts.workflow` per task, stage by stage, all pending calls in one
+    engine call, then give each call its reward under `opts.credit` (`assign_rewards`): the
+    rollout that training, validation and evaluation all run.
+
+    The caller passes the model side in: `encode(messages)` gives a prompt's token ids (the chat
+    template), `route(call name)` the adapter a call samples with (SP / IP, or one adapter for
+    every role in evaluation). Each stage: the next calls of every running episode, their prompts,
+    episodes ended by an over-long prompt, one batched generation, then every answer of the stage
+    graded at once, here.
+    """
+    episodes = [Episode(task, k) for task in tasks for k in range(n)]
+    running = [(ep, WORKFLOWS[opts.workflow](ep, opts)) for ep in episodes]
+    stage_no = 0
+    while running:
+        pending = []  # (episode, its workflow run, the calls of its next stage)
+        for ep, workflow_run in running:
+            calls = next(workflow_run, None)  # None: the episode's workflow has returned
+            if calls is not None:
+                pending.append((ep, workflow_run, calls))
+        encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
+        pending = [(ep, workflow_run, cs) for ep, workflow_run, cs in pending
+                   if not end_if_overlong(ep, workflow_run, cs, opts.max_prompt_tokens)]
+        calls = [c for _, _, cs in pending for c in cs]
+        if not calls:
+            break
+        stage_no += 1
+        generations = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls],
+                                      desc=f"{desc} stage {stage_no}")
+        for c, g in zip(calls, generations):
+            c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
+            c.sample_logprobs = g.logprobs
+        # grade every answer of the stage at once (code runs in parallel sandboxes): the workflows
+        # read each answer's own correctness when they resume, before any credit is broadcast
+        answers = [(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer]
+        grades = grade_many([task for task, _ in answers], [c.text for _, c in answers])
+        for (_, c), g in zip(answers, grades):
+            c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted,
+                             reason=g.reason)
+        for ep, _, cs in pending:
+            ep.calls += cs
+        running = [(ep, workflow_run) for ep, workflow_run, _ in pending]
+    assign_rewards(episodes, opts.credit)
+    return episodes
+
+
+def encode_prompts(calls: list[Call], encode: Callable[[list[dict]], list[int]],
+                   route: Callable[[str], str]) -> None:
+    """Each call's adapter and prompt ids; a task's n episodes often send the same messages:
+    templated once."""
+    templated: dict[tuple, list[int]] = {}
+    for c in calls:
+        c.adapter = route(c.name)
+        key = tuple((m["role"], m["content"]) for m in c.messages)
+        if key not in templated:
+            templated[key] = encode(c.messages)
+        c.prompt_ids = list(templated[key])
+
+
+def end_if_overlong(ep: Episode, workflow_run: WorkflowRun, calls: list[Call],
+                    max_prompt_tokens: int | None) -> bool:
+    """As the reference: a prompt over the limit is never truncated; it ends its episode before the
+    call. The calls made so far are kept and trained on, each with its own reward
+    (`assign_rewards`); the episode counts as correct if one of them was (the reference: any kept
+    reward > 0). Counted as `prompt_overflow`."""
+    if not max_prompt_tokens or all(len(c.prompt_ids) <= max_prompt_tokens for c in calls):
+        return False
+    workflow_run.close()
+    ep.metrics["prompt_overflow"] = True
+    ep.final_answer, ep.correct = None, any(c.metrics.get("correct", False) for c in ep.calls)
+    return True
+
+
+# ---------------------------------------------------------------- credit
+
+def assign_rewards(episodes: list[Episode], credit: str) -> None:
+    """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call
+    (paper default). `role`: each call its own correctness where it has one (`metrics['correct']`),
+    else the outcome. An episode ended by an over-long prompt has no final outcome: its calls keep
+    their own correctness (0 where none)."""
+    for ep in episodes:
+        outcome = float(ep.correct)
+        for c in ep.calls:
+            if ep.metrics.get("prompt_overflow"):
+                c.reward = float(c.metrics.get("correct", False))
+            elif credit == "outcome":
+                c.reward = outcome
+            elif credit == "role":
+                c.reward = float(c.metrics.get("correct", ep.correct))
+            else:
+                raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
 
 
 # ---------------------------------------------------------------- prompts
@@ -246,229 +433,7 @@ def parse_strategies(text: str, k: int) -> tuple[list[str], str]:
     return [text.strip() or "Solve the problem directly."], "whole"
 
 
-# ---------------------------------------------------------------- workflows
-
-WorkflowRun = Iterator[list[Call]]  # one episode's workflow, running: each next() is its next stage
-
-
-def single_agent(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
-    """One `generator` call; its answer is the episode's answer."""
-    call = Call("generator", 0, solver_messages(ep.task, opts), is_answer=True)
-    yield [call]
-    ep.final_answer, ep.correct = call.metrics["parsed"], call.metrics["correct"]
-
-
-def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
-    """`n_votes` generators in parallel (each instance its own name, so its own GRPO group), then an
-    aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
-    gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True)
-            for i in range(opts.n_votes)]
-    yield gens
-    agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens], opts))
-    yield [agg]
-    pick, how = parse_selection(agg.text, len(gens))
-    ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
-    agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
-    ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens),
-                      fallback=how if how != "boxed" else None)
-
-
-def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
-    """generator -> evaluator -> (refine -> evaluator)... until a Correct verdict or
-    `max_iterations` evaluator calls (`paper_iterations` when not given). The final answer is the
-    last attempt. Every generator call of a task shares one GRPO group (as in the reference), and so
-    does every evaluator call. `history` is the reference's shared conversation: attempts and
-    critiques as assistant turns, no instructions after the first."""
-    budget = opts.max_iterations or paper_iterations(ep.task)
-    first = solver_messages(ep.task, opts)
-    attempt = Call("generator", 0, first, group="generator", is_answer=True)
-    history = list(attempt.messages)
-    for it in range(budget):
-        yield [attempt]
-        history.append(assistant(attempt.text))
-        judge = Call("evaluator", it, evaluator_messages(ep.task, attempt.text, history, opts),
-                     group="evaluator")
-        yield [judge]
-        history.append(assistant(judge.text))
-        verdict = parse_verdict(judge.text)  # unparseable: not satisfied, and not a correct call
-        judge.metrics.update(verdict=verdict, formatted=verdict is not None,
-                             correct=verdict is not None and verdict == attempt.metrics["correct"])
-        if verdict is True or it == budget - 1:
-            break
-        feedback = re.sub(r"\\boxed\{[^{}]*\}", "", judge.text)
-        retry = refine_messages(ep.task, opts, attempt.text, feedback, history)
-        attempt = Call("generator", it + 1, retry, group="generator", is_answer=True)
-    attempts = [c for c in ep.calls if c.role == "generator"]
-    judges = [c for c in ep.calls if c.role == "evaluator"]
-    ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
-    ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],
-                      unparseable_verdicts=sum(c.metrics["verdict"] is None for c in judges))
-
-
-def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
-    """orchestrator proposes strategies (without solving) -> one `worker` per strategy, in parallel,
-    all in one GRPO group -> synthesizer compares them and writes the final answer, which is
-    graded."""
-    orch = Call("orchestrator", 0, orchestrator_messages(ep.task, opts.max_subtasks))
-    yield [orch]
-    strategies, how = parse_strategies(orch.text, opts.max_subtasks)
-    orch.metrics.update(parse=how, formatted=how == "strategy", strategies=len(strategies))
-    workers = [Call("worker", 0, solver_messages(ep.task, opts, s), is_answer=True)
-               for s in strategies]
-    yield workers
-    synthesis = synthesizer_messages(ep.task, [w.text for w in workers], strategies, opts)
-    synth = Call("synthesizer", 0, synthesis, is_answer=True)
-    yield [synth]
-    ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
-    ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
-
-
-WORKFLOWS: dict[str, Callable[[Episode, WorkflowOptions], WorkflowRun]] = {
-    "single": single_agent,
-    "voting": voting,
-    "evalopt": evaluator_optimizer,
-    "orchworkers": orchestrator_workers,
-}
-ROLES = {  # role types of each workflow: the adapters IP creates
-    "single": ["generator"],
-    "voting": ["generator", "aggregator"],
-    "evalopt": ["generator", "evaluator"],
-    "orchworkers": ["orchestrator", "worker", "synthesizer"],
-}
-
-
-# ---------------------------------------------------------------- driver
-
-@dataclass
-class WorkflowOptions:
-    """Which workflow, its credit, and what shapes its prompts and control flow: what `rollout`
-    takes. Each field is one flag of train.py, made from it by infra/flags.py as
-    grpo.UpdateSettings's are: its flag, default, help, the paper's value and the values it
-    takes."""
-    workflow: str = field(default="single", metadata=dict(
-        flag="--workflow", group="workflow (workflows.WorkflowOptions)", choices=sorted(WORKFLOWS),
-        help="its roles: " + "; ".join(f"{w} {'/'.join(r)}" for w, r in ROLES.items())))
-    credit: str = field(default="outcome", metadata=dict(
-        flag="--credit", choices=["outcome", "role"], help="outcome: the final result to every "
-        "call (paper); role: each call its own correctness"))
-    prompts: str = field(default="small", metadata=dict(
-        flag="--prompts",
-        help="paper: the reference's instructions in our words; small: brief ones and a solved "
-             "example", choices=["small", "paper"], paper="paper"))
-    evalopt_context: str = field(default="reference", metadata=dict(
-        flag="--evalopt-context", help="Eval-Opt: one shared conversation (reference); clean: the "
-        "problem and the latest attempt only", choices=["reference", "clean"], paper="reference"))
-    n_votes: int = field(default=3, metadata=dict(
-        flag="--n-votes", help="Voting: parallel generators", within="[1, inf)", paper=3))
-    max_iterations: int | None = field(default=None, metadata=dict(
-        flag="--max-iterations", help="Eval-Opt: evaluator calls at most; not given: the paper's "
-        "for the task (paper_iterations)", within="[1, inf)", paper="math 3, code 2"))
-    max_subtasks: int = field(default=3, metadata=dict(
-        flag="--max-subtasks", help="Orch-Workers: strategies, hence workers, at most",
-        within="[1, inf)", paper=3))
-    max_prompt_tokens: int = field(default=4096, metadata=dict(
-        flag="--max-prompt-tokens", within="[1, inf)", help="a longer prompt ends its episode, "
-        "as in the paper (prompt_overflow)"))
-
-
-
-def rollout(tasks: list[Task], n: int, opts: WorkflowOptions, engine,
-            encode: Callable[[list[dict]], list[int]], route: Callable[[str], str],
-            desc: str = "rollout") -> list[Episode]:
-    """Run `n` episodes of `opts.workflow` per task, stage by stage, all pending calls in one
-    engine call, then give each call its reward under `opts.credit` (`assign_rewards`): the
-    rollout that training, validation and evaluation all run.
-
-    The caller passes the model side in: `encode(messages)` gives a prompt's token ids (the chat
-    template), `route(call name)` the adapter a call samples with (SP / IP, or one adapter for
-    every role in evaluation). Each stage: the next calls of every running episode, their prompts,
-    episodes ended by an over-long prompt, one batched generation, then every answer of the stage
-    graded at once.
-    """
-    episodes = [Episode(task, k) for task in tasks for k in range(n)]
-    running = [(ep, WORKFLOWS[opts.workflow](ep, opts)) for ep in episodes]
-    stage_no = 0
-    while running:
-        pending = []  # (episode, its workflow run, the calls of its next stage)
-        for ep, workflow_run in running:
-            calls = next(workflow_run, None)  # None: the episode's workflow has returned
-            if calls is not None:
-                pending.append((ep, workflow_run, calls))
-        encode_prompts([c for _, _, cs in pending for c in cs], encode, route)
-        pending = [(ep, workflow_run, cs) for ep, workflow_run, cs in pending
-                   if not end_if_overlong(ep, workflow_run, cs, opts.max_prompt_tokens)]
-        calls = [c for _, _, cs in pending for c in cs]
-        if not calls:
-            break
-        stage_no += 1
-        generations = engine.generate([c.prompt_ids for c in calls], [c.adapter for c in calls],
-                                      desc=f"{desc} stage {stage_no}")
-        for c, g in zip(calls, generations):
-            c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
-            c.sample_logprobs = g.logprobs
-        grade_answers([(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer])
-        for ep, _, cs in pending:
-            ep.calls += cs
-        running = [(ep, workflow_run) for ep, workflow_run, _ in pending]
-    assign_rewards(episodes, opts.credit)
-    return episodes
-
-
-def encode_prompts(calls: list[Call], encode: Callable[[list[dict]], list[int]],
-                   route: Callable[[str], str]) -> None:
-    """Each call's adapter and prompt ids; a task's n episodes often send the same messages:
-    templated once."""
-    templated: dict[tuple, list[int]] = {}
-    for c in calls:
-        c.adapter = route(c.name)
-        key = tuple((m["role"], m["content"]) for m in c.messages)
-        if key not in templated:
-            templated[key] = encode(c.messages)
-        c.prompt_ids = list(templated[key])
-
-
-def end_if_overlong(ep: Episode, workflow_run: WorkflowRun, calls: list[Call],
-                    max_prompt_tokens: int | None) -> bool:
-    """As the reference: a prompt over the limit is never truncated; it ends its episode before the
-    call. The calls made so far are kept and trained on, each with its own reward
-    (`assign_rewards`); the episode counts as correct if one of them was (the reference: any kept
-    reward > 0). Counted as `prompt_overflow`."""
-    if not max_prompt_tokens or all(len(c.prompt_ids) <= max_prompt_tokens for c in calls):
-        return False
-    workflow_run.close()
-    ep.metrics["prompt_overflow"] = True
-    ep.final_answer, ep.correct = None, any(c.metrics.get("correct", False) for c in ep.calls)
-    return True
-
-
-def grade_answers(answers: list[tuple[Task, Call]]) -> None:
-    """Grade every answer of a stage at once (code runs in parallel sandboxes); a role's own
-    correctness and format compliance are kept before any credit is broadcast."""
-    grades = grade_many([t for t, _ in answers], [c.text for _, c in answers])
-    for (_, c), g in zip(answers, grades):
-        c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted,
-                         reason=g.reason)
-
-
-# ---------------------------------------------------------------- credit
-
-def assign_rewards(episodes: list[Episode], credit: str) -> None:
-    """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call
-    (paper default). `role`: each call its own correctness where it has one (`metrics['correct']`),
-    else the outcome. An episode ended by an over-long prompt has no final outcome: its calls keep
-    their own correctness (0 where none)."""
-    for ep in episodes:
-        outcome = float(ep.correct)
-        for c in ep.calls:
-            if ep.metrics.get("prompt_overflow"):
-                c.reward = float(c.metrics.get("correct", False))
-            elif credit == "outcome":
-                c.reward = outcome
-            elif credit == "role":
-                c.reward = float(c.metrics.get("correct", ep.correct))
-            else:
-                raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
-
+# ---------------------------------------------------------------- metrics
 
 # each parser's paths, the first the format asked for: the others are fallbacks
 PARSE_PATHS = (("boxed", "digit", "default"), ("strategy", "numbered", "lines", "whole"))
@@ -529,3 +494,31 @@ def _workflow_tallies(e: Episode, t: Tallies) -> None:
                 add_mean(t, "worker_success_rate", c.metrics["correct"])
     if "fallback" in e.metrics:
         add_mean(t, "fallback_rate", e.metrics["fallback"] is not None)
+
+
+# ---------------------------------------------------------------- options
+
+@dataclass
+class WorkflowOptions:
+    """Which workflow, its credit, and what shapes its prompts and control flow: what `rollout`
+    takes. Each field is one flag of train.py, made with `setting` as grpo.UpdateSettings's are:
+    its default, its flag, its help, the paper's value and the values it takes."""
+    workflow: str = setting("single", "--workflow", "its roles: " + "; ".join(
+        f"{w} {'/'.join(r)}" for w, r in ROLES.items()), choices=sorted(WORKFLOWS),
+        group="workflow (workflows.WorkflowOptions)")
+    credit: str = setting("outcome", "--credit", "outcome: the final result to every call (paper); "
+                          "role: each call its own correctness", choices=["outcome", "role"])
+    prompts: str = setting("small", "--prompts", "paper: the reference's instructions in our "
+        "words; small: brief ones and a solved example", choices=["small", "paper"], paper="paper")
+    evalopt_context: str = setting("reference", "--evalopt-context", "Eval-Opt: one shared "
+        "conversation (reference); clean: the problem and the latest attempt only",
+        choices=["reference", "clean"], paper="reference")
+    n_votes: int = setting(3, "--n-votes", "Voting: parallel generators", within="[1, inf)",
+                           paper=3)
+    max_iterations: int | None = setting(None, "--max-iterations", "Eval-Opt: evaluator calls at "
+        "most; not given: the paper's for the task (paper_iterations)", within="[1, inf)",
+        paper="math 3, code 2")
+    max_subtasks: int = setting(3, "--max-subtasks", "Orch-Workers: strategies, hence workers, "
+                                "at most", within="[1, inf)", paper=3)
+    max_prompt_tokens: int = setting(4096, "--max-prompt-tokens", "a longer prompt ends its "
+        "episode, as in the paper (prompt_overflow)", within="[1, inf)")

@@ -6,10 +6,11 @@ settings and roles are passed in.
 
 One place per setting. train.py's `Settings`, the update's settings (grpo.UpdateSettings) and the
 workflows' options (workflows.WorkflowOptions) are dataclasses whose fields describe themselves in
-their metadata; `Parser.add_settings` makes one flag per field:
+their metadata, each made by infra/settings.py's `setting`; `Parser.add_settings` makes one flag
+per field:
 
-    clip_high: float = field(default=0.28, metadata=dict(
-        flag="--clip-high", help="PPO clip above 1 (clip-higher)", within="(0, inf)", paper=0.28))
+    clip_high: float = setting(0.28, "--clip-high", "PPO clip above 1 (clip-higher)",
+                               within="(0, inf)", paper=0.28)
 
 becomes `--clip-high CLIP_HIGH` (a float > 0, default 0.28, help "PPO clip above 1 (clip-higher)
 (paper: 0.28) (default: 0.28)"), and `settings_from(UpdateSettings, vars(args))` fills the field
@@ -124,20 +125,20 @@ class Parser(argparse.ArgumentParser):
             meta = f.metadata
             if "help" not in meta:
                 continue  # not a flag: the caller computes it
-            names = (meta["flag"],) if isinstance(meta.get("flag"), str) else tuple(meta.get(
-                "flag", ()))
-            if names[:1] != ("--" + f.name.replace("_", "-"),):
-                raise ValueError(
-                    f"{settings_class.__name__}.{f.name}: a field with help is a flag; its "
-                    "metadata "
-                                 f"names it first, flag={'--' + f.name.replace('_', '-')!r}")
+            flag = meta.get("flag", ())
+            names = (flag,) if isinstance(flag, str) else tuple(flag)
+            written = "--" + f.name.replace("_", "-")
+            if names[:1] != (written,):
+                where = f"{settings_class.__name__}.{f.name}"
+                raise ValueError(f"{where}: a field with help is a flag; its metadata names it "
+                                 f"first, flag={written!r}")
             if "group" in meta:
                 group = self.add_argument_group(meta["group"])
             help_ = meta["help"] + (f" (paper: {meta['paper']})" if "paper" in meta else "")
             if f.name in self.presets:  # the default, then what each preset sets instead
                 help_ += f" (default: %(default)s; {'; '.join(self.presets[f.name])})"
-            kind, more = optional_of(hints[f.name]), {"metavar": meta[
-                "metavar"]} if "metavar" in meta else {}
+            kind = optional_of(hints[f.name])
+            more = {"metavar": meta["metavar"]} if "metavar" in meta else {}
             if kind is bool:  # a switch (given or not), or a pair --x / --no-x
                 action = "store_true" if meta.get("switch") else argparse.BooleanOptionalAction
                 group.add_argument(*names, dest=f.name, action=action, default=f.default,
@@ -145,17 +146,16 @@ class Parser(argparse.ArgumentParser):
             elif typing.get_origin(kind) is dict:  # role=value,...: read in check_args
                 group.add_argument(*names, dest=f.name, default=None, help=help_, **more)
             else:
-                group.add_argument(*names, dest=f.name, type=interval_type(kind, meta.get(
-                    "within")),
-                                   default=f.default, choices=meta.get("choices"), help=help_,
-                                   **more)
+                group.add_argument(*names, dest=f.name, default=f.default, help=help_,
+                                   type=interval_type(kind, meta.get("within")),
+                                   choices=meta.get("choices"), **more)
 
 
 def optional_of(kind):
     """`str | None` -> str (a flag whose default is None takes values of the other type); any other
     type as is."""
-    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in typing.get_args(
-        kind):
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    if union and type(None) in typing.get_args(kind):
         (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
     return kind
 

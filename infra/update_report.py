@@ -59,20 +59,20 @@ class UpdateReport:
             self.role_grads[role], self.before = after - self.before, after
 
     @torch.no_grad()
-    def micro_batch(self, micro: list, logp: torch.Tensor, old_logp: torch.Tensor,
-                    mask: torch.Tensor, entropy: torch.Tensor, pg_loss: torch.Tensor,
-                    clipped: torch.Tensor, kl: torch.Tensor | None) -> None:
-        """Per-role token statistics as (sum over tokens, tokens), averaged per token at the end;
-        the sums stay on the device (`mini_batch` reads them)."""
-        log_ratio = (logp - old_logp) * mask
-        per_row = {"pg_loss": (pg_loss * mask).sum(1),  # [B] each
-                   "clip_frac": (clipped.float() * mask).sum(1),
-                   "entropy": entropy.sum(1), "approx_kl": (0.5 * log_ratio ** 2).sum(1)}
-        if kl is not None:
-            per_row["kl_base"] = kl.sum(1)
+    def micro_batch(self, micro: list, terms) -> None:
+        """Per-role token statistics of a micro-batch's loss terms (grpo.LossTerms, [B, T] each)
+        as (sum over tokens, tokens), averaged per token at the end; the sums stay on the device
+        (`mini_batch` reads them)."""
+        mask = terms.mask
+        log_ratio = (terms.logp - terms.old_logp) * mask
+        per_row = {"pg_loss": (terms.pg_loss * mask).sum(1),  # [B] each
+                   "clip_frac": (terms.clipped.float() * mask).sum(1),
+                   "entropy": terms.entropy.sum(1), "approx_kl": (0.5 * log_ratio ** 2).sum(1)}
+        if terms.kl is not None:
+            per_row["kl_base"] = terms.kl.sum(1)
         for role in dict.fromkeys(row.role for row in micro):  # the roles in row order
             mine = [i for i, row in enumerate(micro) if row.role == role]
-            index = torch.tensor(mine, device=logp.device)
+            index = torch.tensor(mine, device=mask.device)
             tokens = sum(len(micro[i].completion_ids) for i in mine)
             for name, values in per_row.items():
                 if name != "kl_base" or self.cfg.kl_coef.get(role, 0.0) > 0:

@@ -171,19 +171,20 @@ def test_majority_vote_picks_the_most_common_answer(majority_workflows):
     assert [c.name for c in episodes[0].calls] == ["generator0", "generator1", "generator2"]
 
 
-def test_majority_vote_trains_one_adapter_in_three_groups(majority_workflows):
+def test_majority_vote_trains_one_adapter_in_three_groups(majority_workflows, monkeypatch):
     """Under SP every call goes to `shared`; each generator instance is its own GRPO group, and a
     right episode against a wrong one gives its calls +-1/sqrt(2)."""
-    from grpo import group_advantages
+    import grpo
 
     texts = ["\\boxed{4}", "\\boxed{4}", "\\boxed{5}", "\\boxed{5}", "\\boxed{5}", "\\boxed{4}"]
     episodes, engine = play(majority_workflows, texts, n=2, policy="sp")
     assert set(engine.adapters) == {"shared"}
-    calls = [c for e in episodes for c in e.calls]
-    keys = [c.group_key(TASK.id) for c in calls]
+    keys, real = [], grpo.group_advantages  # the groups training_rows compares the calls in
+    monkeypatch.setattr(grpo, "group_advantages",
+                        lambda rewards, k, *a: keys.extend(k) or real(rewards, k, *a))
+    rows = grpo.training_rows(episodes)
     assert len(set(keys)) == 3
-    advantages = group_advantages([c.reward for c in calls], keys)
-    assert [round(a, 4) for a in advantages] == [0.7071] * 3 + [-0.7071] * 3
+    assert [round(row.advantage, 4) for row in rows] == [0.7071] * 3 + [-0.7071] * 3
 
 
 # ---------------------------------------------------------------- 3. a new reward

@@ -323,8 +323,7 @@ def test_the_device_is_claimed_before_any_model_or_engine_is_built(tmp_path, mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: log.append(f"set_device {i}"))
     monkeypatch.setattr(policies, "load_model", load)
-    monkeypatch.setattr(E, "make_engine", engine)
-    monkeypatch.setattr(train, "make_engine", engine)
+    monkeypatch.setattr(policies, "make_engine", engine)  # train.py's and eval.py's
     monkeypatch.setattr(distributed, "_created_group", False)  # restored after: no group is really made here
     device = "cuda:1"
     if launch.startswith("torchrun"):

@@ -343,7 +343,8 @@ def _accumulated_grads(model, samples, old, cfg, micro, monkeypatch):
     with `old` as every row's old log-probs (SGD at lr 0 and no clipping: the step changes nothing), and the
     update's metrics."""
     import grpo
-    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, steps, cfg: [old])
+    monkeypatch.setattr(grpo, "store_old_logprobs",  # every row's, in the one mini-batch too
+                        lambda model, adapter, steps, cfg: steps[0].old_logprobs.update(enumerate(old)))
     params = adapter_parameters(model, "shared")
     sgd = torch.optim.SGD(params, lr=0.0)
     captured = []
@@ -479,7 +480,7 @@ def test_update_policy_micro_batch_invariance(lora_model, agg):
 
 @pytest.mark.parametrize("mini_batch", [8, 3])  # one step (all rows on-policy) | three steps (3 + 3 + 2 rows)
 def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_batch):
-    """`old_logprobs` scores only the mini-batches after the first (the first is on-policy: ratio exactly 1).
+    """`store_old_logprobs` scores only the mini-batches after the first (the first is on-policy: ratio exactly 1).
     Scoring every row, as an unoptimised trainer does, must give the same losses, clip fractions and
     final weights; with 3 steps the later mini-batches are off-policy and really use their old log-probs."""
     import grpo
@@ -499,15 +500,22 @@ def test_skipping_old_logprob_forward_is_exact(lora_model, monkeypatch, mini_bat
         m = update_policy(lora_model, samples, opts, cfg)
         return m, [p.detach().clone() for p in params]
 
-    real_old_logprobs = grpo.old_logprobs
-    monkeypatch.setattr(grpo, "old_logprobs", lambda *a: scored.append(real_old_logprobs(*a)) or scored[-1])
+    real_store = grpo.store_old_logprobs
+
+    def store(model, adapter, steps, cfg):  # the rows each mini-batch holds old log-probs of
+        real_store(model, adapter, steps, cfg)
+        scored.append([len(mb.old_logprobs) for mb in steps])
+
+    def store_all(model, adapter, steps, cfg):  # unoptimised: every row scored by a separate no-grad forward
+        for mb in steps:
+            mb.old_logprobs.update(enumerate(policy_logprobs(
+                model, adapter, [s.prompt_ids for s in mb.rows], [s.completion_ids for s in mb.rows], 1,
+                cfg.temperature)))
+    monkeypatch.setattr(grpo, "store_old_logprobs", store)
     m_fast, w_fast = run()
-    # unoptimised: every row scored by a separate no-grad forward before any step
-    monkeypatch.setattr(grpo, "old_logprobs", lambda model, adapter, steps, cfg: [policy_logprobs(
-        model, adapter, [s.prompt_ids for s in mb.rows], [s.completion_ids for s in mb.rows], 1, cfg.temperature)
-        for mb in steps])
+    monkeypatch.setattr(grpo, "store_old_logprobs", store_all)
     m_full, w_full = run()
-    assert [sum(o is None for o in mb) for mb in scored[0]] == [mini_batch] + [0] * (len(scored[0]) - 1)
+    assert scored[0] == {8: [0], 3: [0, 3, 2]}[mini_batch]  # 8 rows: the first mini-batch stores none
     assert m_fast["generator/opt_steps"] == m_full["generator/opt_steps"] == -(-len(samples) // mini_batch)
     for key in ("generator/pg_loss", "generator/clip_frac", "generator/approx_kl", "generator/grad_norm"):
         assert m_fast[key] == pytest.approx(m_full[key], abs=1e-6), key
@@ -845,3 +853,15 @@ def test_sp_logs_each_roles_share_of_the_loss_and_of_the_gradient(lora_model):
     assert m["generator/grad_norm_share"] + m["aggregator/grad_norm_share"] == pytest.approx(1.0, abs=1e-12)
     total = m["generator/grad_norm"]  # the adapter's whole gradient, before clipping (fp32: 1e-5 relative)
     assert total ** 2 == pytest.approx(n_gen ** 2 + n_agg ** 2 + 2 * n_gen * n_agg * cos, rel=1e-5)
+
+
+def test_the_functions_defaults_are_the_settings():
+    """The functions of grpo.py that take a knob default to its UpdateSettings value (the class sits last in the
+    file, below them, so they cannot name it): one default per knob."""
+    import inspect
+    cfg = UpdateSettings()
+    clip = inspect.signature(clipped_token_loss).parameters
+    assert (clip["clip_low"].default, clip["clip_high"].default, clip["dual_clip"].default) == \
+        (cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    for function in (group_advantages, training_rows):
+        assert inspect.signature(function).parameters["scale_by_std"].default == cfg.std_scale

@@ -199,7 +199,6 @@ def test_rows_per_generate_call_come_from_the_budget_on_cuda(monkeypatch):
     tokens each, into calls of 473,025 // 686 = 689 rows (689 x 686 = 472,654; 690 x 686 = 473,340 is over)
     and 311; on the CPU, where nothing is bounded, 64 rows a call as before: 15 calls of 64 and one of 40."""
     import policies
-    from eval import make_engine
     model, tokenizer = policies.load_model("tiny")
 
     def calls(engine) -> list[int]:
@@ -207,7 +206,9 @@ def test_rows_per_generate_call_come_from_the_budget_on_cuda(monkeypatch):
         monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: sizes.append(len(p)) or [None] * len(p))
         engine.generate([[1] * 400] * 1000, [None] * 1000)
         return sizes
-    cpu = make_engine("hf", model, tokenizer, None, 256, 0.7, 1.0, 0, "float32", 0, 0.4, True, 0)
+    cpu = policies.make_engine("hf", model, tokenizer, max_new_tokens=256, temperature=0.7, top_p=1.0, rows=0,
+                               max_tokens=0, share_prompts=True, decode="auto", base_folder=None, dtype="float32",
+                               seed=0, vllm_memory=0.4)
     assert calls(cpu) == [64] * 15 + [40]
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (worked_example(), 80_000_000_000))
     budget = memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0)

@@ -16,7 +16,6 @@ from grpo import (
     Row,
     UpdateSettings,
     coherence_scale,
-    group_advantages,
     make_optimizers,
     minibatch_weights,
     role_shares,
@@ -259,17 +258,29 @@ def test_credit_outcome_and_role():
         assign_rewards(eps, "bogus")
 
 
-def test_group_keys_follow_the_reference():
+def group_keys(eps, monkeypatch) -> list:
+    """The GRPO group of each call, in call order, as grpo.training_rows hands them to group_advantages."""
+    import grpo
+    keys, real = [], grpo.group_advantages
+    monkeypatch.setattr(grpo, "group_advantages", lambda rewards, k, *a: keys.extend(k) or real(rewards, k, *a))
+    grpo.training_rows(eps)
+    monkeypatch.setattr(grpo, "group_advantages", real)
+    return keys
+
+
+def test_group_keys_follow_the_reference(monkeypatch):
     eps, _ = run("voting", {"generator": lambda p: "\\boxed{4}", "aggregator": lambda p: "\\boxed{1}"}, n=2)
-    keys = {c.group_key(e.task.id) for e in eps for c in e.calls}
+    keys = set(group_keys(eps, monkeypatch))
     assert keys == {("t1", "generator0", 0), ("t1", "generator1", 0), ("t1", "generator2", 0), ("t1", "aggregator", 0)}
     eps, _ = run("orchworkers", {"orchestrator": lambda p: "STRATEGY 1: a\nSTRATEGY 2: b\nSTRATEGY 3: c",
                                  "worker": lambda p: "\\boxed{4}", "synthesizer": lambda p: "\\boxed{4}"}, n=2)
-    worker_keys = [c.group_key(e.task.id) for e in eps for c in e.calls if c.role == "worker"]
+    worker_keys = [k for c, k in zip([c for e in eps for c in e.calls], group_keys(eps, monkeypatch))
+                   if c.role == "worker"]
     assert len(worker_keys) == 6 and set(worker_keys) == {("t1", "worker", 0)}  # one group of 6
     eps, _ = run("evalopt", {"generator": lambda p: "\\boxed{3}", "refine": lambda p: "\\boxed{3}",
                              "evaluator": lambda p: "\\boxed{Incorrect}"}, n=2)
-    gen_keys = [c.group_key(e.task.id) for e in eps for c in e.calls if c.role == "generator"]
+    gen_keys = [k for c, k in zip([c for e in eps for c in e.calls], group_keys(eps, monkeypatch))
+                if c.role == "generator"]
     assert len(gen_keys) == 6 and set(gen_keys) == {("t1", "generator")}
 
 
@@ -389,7 +400,7 @@ def test_group_advantages_for_a_voting_batch():
                                           "\\boxed{3}"], "aggregator": ["\\boxed{1}", "\\boxed{1}"]}, n=2)
     assign_rewards(eps, "role")
     calls = [(e.task.id, c) for e in eps for c in e.calls]
-    adv = group_advantages([c.reward for _, c in calls], [c.group_key(t) for t, c in calls])
+    adv = [row.advantage for row in training_rows(eps)]  # group_advantages over the calls' groups
     # generator0: rewards [1, 0] -> +-0.7071; generator1: [0, 1]; generator2: [0, 0] -> 0; aggregator [1, 0]
     by_name = {}
     for (_, c), a in zip(calls, adv):
@@ -545,7 +556,7 @@ def test_paper_prompts_ask_what_the_reference_asks():
 # ---------------------------------------------------------------- episodes -> GRPO rows
 
 @pytest.mark.parametrize("policy,rows", [("sp", {"shared": 8}), ("ip", {"generator": 6, "aggregator": 2})])
-def test_worked_example_one_voting_task_becomes_rows(policy, rows):
+def test_worked_example_one_voting_task_becomes_rows(policy, rows, monkeypatch):
     """grpo.training_rows' docstring, kept true: 1 task x n=2 Voting episodes -> 8 calls -> 4 groups -> SP 8
     rows on `shared`, IP 6 `generator` + 2 `aggregator` rows. Episode 0's generators answer 4, 5, 4 and its
     aggregator picks solution 2 (wrong); episode 1's answer 4, 4, 5 and its aggregator picks 1 (right). Outcome
@@ -556,7 +567,7 @@ def test_worked_example_one_voting_task_becomes_rows(policy, rows):
     assign_rewards(eps, "outcome")
     calls = [c for e in eps for c in e.calls]
     assert [c.name for c in calls] == ["generator0", "generator1", "generator2", "aggregator"] * 2
-    assert len({c.group_key(TASK.id) for c in calls}) == 4
+    assert len(set(group_keys(eps, monkeypatch))) == 4
     samples = training_rows(eps)
     assert Counter(s.adapter for s in samples) == rows
     assert [s.role for s in samples] == ["generator"] * 3 + ["aggregator"] + ["generator"] * 3 + ["aggregator"]
