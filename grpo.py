@@ -309,18 +309,18 @@ def without_tokens(row: Row) -> Row:
 
 
 def store_old_logprobs(model, adapter: str, steps: list[MiniBatch], cfg: UpdateSettings) -> None:
-    """Each row's log-probs under the adapter as it is before this training step, stored on its
-    mini-batch (`MiniBatch.old_logprobs`). The first mini-batch runs before the first optimizer
-    step, so its ratio is exactly 1 without them: only later mini-batches (IP parallel instances,
-    a batch over `mini_batch_size`) need this extra no-grad forward."""
-    later = [(mb, i) for mb in steps[1:] for i in mb.mine]
-    if not later:
-        return
-    scored = policy_logprobs(model, adapter, [mb.rows[i].prompt_ids for mb, i in later],
-                             [mb.rows[i].completion_ids for mb, i in later], cfg.micro_batch_size,
-                             cfg.temperature, cfg.share_prompts, cfg.max_tokens_per_micro_batch)
-    for (mb, i), logp in zip(later, scored):
-        mb.old_logprobs[i] = logp
+    """Each trained row's log-probs under the adapter as it is before this training step, stored
+    on its mini-batch (`MiniBatch.old_logprobs`). The first mini-batch runs before the first
+    optimizer step, so its ratio is exactly 1 without them: only later mini-batches (IP parallel
+    instances, a batch over `mini_batch_size`) need this extra no-grad forward. It runs the
+    update's own micro-batches, so that at equal weights it computes what the update computes
+    (other padding rounds otherwise in bf16, and the ratio would move by numerics alone)."""
+    for mb in steps[1:]:
+        for cut in (c for role in sorted(mb.roles) for c in role_micro_batches(mb, role, cfg)):
+            scored = policy_logprobs(model, adapter, [mb.rows[i].prompt_ids for i in cut],
+                                     [mb.rows[i].completion_ids for i in cut], len(cut),
+                                     cfg.temperature, cfg.share_prompts)
+            mb.old_logprobs.update(zip(cut, scored))
 
 
 def has_gradient(row: Row, cfg: UpdateSettings) -> bool:

@@ -237,10 +237,7 @@ class HFEngine(StepHooks):
                  max_tokens: int = 1 << 62, prefill_columns: Callable | None = None,
                  sampling_tokens: int = 0, decode: str = "auto"):
         self.model, self.tokenizer, self.prefill_columns = model, tokenizer, prefill_columns
-        self.decode = decoding.decode_mode(decode, model)  # auto: static on CUDA
-        on_cuda = next(model.parameters()).is_cuda
-        self.compiles = on_cuda and self.decode == "static"  # its compile stats in the metrics
-        self.decode_fallback = on_cuda and decode != "dynamic" and self.decode == "dynamic"
+        self.decode, self.decode_asked = decoding.decode_mode(decode, model), decode  # auto: CUDA static
         self.store = decoding.CacheStore()  # the static mode's K and V, kept across calls
         self.max_new_tokens, self.sampling_tokens = max_new_tokens, sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
@@ -287,8 +284,7 @@ class HFEngine(StepHooks):
             width = ids.shape[1] + self.max_new_tokens
             cache = decoding.cache_kwargs(self.decode, self.model, shared[0] if shared else None,
                                           len(prompts), width, cache_kwarg(self.model), self.store)
-            static = self.decode == "static"  # static: attention reads only the filled columns
-            with decoding.attending_filled(self.model) if static else contextlib.nullcontext():
+            with decoding.attention(self.decode, self.model):  # static: only the filled columns
                 seqs = self.model.generate(input_ids=ids, attention_mask=mask,
                                            max_new_tokens=self.max_new_tokens,
                                            pad_token_id=self.tokenizer.pad_token_id,
@@ -303,11 +299,9 @@ class HFEngine(StepHooks):
         return super().before_update(calls)
 
     def after_update(self, adapters: list[str]) -> dict[str, float]:
-        """The step's memory peaks; on CUDA, what the static mode compiled so far or that it fell
-        back to the dynamic one (infra/decoding.py)."""
-        compiled = decoding.compile_stats() if self.compiles else {}
-        return {**super().after_update(adapters), **{f"decode/{k}": v for k, v in compiled.items()},
-                **({"decode_fallback": 1} if self.decode_fallback else {})}
+        """The step's memory peaks; on CUDA, what the static decode compiled or its fallback."""
+        return {**super().after_update(adapters),
+                **decoding.decode_metrics(self.decode_asked, self.decode, self.model)}
 
 
 # ---------------------------------------------------------------- log-probs
@@ -352,10 +346,9 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     decoder, lm_head = base.get_decoder(), base.get_output_embeddings()
     T = max(len(c) for c in completions)
-    # checkpointed layers drop a passed cache (with grad on; in train mode under transformers < 5.2x
-    # even without it), so under checkpointing every pass runs full rows: the no-grad ones too (old
-    # log-probs, the KL reference), so that at equal weights they compute what the update computes
-    # (a shared prompt pass's bf16 rounding differs: the ratio would move by numerics alone)
+    # checkpointed layers drop a passed cache, so under checkpointing every pass runs full rows, the
+    # no-grad ones too (old log-probs, the KL reference): at equal weights they compute what the
+    # update computes (a shared prompt pass rounds otherwise in bf16: the ratio would move)
     shared = None
     if share_prompts and not grad_checkpointing_on(model):
         shared = shared_prompt_cache(model, prompts, pad_id=0)

@@ -64,13 +64,13 @@ def transformers_static(model):
     real_cache, real_compiling = decoding.CacheStore.cache, sdpa.is_torchdynamo_compiling
     decoding.CacheStore.cache = lambda store, m, rows, tokens: decoding.StaticCache(
         config=m.config, max_cache_len=decoding.blocks(tokens))
-    real_attending, decoding.attending_filled = decoding.attending_filled, lambda m: contextlib.nullcontext()
+    real_attention, decoding.attention = decoding.attention, lambda mode, m: contextlib.nullcontext()
     sdpa.is_torchdynamo_compiling = lambda: True
     try:
         yield
     finally:
         decoding.CacheStore.cache, sdpa.is_torchdynamo_compiling = real_cache, real_compiling
-        decoding.attending_filled = real_attending
+        decoding.attention = real_attention
 
 
 def decode(model, tokenizer, prompts, new_tokens: int, mode: str, layers: int):

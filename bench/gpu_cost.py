@@ -170,7 +170,7 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     linear in rows x context: `decode_line`); a warm-up call first (static mode on CUDA: the compile, then a CUDA
     graph per shape), whose compile statistics are kept (infra/decoding.compile_stats)."""
     import policies
-    from infra import decoding, memory
+    from infra import memory
     start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
     steps = DECODE_STEPS[not small]
     budget = memory.hf_generation_budget(lm, 0)
@@ -187,7 +187,7 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     read = tuple(read_columns(n, range(*steps), engine.decode) for n in (start, end))
     return dict(decode_rows=rows, decode_context=(start, end), decode_read=read, decode_step_s=seconds,
                 decode_mode=engine.decode, budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens,
-                compile=decoding.compile_stats() if engine.compiles else None)
+                compile=compiled_here(engine))
 
 
 def update_rows(small: bool, vocab: int):
@@ -307,6 +307,13 @@ def check_cost(small: bool, scale: str, summary: dict, save=lambda: None) -> tup
     return ("pass" if ok else "FAIL"), detail
 
 
+def compiled_here(engine) -> dict | None:
+    """What torch.compile did in this process (infra/decoding.compile_stats) where `engine` compiles its decode
+    step (static on CUDA), else None."""
+    from infra import decoding
+    return decoding.compile_stats() if engine.decode == "static" and engine.model.device.type == "cuda" else None
+
+
 def compiled(stats: dict | None) -> str:
     """What torch.compile did (infra/decoding.compile_stats), as a detail's tail ('' where nothing compiled)."""
     if not stats:
@@ -329,7 +336,6 @@ def check_decode(small: bool, model: str, summary: dict, save=lambda: None) -> t
     import torch
 
     import policies
-    from infra import decoding
     device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
     rows, new = (16, 8) if small else (DECODE_ROWS, DECODE_NEW)
     torch.manual_seed(0)
@@ -351,7 +357,7 @@ def check_decode(small: bool, model: str, summary: dict, save=lambda: None) -> t
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         firsts[decode], rates[decode] = seconds[0], rows * new / seconds[1]
-        stats = decoding.compile_stats() if engine.compiles else None
+        stats = compiled_here(engine)
         summary.setdefault("decode", {})[decode] = dict(tok_s=rates[decode], first_call_s=firsts[decode],
                                                         compile=stats)
         save()

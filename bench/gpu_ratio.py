@@ -77,7 +77,7 @@ def check_ratio(small: bool, model: str) -> tuple[str, str]:
     decode), then a zero-learning-rate update in three mini-batches; mini-batches 2-3 take their old log-probs
     from the no-grad pass (policy_logprobs, eval mode) and their new ones from the update's (gradients,
     checkpointing), so their clip fraction and approx KL are what numerics alone cause. Under checkpointing both
-    run full rows in the update's micro-batches (policies.completion_logprobs, grpo.old_logprobs): on the CPU
+    run full rows in the update's micro-batches (policies.completion_logprobs, grpo.store_old_logprobs): on the CPU
     they are 0. The random head is scaled until the next-token entropy is RATIO_ENTROPY nats, a trained
     model's. Bounds (RATIO_BOUNDS): approx KL 1e-4 nats a token is an RMS log-prob difference of sqrt(2e-4) =
     0.014, a ratio within 1.4%, 14 times inside the clip's 0.2; clip fraction 0.5%: at most 1 token in 200

@@ -179,9 +179,13 @@ AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # masks as SDPA takes the
 
 
 @contextlib.contextmanager
-def attending_filled(model):
-    """The body's forwards with `attend_filled` as the model's attention; the update keeps SDPA.
-    A compiled step guards on this name: every static call sets it, so the guard holds."""
+def attention(mode: str, model):
+    """The body's forwards (a generate() call) with `attend_filled` as the model's attention in
+    the static mode; the dynamic mode and the update keep SDPA. A compiled step guards on this
+    name: every static call sets it, so the guard holds."""
+    if mode != "static":
+        yield
+        return
     config = model.config
     before = config._attn_implementation
     config._attn_implementation = ATTENTION
@@ -261,6 +265,17 @@ def compiler_problem() -> str | None:
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         return f"no Python.h in {sysconfig.get_paths()['include']} for Triton"
     return None
+
+
+def decode_metrics(asked: str, mode: str, model) -> dict[str, float]:
+    """A training step's metrics of the decode: on CUDA in the static mode what torch.compile did
+    (`compile_stats`, as decode/<name>), or decode_fallback 1 where `asked` static (or auto) was
+    resolved to dynamic (`decode_mode`); nothing on the CPU, whose runs keep their metrics."""
+    if not next(model.parameters()).is_cuda:
+        return {}
+    if mode == "static":
+        return {f"decode/{k}": v for k, v in compile_stats().items()}
+    return {"decode_fallback": 1} if asked != "dynamic" else {}
 
 
 def compile_stats() -> dict[str, float]:

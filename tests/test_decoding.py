@@ -137,6 +137,12 @@ def test_static_without_a_compiler_falls_back_to_dynamic_with_one_warning(gqa_mo
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("warning: --decode static: no C compiler")
     assert decoding.decode_mode("static", model) == "static"  # the CPU
+    assert decoding.decode_metrics("static", "dynamic", OnCuda()) == {"decode_fallback": 1}
+    assert decoding.decode_metrics("dynamic", "dynamic", OnCuda()) == {}  # asked for: no fallback
+    assert set(decoding.decode_metrics("auto", "static", OnCuda())) == {
+        "decode/compile_s", "decode/graphs", "decode/graph_breaks", "decode/cudagraph_skips",
+        "decode/cudagraphs_recorded", "decode/cudagraph_rerecords"}
+    assert decoding.decode_metrics("auto", "dynamic", model) == {}  # the CPU's metrics stay as they were
 
 
 def test_the_compiler_check_reads_cc_and_pythons_headers(monkeypatch, tmp_path):

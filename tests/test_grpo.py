@@ -33,6 +33,7 @@ from policies import (
     add_adapters,
     chat_prompt_ids,
     completion_logprobs,
+    enable_grad_checkpointing,
     load_model,
     policy_logprobs,
     route_adapter,
@@ -865,3 +866,31 @@ def test_the_functions_defaults_are_the_settings():
         (cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     for function in (group_advantages, training_rows):
         assert inspect.signature(function).parameters["scale_by_std"].default == cfg.std_scale
+
+
+def test_a_zero_rate_update_in_bf16_keeps_every_ratio_at_one_with_lora_active():
+    """At a learning rate of 0 the weights never move, so every later mini-batch's ratio exp(new - old) must be 1:
+    its old log-probs (the no-grad pass, grpo.store_old_logprobs) and its new ones (the update's pass) compute the
+    same thing. In bf16, with LoRA active (B random), activation checkpointing and rows that share prompts and
+    differ in length, they agree exactly: both run full rows in the update's own micro-batches. Before, the
+    no-grad pass cut the later mini-batches' rows its own way and read an approximate KL of 2.2e-8 here (a shared
+    prompt pass instead of full rows: tests/test_policies.py; bench/gpu_ratio.py measures both on a GPU's
+    shapes). Exact: the same rows through the same kernels."""
+    torch.manual_seed(0)
+    model, _ = load_model("tiny-qwen3", torch.bfloat16)
+    model = add_adapters(model, ["generator"], rank=8, alpha=16)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    enable_grad_checkpointing(model)
+    prompts = [torch.randint(0, 200, (24,), generator=g).tolist() for _ in range(3)]
+    # each mini-batch of 4 mixes the prompts (a prompt's copies in two mini-batches), lengths 5 to 19
+    rows = [Row(prompts[k % 3], torch.randint(0, 200, (int(n),), generator=g).tolist(), (-1.0) ** k, "generator",
+                "generator") for k, n in enumerate(torch.randint(5, 20, (12,), generator=g))]
+    cfg = UpdateSettings(mini_batch_size=4, micro_batch_size=2, temperature=0.7)
+    opts = make_optimizers(model, ["generator"], UpdateSettings(lr=0.0, weight_decay=0.0), 10)
+    m = update_policy(model, rows, opts, cfg)
+    assert m["generator/opt_steps"] == 3 and not m["nonfinite_steps"]
+    assert m["generator/approx_kl"] == 0.0 and m["generator/clip_frac"] == 0.0

@@ -643,7 +643,7 @@ def test_old_logprobs_equal_the_updates_in_bf16_with_lora_active():
     new = [None] * len(prompts)
     with use_adapter(model, "x"):
         model.train()
-        for part in micro_batches(prompts, completions, 4, 0):  # the same rows a micro-batch (grpo.old_logprobs)
+        for part in micro_batches(prompts, completions, 4, 0):  # the same rows a micro-batch (grpo.store_old_logprobs)
             logp, _, _ = completion_logprobs(model, [prompts[i] for i in part], [completions[i] for i in part],
                                              0.7, with_entropy=True)
             for i, row in zip(part, logp):
