@@ -237,7 +237,7 @@ class HFEngine(StepHooks):
                  max_tokens: int = 1 << 62, prefill_columns: Callable | None = None,
                  sampling_tokens: int = 0, decode: str = "auto"):
         self.model, self.tokenizer, self.prefill_columns = model, tokenizer, prefill_columns
-        self.decode, self.decode_asked = decoding.decode_mode(decode, model), decode  # auto: CUDA static
+        self.decode_asked, self.decode = decode, decoding.decode_mode(decode, model)  # auto: static
         self.store = decoding.CacheStore()  # the static mode's K and V, kept across calls
         self.max_new_tokens, self.sampling_tokens = max_new_tokens, sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
