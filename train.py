@@ -14,8 +14,8 @@ appends one line of metrics to RUN/metrics.jsonl.
 
 Defaults are sized for a CPU; the paper's values are given in each flag's help. Every flag is one
 field: of `Settings` at the end of this file, of grpo.UpdateSettings or of workflows.WorkflowOptions
-(a new knob is one field); `settings_from_flags` resolves what a 0 stands for. Bad input stops
-before anything loads or is written: one line, exit status 2.
+(a new knob is one field); `settings_from_flags` resolves what a 0 or None stands for. Bad input
+stops before anything loads or is written: one line, exit status 2.
 """
 from __future__ import annotations
 
@@ -133,12 +133,12 @@ def run(argv: list[str] | None) -> str:
     if not cfg.resume:
         check_run_dir(cfg.run_dir, cfg.overwrite)
     distributed.barrier()  # every rank has checked the folder before rank 0 writes into it
-    checkpoints.seed_everything(cfg.seed)
+    checkpoints.seed_everything(cfg.run_seed)
     trainer = build_trainer(cfg, device)
     args.share_prompts = cfg.update.share_prompts  # RUN/args.json: as build_trainer left it
     rank, size = distributed.world()
     if size > 1:  # the same adapters everywhere, then a sampling stream per rank
-        checkpoints.seed_everything(cfg.seed + rank)
+        checkpoints.seed_everything(cfg.run_seed + rank)
     logger = None
     if cfg.wandb and rank == 0:
         import wandb
@@ -165,7 +165,7 @@ def resume(cfg: Settings, trainer: Trainer, metrics_path: str, rank: int) -> int
     """The step the newest readable checkpoint is at, loaded into the trainer; the metrics and
     samples of later steps are dropped (they would be stale)."""
     start = checkpoints.resume_from_checkpoint(cfg.run_dir, trainer.model, trainer.optimizers,
-                                               trainer.grad_ema, cfg.seed)
+                                               trainer.grad_ema, cfg.run_seed)
     if cfg.engine == "vllm":  # vLLM started from the fresh adapters: give it the checkpoint's
         trainer.engine.sync_adapters(trainer.model)
     if rank == 0:
@@ -183,7 +183,7 @@ def train_loop(cfg: Settings, start: int, train_tasks, val_tasks, trainer: Train
     """Steps start+1 .. --steps: train, validate (every --val-every steps and at the last), log,
     save."""
     order = list(range(len(train_tasks)))
-    random.Random(cfg.seed).shuffle(order)  # the data order is a function of the seed
+    random.Random(cfg.run_seed).shuffle(order)  # the data order is a function of the run seed
     stop, bad_steps = GracefulStop(), 0
     try:
         if cfg.val_every and start == 0:
@@ -273,8 +273,8 @@ def build_trainer(cfg: Settings, device: str = "cpu") -> Trainer:
         cfg.engine, model, tokenizer, max_new_tokens=cfg.max_new_tokens,
         temperature=update.temperature, top_p=cfg.top_p, rows=cfg.gen_batch_size,
         max_tokens=cfg.gen_max_tokens, share_prompts=update.share_prompts, decode=cfg.decode,
-        base_folder=base_folder, dtype=cfg.dtype, seed=cfg.seed, vllm_memory=cfg.vllm_gpu_memory,
-        drift=drift)
+        base_folder=base_folder, dtype=cfg.dtype, vllm_memory=cfg.vllm_gpu_memory,
+        seed=cfg.run_seed, drift=drift)
     encode = policies.chat_encoder(tokenizer, cfg.enable_thinking, cfg.chat_template)
     return Trainer(model, tokenizer, optimizers, engine, encode, {})
 
@@ -303,7 +303,8 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
     if problem := grpo.policy_problem(update, args.policy):
         usage_error(problem)
     options = flags.settings_from(workflows.WorkflowOptions, vars(args))
-    return flags.settings_from(Settings, vars(args), update=update, options=options)
+    return flags.settings_from(Settings, vars(args), update=update, options=options,
+                               run_seed=args.seed if args.run_seed is None else args.run_seed)
 
 
 def build_parser() -> flags.Parser:
@@ -343,8 +344,7 @@ class Settings:
                                       "hub dataset config (DAPO-Math-17k-Processed: en)")
     difficulty: int = setting(0, "--difficulty",
                               "synthetic math: one op on 1- or 2-digit numbers", choices=[0, 1])
-    n_train: int = setting(170, "--n-train", "synthetic math: training problems",
-                           within="[1, inf)")
+    n_train: int = setting(170, "--n-train", "synthetic math: training problems", within="[1, inf)")
     n_val: int = setting(64, "--n-val", "validation problems (loaded data: of its held-out rows)",
                          within="[1, inf)")
     val_data: str | None = setting(None, "--val-data", "validate on this file or hub id instead "
@@ -399,7 +399,8 @@ class Settings:
                               within="[0, inf)")
     keep_last: int = setting(0, "--keep-last", "keep only the newest N checkpoints; 0 = all",
                              within="[0, inf)")
-    seed: int = setting(0, "--seed", "seeds data order, sampling and LoRA init")
+    seed: int = setting(0, "--seed", "the data's seed and the toy model's; --run-seed's default")
+    run_seed: int | None = setting(None, "--run-seed", "seeds sampling, LoRA init and data order")
     wandb: bool = setting(False, "--wandb", "also log to Weights & Biases (pip install wandb)",
                           switch=True)
     update: grpo.UpdateSettings = field(default_factory=grpo.UpdateSettings)

@@ -267,3 +267,22 @@ def test_a_checkpoint_that_cannot_be_written_ends_in_one_line(tmp_path, monkeypa
     train.main(["--resume", run_dir])  # the room is back: steps 2 and 3 again, the cut run's step-2 line dropped
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
     assert checkpoints.checkpoint_steps(run_dir) == [1, 2, 3]
+
+
+def test_the_run_seed_defaults_to_the_seed_and_alone_changes_sampling(tmp_path):
+    """--run-seed seeds sampling, LoRA init and the data order; --seed stays the data's and the toy model's. Unset,
+    it is --seed, so a run of old (args.json without it) resumes as it ran: the same run with --run-seed equal to
+    --seed is the same run, number for number, and another run seed on the same --seed samples other outputs
+    (the run-to-run noise of one model: docs/findings.md)."""
+    runs = {name: str(tmp_path / name) for name in ("plain", "same", "other")}
+    for name, extra in (("plain", []), ("same", ["--run-seed", "3"]), ("other", ["--run-seed", "4"])):
+        p = run_train([*TINY, "--steps", "1", "--seed", "3", *extra, "--run-dir", runs[name]])
+        assert p.wait(timeout=300) == 0, p.stdout.read()
+    assert metrics(runs["plain"]) == metrics(runs["same"])
+    assert metrics(runs["plain"]) != metrics(runs["other"])
+    cfg = train.settings_from_flags(train_flags([*TINY, "--seed", "3"]))
+    assert (cfg.seed, cfg.run_seed) == (3, 3)
+    saved = vars(train_flags([*TINY, "--seed", "5"]))
+    del saved["run_seed"]  # a run saved before the flag existed
+    (tmp_path / "args.json").write_text(json.dumps(saved))
+    assert train.settings_from_flags(train_flags(["--resume", str(tmp_path)])).run_seed == 5
