@@ -18,6 +18,10 @@ SEEDS = 5
 # docs/findings.md, never tuned until it passes. The replication seeds (--replicate) are the next
 # ones by the same rule.
 CANDIDATES = 20
+# The reruns' run seeds (toyworld/reruns.py), declared on 2026-12-05 before any rerun ran: each
+# decline comparison's runs again with --run-seed offset + seed, so that each seed's value is the
+# mean of 3 runs (the study's own, at run seed = seed, and these two)
+RUN_SEED_OFFSETS = (1000, 2000)
 STEPS = 150
 # The regime, fixed before any run of the grid: the toy world's own (calibration.REGIME: 2 tasks x a
 # group of 8, temperature 1, 32 new tokens, the setting calibration measures at), 115 training
