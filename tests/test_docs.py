@@ -218,7 +218,7 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
     """docs/findings.md's sweep table is the sweep's rule applied (`findings.sweep_choice`) to the committed compact
     results of its 15 runs (single-lrR-sS in docs/findings/results/study.jsonl), on the study's seeds: the first five
     of the AVX512 builds whose calibration record misses nothing (0, 1, 2, 3 and 5; seed 4 misses the solver)."""
-    from toyworld import declared, findings
+    from toyworld import declared, findings, tables
     from toyworld.results import file_records
     records = [file_records(BUILDS, f"avx512/seed{seed}.calibration.jsonl")[-1] for seed in range(6)]
     seeds = [r["seed"] for r in records if not r["missed"]][:declared.SEEDS]
@@ -227,7 +227,7 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
                                     declared.SWEEP_RULE)
     assert sweep["choice"] == "1e-3"
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
-    assert findings.sweep_table(sweep, len(seeds)) in text
+    assert tables.sweep_table(sweep, len(seeds)) in text
 
 
 def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
@@ -292,16 +292,16 @@ def test_the_verdicts_a_reader_sees_first_are_the_committed_results():
 
 def test_the_calibration_tables_are_the_committed_records():
     """docs/findings.md's calibration tables, of the study's candidate seeds (built on AVX512: avx512/) and of the
-    seeds rebuilt on an unrecorded CPU (rebuilt/), are `findings.calibration_table` of the committed calibration
+    seeds rebuilt on an unrecorded CPU (rebuilt/), are `tables.calibration_table` of the committed calibration
     records and builds (seedS.toy.json) in docs/findings/builds.jsonl, seed by seed: the targets missed, the base
     model's and the oracle's accuracy in each workflow, the solver's gap to its rows, the build."""
-    from toyworld import findings
+    from toyworld import tables
     from toyworld.results import file_records
     text = open(os.path.join(ROOT, "docs", "findings.md")).read()
     for folder, suffix, seeds in (("avx512", ".calibration.jsonl", 6), ("rebuilt", ".jsonl", 7)):
         records = [file_records(BUILDS, f"{folder}/seed{seed}{suffix}")[-1] for seed in range(seeds)]
         builds = [file_records(BUILDS, f"{folder}/seed{seed}.toy.json")[0] for seed in range(seeds)]
-        table = findings.calibration_table(records, builds)
+        table = tables.calibration_table(records, builds)
         assert table in text, folder
 
 
@@ -312,14 +312,14 @@ def test_the_findings_prose_quotes_the_committed_results():
     Orch-Workers; and a comparison's word in the README is its verdict (I6: the opposite, not "not shown")."""
     import json
 
-    from toyworld import findings, verdicts
+    from toyworld import findings, tables, verdicts
     results = os.path.join(ROOT, "docs", "findings", "results")
     committed = json.load(open(os.path.join(results, "study.json")))
     after = verdicts.after_the_data(results, committed)
     judged = {(f["id"], c["label"]): c for f in committed["findings"] + after["findings"]
               for c in f["preconditions"] + f["comparisons"]}
     rows = {(r["finding"], r["label"]): r for r in committed["replication"]["rows"] + after["replication"]}
-    held = lambda key: ", ".join(findings.fmt_seed(x) for x in rows[key]["per_seed"])  # noqa: E731
+    held = lambda key: ", ".join(tables.fmt_seed(x) for x in rows[key]["per_seed"])  # noqa: E731
     calibration = {c["seed"]: c for c in committed["replication"]["calibration"]}
     solve = {s: calibration[s]["habits"]["solve"]["right"] - calibration[s]["habits"]["solve"]["oracle_right"]
              for s in (8, 9)}
@@ -337,7 +337,7 @@ def test_the_findings_prose_quotes_the_committed_results():
     orchestrated = judged[("specialisation", "Orch-Workers IP: trained - swapped")]
     ev = ("1", "Eval-Opt: trained IP - SA-RL")
     retry = held(("2", "IP: P(retry | first wrong) - P(retry | first right), end - base")).split(", ")
-    m = lambda c: findings.fmt(c["mean"])  # noqa: E731
+    m = lambda c: tables.fmt(c["mean"])  # noqa: E731
     page = [
         f"seeds 8 and 9 the solver ({solve[8]:.3f} and {solve[9]:.3f}, as seed 4 did in the study)",
         f"consequence ({synthesizer[0] - synthesizer[1]:.3f} against 0.1)",

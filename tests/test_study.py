@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from toyworld import declared, findings, jobs, study
+from toyworld import declared, findings, jobs, study, tables
 
 
 def test_a_seed_of_the_study_is_calibrated_from_its_committed_model_and_another_is_built_first(tmp_path,
@@ -178,7 +178,26 @@ def test_paired_differences_by_hand():
     assert s["mean"] == pytest.approx(0.1)
     assert s["se"] == pytest.approx(math.sqrt(0.1 / 4 / 5))  # squares about the mean: 0+0.01+0.04+0.04+0.01
     assert (s["positive"], s["negative"]) == (3, 1)
-    assert s["ci"][0] < 0.1 < s["ci"][1] and -0.1 <= s["ci"][0] and s["ci"][1] <= 0.3
+    # the t-interval: 0.1 +- 2.776 x sqrt(0.1 / 4 / 5) = 0.1 +- 0.1756 (t, 4 degrees of freedom, 0.975)
+    assert s["ci"] == pytest.approx([0.1 - 2.776 * math.sqrt(0.005), 0.1 + 2.776 * math.sqrt(0.005)])
+    assert s["detectable"] == pytest.approx(2.776 * math.sqrt(0.005))
+    # at that spread (sd 0.1581) a mean of 0.1 needs 13 seeds: n = 12 gives 2.201 x 0.1581 / 3.464 = 0.1005,
+    # n = 13 gives 2.179 x 0.1581 / 3.606 = 0.0955
+    assert s["seeds_needed"] == 13
+
+
+def test_seeds_needed_and_the_interval_that_says_the_verdict_by_hand():
+    """seeds_needed: the fewest seeds whose t-interval excludes zero at a mean and spread; excludes_zero reads a
+    verdict against its interval (matches: against minus the margin)."""
+    assert findings.seeds_needed(0.06, 0.05) == 6  # n = 5: 2.776 x 0.05 / 2.236 = 0.062; n = 6: 0.0525
+    assert findings.seeds_needed(0.001, 0.5) is None
+    shown = {"rule": "greater", "verdict": "shown", "threshold": 0.05}
+    assert findings.excludes_zero({**shown, "ci": [0.01, 0.2]}) and not findings.excludes_zero(
+        {**shown, "ci": [-0.01, 0.2]})
+    assert findings.excludes_zero({**shown, "verdict": "the opposite", "ci": [-0.28, -0.01]})
+    matches = {"rule": "matches", "verdict": "shown", "threshold": 0.05}
+    assert findings.excludes_zero({**matches, "ci": [-0.04, 0.2]}) and not findings.excludes_zero(
+        {**matches, "ci": [-0.06, 0.2]})
 
 
 @pytest.mark.parametrize("rule, diffs, verdict", [
@@ -215,7 +234,7 @@ def test_a_finding_is_judged_from_run_folders_and_its_table_written(tmp_path):
     assert result["comparisons"][0]["mean"] == pytest.approx(0.3 - 0.01 * 2 / 3, abs=1e-9)  # SP's mean decline
     page = tmp_path / "findings.md"
     page.write_text("Prose.\n<!-- table:finding-4 -->\nold\n<!-- /table:finding-4 -->\nMore prose.\n")
-    assert findings.fill_tables(str(page), {"finding-4": findings.finding_table(result), "other": "x"}) == ["other"]
+    assert tables.fill_tables(str(page), {"finding-4": tables.finding_table(result), "other": "x"}) == ["other"]
     text = page.read_text()
     assert text.startswith("Prose.\n") and text.endswith("More prose.\n") and "old" not in text
     assert "| decline: IP - SP | greater 0.05 | 0.30 / 0.01 |" in text and "**Verdict: shown.**" in text
@@ -233,7 +252,7 @@ def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_
                "beside": [declared.c("decline: SP - IP", *decline[::-1])]}
     result = findings.judge_finding(str(tmp_path), list(range(5)), finding)
     assert result["verdict"] == "shown" and [c["verdict"] for c in result["beside"]] == ["the opposite"]
-    table = findings.finding_table(result)
+    table = tables.finding_table(result)
     assert "| decline: IP - SP | greater 0.05 |" in table
     assert "| beside, not in the verdict: decline: SP - IP | greater 0.05 |" in table and "the opposite |" in table
 
@@ -258,7 +277,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
                 for label, diffs, verdict in (("P(a | b)", [0.1, 0.1], "shown"), ("I6", [-0.1, -0.1], "the opposite"))]
     judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [],
               "comparisons": compared}
-    findings.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
+    tables.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
     text = page.read_text()
     assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
     assert "| [I1/I6](#i1-and-i6) | anchors help | 1 / 0 / 1 | **not shown** |" in text
@@ -274,7 +293,7 @@ def test_the_calibration_table_names_each_seeds_misses_its_gap_and_where_it_was_
     accuracy = {"single": 0.5, "voting": 0.55, "evalopt": 0.7, "orchworkers": 0.6}
     record = {"success": accuracy, "oracle_success": {w: a + 0.1 for w, a in accuracy.items()},
               "habits": {"solve": {"right": 0.46, "oracle_right": 0.52}}}
-    table = findings.calibration_table(
+    table = tables.calibration_table(
         [dict(record, seed=3, missed=[]), dict(record, seed=4, missed=["retry: careful rate"])],
         [{"minutes": 36.04, "threads": 1, "versions": {"cpu_capability": "AVX512"}}, {"minutes": 18.2, "threads": 2}])
     rows = table.splitlines()
@@ -412,7 +431,7 @@ def test_a_near_rows_table_gives_a_alone(tmp_path):
                                                       for s in range(1, 4)))
     finding = {"id": "3", "claim": "shares", "comparisons": [
         declared.c("share", ("voting-sp", "train", "generator/loss_share"), rule="near", target=0.75)]}
-    table = findings.finding_table(findings.judge_finding(str(tmp_path), [0, 1], finding))
+    table = tables.finding_table(findings.judge_finding(str(tmp_path), [0, 1], finding))
     assert "| share | near 0.05 of 0.75 | 0.75 | +0.75 +0.75 | +0.750 | 0.000 |" in table
 
 
@@ -460,7 +479,7 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
     (row,) = findings.replication(str(tmp_path), [5, 6, 7], [judged], [spec])
     assert row["per_seed"] == pytest.approx([0.30, 0.02, -0.10])
     assert (row["same_sign"], row["passes"], row["seeds"], row["study"]) == (2, 1, 3, "shown")
-    table = findings.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]}, [judged])
+    table = tables.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]}, [judged])
     # each seed by the rule alone (greater 0.05): +0.30 shown, +0.02 not shown, -0.10 the opposite; 1 agrees
     assert ("| 4 | end: IP - SP | greater 0.05 | +0.200, shown | +0.30 +0.02 -0.10 | shown, not shown, the opposite "
             "| 1 of 3 | 1 of 3 |") in table
@@ -477,7 +496,7 @@ def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims
     judged = findings.judge_finding(str(tmp_path), [6], spec)
     judged["comparisons"][0].update(mean=-0.06, verdict="the opposite")
     rows = findings.replication(str(tmp_path), [6, 10, 11], [judged], [spec])
-    table = findings.replication_table({"seeds": [6, 10, 11], "set_aside": [], "rows": rows}, [judged])
+    table = tables.replication_table({"seeds": [6, 10, 11], "set_aside": [], "rows": rows}, [judged])
     assert "| +0.09 -0.06 0.00 | shown, the opposite, not shown | 1 of 3 | 1 of 3 |" in table
 
 

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import math
 import os
-import random
-import re
 
 from infra.runfolder import read_results
+from toyworld.declared import RUN_SEED_OFFSETS
 from toyworld.results import records, write_pack
 
 # A difference smaller than this in size is a tie: the tables print it as 0.00, and it counts as a
@@ -33,7 +32,12 @@ from toyworld.results import records, write_pack
 TIE = 0.005
 WINDOW = 3          # validation points in a peak or end window
 TRAIN_LAST = 20     # training steps a training metric is averaged over at the end
-BOOTSTRAP = 2000    # resamples of the seeds for the 95% interval of a mean
+# Student's t, two-sided 95% (0.975 quantile), by degrees of freedom: a mean's interval over n
+# paired seeds is mean +- T975[n - 1] x SE, which covers at n = 5 as it says (a percentile
+# bootstrap over 5 seeds, the study's first interval, covers well under 95%)
+T975 = dict(enumerate([12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                       2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042], 1))
 
 # What the compact results keep of a run (docs/findings/results/study.jsonl: toyworld/results.py):
 # its validation curves and these training curves, to 4 decimals, and its evaluations: what the
@@ -45,9 +49,18 @@ RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/
 KEPT_SAMPLES = {"voting-sp-s0": "samples/step_000150.json"}
 
 
-def series(out: str, name: str, seed: int, key: str) -> list[tuple[int, float]]:
-    metrics = records(out, f"{name}-s{seed}", "metrics.jsonl")
+def series(out: str, name: str, seed: int, key: str, run: str = "") -> list[tuple[int, float]]:
+    """A run's curve of `key`: the study's run of `name` on `seed`, or its rerun `run`
+    (toyworld/reruns.py: `-runR`)."""
+    metrics = records(out, f"{name}-s{seed}{run}", "metrics.jsonl")
     return [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+
+
+def runs_of(out: str, name: str, seed: int) -> list[str]:
+    """The runs of `name` on `seed` in `out`: the study's own ("") and its reruns on the run seeds
+    of declared.RUN_SEED_OFFSETS that the results hold (reruns.jsonl)."""
+    reruns = [f"-run{offset + seed}" for offset in RUN_SEED_OFFSETS]
+    return [""] + [r for r in reruns if records(out, f"{name}-s{seed}{r}", "metrics.jsonl")]
 
 
 def window_peak(values: list[float]) -> float:
@@ -71,11 +84,24 @@ def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy")
 def value(out: str, seed: int, spec: tuple) -> float:
     """One per-seed number. spec: (configuration, quantity, key); quantities: base (validation at
     step 0), peak, end, decline (peak - end), change (end - base), train (the mean of the last
-    TRAIN_LAST training steps), eval:<mode> (eval.py on the test problems)."""
+    TRAIN_LAST training steps), eval:<mode> (eval.py on the test problems). A decline is the mean
+    over the seed's runs (`runs_of`: the study's and its reruns)."""
+    if spec[1] == "decline":
+        return mean_of(run_values(out, seed, spec))
+    return run_value(out, seed, spec)
+
+
+def run_values(out: str, seed: int, spec: tuple) -> list[float]:
+    """`spec` on each of the seed's runs (`runs_of`), the study's first."""
+    return [run_value(out, seed, spec, run) for run in runs_of(out, spec[0], seed)]
+
+
+def run_value(out: str, seed: int, spec: tuple, run: str = "") -> float:
+    """`value` of one run: the study's ("") or a rerun."""
     name, quantity, key = spec
     if quantity.startswith("eval:"):
         return eval_value(out, name, seed, quantity[5:], key)
-    points = series(out, name, seed, key if quantity == "train" else f"val/{key}")
+    points = series(out, name, seed, key if quantity == "train" else f"val/{key}", run)
     values = [v for _, v in points]
     if not values:
         return float("nan")
@@ -95,21 +121,48 @@ def mean_of(values: list[float]) -> float:
     return sum(found) / len(found) if found else float("nan")
 
 
-def summarise(diffs: list[float], seed: int = 0) -> dict:
-    """Mean, standard error, a bootstrap 95% interval over seeds, and the signs of per-seed
-    values."""
+def t975(df: int) -> float:
+    """T975 at `df` degrees of freedom (past 30, 30's: slightly wider, never narrower)."""
+    return T975[min(df, 30)]
+
+
+def summarise(diffs: list[float]) -> dict:
+    """Mean, standard error, the t-interval (95%) over seeds, the signs of per-seed values, and
+    what the seeds can tell: `detectable`, the smallest mean difference whose interval would
+    exclude zero at the spread seen (the interval's half-width), and `seeds_needed`, the seeds at
+    that spread whose interval would exclude zero at this mean."""
     d = [x for x in diffs if not math.isnan(x)]
     n = len(d)
-    if n == 0:
-        return {"n": 0, "mean": float("nan"), "se": float("nan"), "ci": [float("nan")] * 2,
-                "positive": 0, "negative": 0, "per_seed": diffs}
+    if n < 2:
+        nan = float("nan")
+        return {"n": n, "mean": mean_of(d), "se": nan, "ci": [nan, nan], "detectable": nan,
+                "seeds_needed": None, "positive": sum(x > 0 for x in d),
+                "negative": sum(x < 0 for x in d), "per_seed": diffs}
     mean = mean_of(d)
-    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(d) for _ in range(n)) / n for _ in range(BOOTSTRAP))
-    return {"n": n, "mean": mean, "se": se,
-            "ci": [means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]],
-            "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d), "per_seed": diffs}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = t975(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "se": sd / math.sqrt(n), "ci": [mean - half, mean + half],
+            "detectable": half, "seeds_needed": seeds_needed(mean, sd),
+            "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d),
+            "per_seed": diffs}
+
+
+def seeds_needed(mean: float, sd: float, most: int = 31) -> int | None:
+    """The fewest seeds (2 or more) at spread `sd` whose t-interval around `mean` excludes zero;
+    None past `most`. Example: mean 0.06, sd 0.05 -> 6 (t 2.571 x 0.05 / sqrt 6 = 0.052)."""
+    for n in range(2, most + 1):
+        if t975(n - 1) * sd / math.sqrt(n) < abs(mean):
+            return n
+    return None
+
+
+def excludes_zero(c: dict) -> bool:
+    """Whether a comparison's interval says what its verdict says: for `matches`, above minus its
+    margin (shown) or below it (the opposite); otherwise wholly on the verdict's side of zero."""
+    low, high = c["ci"]
+    if c["rule"] == "matches":
+        return low > -c["threshold"] if c["verdict"] == "shown" else high < -c["threshold"]
+    return low > 0 if c["verdict"] == "shown" else high < 0
 
 
 def verdict(rule: str, threshold: float, s: dict, target: float | None = None) -> str:
@@ -147,11 +200,6 @@ def seed_verdict(rule: str, threshold: float, x: float, target: float | None = N
     return "the opposite" if x <= -threshold else "not shown"
 
 
-def fmt_seed(x: float) -> str:
-    """A seed's difference in a table: two decimals, signed unless it is a tie (TIE)."""
-    return "0.00" if abs(x) < TIE else fmt(x, 2)
-
-
 def compare(out: str, seeds: list[int], comparison: dict) -> dict:
     """A comparison's per-seed differences (A - B, or A alone for `near`), their summary and the
     verdict."""
@@ -161,7 +209,21 @@ def compare(out: str, seeds: list[int], comparison: dict) -> dict:
     s = summarise([x - y for x, y in zip(a, b)])
     s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s,
                                        comparison.get("target")))
+    if comparison["a"][1] == "decline":
+        s.update(run_spread(out, seeds, comparison))
     return s
+
+
+def run_spread(out: str, seeds: list[int], comparison: dict) -> dict:
+    """A decline comparison's runs: per seed the differences of its runs (A's and B's paired by
+    run seed), the fewest runs a seed has, and the run-to-run standard deviation of one run's
+    difference (pooled over the seeds with 2 or more runs; nan with none), to set beside the
+    seed-to-seed one of the seeds' means (SE x sqrt n)."""
+    per_run = [[x - y for x, y in zip(run_values(out, seed, comparison["a"]),
+                                      run_values(out, seed, comparison["b"]))] for seed in seeds]
+    spread = [sum((x - mean_of(r)) ** 2 for x in r) / (len(r) - 1) for r in per_run if len(r) > 1]
+    return {"runs": min(map(len, per_run)), "per_run": per_run,
+            "run_sd": math.sqrt(sum(spread) / len(spread)) if spread else float("nan")}
 
 
 def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
@@ -183,59 +245,6 @@ def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:
         overall = "not shown"
     return {"id": finding["id"], "claim": finding["claim"], "preconditions": pre,
             "comparisons": main, "beside": beside, "verdict": overall}
-
-
-def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
-    """A table's number: signed for a difference, plain for a value (a mean, an accuracy, a standard
-    error)."""
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else \
-        f"{x:{'+' if signed else ''}.{digits}f}"
-
-
-def finding_table(result: dict) -> str:
-    """The markdown table of one finding: each comparison with its rule, the means of A and B over
-    seeds, the per-seed differences, their mean, SE, bootstrap interval, the seeds agreeing in sign,
-    and the verdict."""
-    rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% interval | seeds + / - "
-            "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
-    for kind, comparisons in (("precondition: ", result["preconditions"]),
-                              ("", result["comparisons"]),
-                              ("beside, not in the verdict: ", result.get("beside", []))):
-        for c in comparisons:
-            near = c["rule"] == "near"
-            rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if near else "")
-            # near: A alone
-            means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]
-            a_b = " / ".join(fmt(x, 2, signed=False) for x in means)
-            per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"], signed=False)
-            # P(retry | first wrong): a pipe would split the cell
-            label = c["label"].replace("|", "\\|")
-            rows.append(
-                f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
-                f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} "
-                f"| {c['verdict']} |")
-    rows.append(f"\n**Verdict: {result['verdict']}.**")
-    return "\n".join(rows)
-
-
-def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
-    """Replace what stands between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in `path` by
-    `tables[NAME]`; returns the names it found no markers for (the prose around the markers is the
-    author's)."""
-    with open(path) as f:
-        text = f.read()
-    missing = []
-    for name, table in tables.items():
-        # (what stands between the markers may be nothing: a table not written yet)
-        start, end = f"<!-- table:{re.escape(name)} -->", f"<!-- /table:{re.escape(name)} -->"
-        pattern = re.compile(rf"({start}\n)(?:.*?\n)?({end})", re.S)
-        if not pattern.search(text):
-            missing.append(name)
-        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-    return missing
 
 
 def replication(results: str, seeds: list[int], judged: list[dict],
@@ -263,88 +272,6 @@ def replication(results: str, seeds: list[int], judged: list[dict],
                          "study": c["verdict"], "study_mean": c["mean"], "per_seed": per_seed,
                          "same_sign": sum(sign), "passes": sum(passes), "seeds": len(seeds)})
     return rows
-
-
-def calibration_table(records: list[dict], builds: list[dict]) -> str:
-    """Seed by seed, its calibration record (eval.py calibrate) and its build (toy.json): the
-    targets missed, the base model's and the oracle's accuracy in each workflow, the solver's gap to
-    its rows, and the build's minutes, threads and vector instructions (a seed's model differs
-    across them: docs/toy_world.md)."""
-    rows = ["| seed | targets missed | single / Voting / Eval-Opt / Orch-Workers, base model "
-            "| the oracle, same workflows | solver right - oracle | build |",
-            "|---|---|---|---|---|---|"]
-    workflows = ("single", "voting", "evalopt", "orchworkers")
-    for record, build in zip(records, builds):
-        missed = (f"{len(record['missed'])}: " + ", ".join(record["missed"]) if record["missed"]
-                  else "**none**")
-        base = " / ".join(f"{record['success'][w]:.3f}" for w in workflows)
-        oracle = " / ".join(f"{record['oracle_success'][w]:.3f}" for w in workflows)
-        solve = record["habits"]["solve"]
-        threads = f"{build['threads']} thread{'s' if build['threads'] > 1 else ''}"
-        cpu = build.get("versions", {}).get("cpu_capability", "CPU not recorded")
-        rows.append(f"| {record['seed']} | {missed} | {base} | {oracle} | "
-                    f"{solve['right'] - solve['oracle_right']:+.3f} | {build['minutes']:.0f} min, "
-                    f"{threads}, {cpu} |")
-    return "\n".join(rows)
-
-
-def sweep_table(sweep: dict, seeds: int) -> str:
-    """The sweep's table (`sweep_choice`): each rate's base, peak and end per seed, how many of
-    the seeds hold, and the rule's choice."""
-    rows = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |",
-            "|---|---|---|---|---|"]
-    for lr, r in sweep["rates"].items():
-        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k])
-                           for k in ("base", "peak", "end"))
-        rows.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {seeds} |")
-    rows.append(f"\nChoice ({sweep['rule']}): **{sweep['choice']}**.")
-    return "\n".join(rows)
-
-
-def write_tables(doc: str, study: dict) -> None:
-    """docs/md's tables (between their markers) from study.json: the seeds' calibration, the sweep,
-    the summary, each finding's, and the replication's when there is one."""
-    summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | "
-               "verdict |", "|---|---|---|---|"]
-    for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
-        anchor = (f"finding-{f['id']}" if f["id"].isdigit()
-                  else f["id"].lower().replace("/", "-and-"))
-        counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
-                            for v in ("shown", "not shown", "the opposite"))
-        summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
-    tables = {"sweep": sweep_table(study["sweep"], len(study["seeds"])),
-              **({"summary": "\n".join(summary)} if study["findings"] else {}),
-              **{f"finding-{f['id']}": finding_table(f) for f in study["findings"]}}
-    if study.get("builds"):
-        tables["calibration"] = calibration_table(study["calibration"], study["builds"])
-    if study.get("replication"):
-        tables["replication"] = replication_table(study["replication"], study["findings"])
-    missing = fill_tables(doc, tables)
-    if missing:
-        print(f"warning: {doc} has no markers for the tables {missing}")
-
-
-def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = None) -> str:
-    """The replication's rows (`rows`, default rep's), each held-out seed judged by its comparison's
-    rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold):
-    whether it agrees with the study's verdict, and, apart, whether it goes the claim's way
-    (shown)."""
-    declared = {(f["id"], c["label"]): c for f in judged
-                for c in f["preconditions"] + f["comparisons"]}
-    lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
-             f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
-             "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the "
-             "rule | agrees with the study | goes the claim's way (shown) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows if rows is not None else rep["rows"]:
-        c = declared[(r["finding"], r["label"])]
-        each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
-        label, n = r["label"].replace("|", "\\|"), len(each)
-        lines.append(
-            f"| {r['finding']} | {label} | {r['rule']} {c['threshold']} | {fmt(r['study_mean'])}, "
-            f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} | "
-            f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
-    return "\n".join(lines)
 
 
 def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -> dict:

@@ -17,7 +17,10 @@ What it is not: new comparisons, or a change of any knob. A finished run is skip
 resumed.
 
     python -m toyworld.reruns --dry-run                      # the commands
-    python -m toyworld.reruns --out runs/reruns --jobs 2 --results docs/findings/results
+    python -m toyworld.reruns --out runs/reruns --jobs 2 --results docs/findings/results \
+        --doc docs/findings.md --readme README.md            # the runs, then study.json and pages
+    python -m toyworld.reruns --fold --results docs/findings/results --doc docs/findings.md \
+        --readme README.md                                   # study.json and the pages again
 """
 from __future__ import annotations
 
@@ -59,6 +62,29 @@ def finished(out: str, run: str, steps: int) -> bool:
     return any(m["step"] == steps for m in read_results(path, ("step",), warn=False))
 
 
+def fold(results: str, doc: str | None, readme: str | None, minutes: float | None = None) -> dict:
+    """study.json judged again from the compact results, the reruns' among them (each seed's decline
+    the mean of its runs: findings.value), the replication's rows with it, a record of the reruns,
+    and the pages' tables written again (verdicts.write_pages)."""
+    from toyworld import verdicts
+    with open(os.path.join(results, "study.json")) as f:
+        study = json.load(f)
+    study["findings"] = [findings.judge_finding(results, study["seeds"], f)
+                         for f in declared.FINDINGS]
+    if study.get("replication"):
+        study["replication"]["rows"] = findings.replication(
+            results, study["replication"]["seeds"], study["findings"], declared.FINDINGS)
+    runs = [rerun(n, s, o) for o in declared.RUN_SEED_OFFSETS for s in study["seeds"]
+            for n in RERUN_NAMES]
+    study["reruns"] = {**study.get("reruns", {}), "names": list(RERUN_NAMES),
+                       "offsets": list(declared.RUN_SEED_OFFSETS), "runs": runs,
+                       **({"minutes": round(minutes, 1)} if minutes is not None else {})}
+    with open(os.path.join(results, "study.json"), "w") as f:
+        json.dump(study, f, indent=1)
+    verdicts.write_pages(results, study, doc, readme)
+    return study
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,7 +93,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="study.json is read here, reruns.jsonl written here")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--doc", default=None, help="a findings page whose tables are written again")
+    p.add_argument("--readme", default=None, help="a README whose verdict table is written again")
+    p.add_argument("--fold", action="store_true",
+                   help="run nothing: study.json and the pages again from the results")
     args = p.parse_args(argv)
+    if args.fold:
+        fold(args.results, args.doc, args.readme)
+        return
     with open(os.path.join(args.results, "study.json")) as f:
         study = json.load(f)
     runs = [(name, seed, offset) for offset in declared.RUN_SEED_OFFSETS
@@ -85,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.dry_run:
         findings.keep_results(args.out, [rerun(n, s, o) for n, s, o in runs], args.results,
                               "reruns.jsonl")
+        fold(args.results, args.doc, args.readme, clock.minutes())
         print(f"reruns: {len(todo)} runs in {clock.minutes():.1f} minutes; "
               f"{args.results}/reruns.jsonl")
 

@@ -27,8 +27,8 @@ import os
 
 from infra.runfolder import read_results
 
-# A results folder's compact files: the study's, the replication's
-PACKS = ("study.jsonl", "replication.jsonl")
+# A results folder's compact files: the study's, the replication's, the reruns' (toyworld/reruns.py)
+PACKS = ("study.jsonl", "replication.jsonl", "reruns.jsonl")
 
 
 @functools.lru_cache(maxsize=8)

@@ -15,7 +15,7 @@ import json
 import os
 
 from infra.runfolder import usage_error
-from toyworld import findings
+from toyworld import findings, tables
 
 # the day the tests below were written: after the grid and the replication had run
 WRITTEN = "2026-12-04"
@@ -109,8 +109,8 @@ def verdict_cell(c: dict) -> str:
 
 
 def mean_cell(c: dict) -> str:
-    low, high = findings.fmt(c["ci"][0], 2), findings.fmt(c["ci"][1], 2)
-    return f"{findings.fmt(c['mean'])} [{low}, {high}]"
+    low, high = tables.fmt(c["ci"][0], 2), tables.fmt(c["ci"][1], 2)
+    return f"{tables.fmt(c['mean'])} [{low}, {high}]"
 
 
 def held_out_cell(c: dict, row: dict | None) -> str:
@@ -120,7 +120,7 @@ def held_out_cell(c: dict, row: dict | None) -> str:
         return "n/a"
     each = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target"))
             for x in row["per_seed"]]
-    seeds = " ".join(map(findings.fmt_seed, row["per_seed"]))
+    seeds = " ".join(map(tables.fmt_seed, row["per_seed"]))
     return f"{seeds}, agree {each.count(c['verdict'])} of {len(each)}"
 
 
@@ -190,19 +190,19 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
 def page_tables(study: dict, after: dict) -> dict[str, str]:
     """docs/findings.md's verdict table and the after-the-data section's tables (each test on the
     study's seeds, then on the held-out seeds)."""
-    tables = {"verdicts": verdict_table(study, after)}
+    written = {"verdicts": verdict_table(study, after)}
     for judged in after["findings"]:
         rows = [r for r in after["replication"] if r["finding"] == judged["id"]]
         # (the table's first line names the seeds, which the page's replication table does)
-        held = findings.replication_table(study["replication"], after["findings"],
-                                          rows).split("\n", 1)[1] if rows else ""
-        tables[f"after-{judged['id']}"] = findings.finding_table(judged) + (
+        held = tables.replication_table(study["replication"], after["findings"],
+                                        rows).split("\n", 1)[1] if rows else ""
+        written[f"after-{judged['id']}"] = tables.finding_table(judged) + (
             "\n\nHeld out:\n" + held) * bool(rows)
-    return tables
+    return written
 
 
 def write_pages(results: str, study: dict | None, doc: str | None, readme: str | None) -> None:
-    """The page's tables (findings.write_tables), its verdicts and after-the-data tables, and the
+    """The page's tables (tables.write_tables), its verdicts and after-the-data tables, and the
     README's verdict table (its links into docs/findings.md), from study.json's content (None: the
     study.json in `results`)."""
     if study is None:
@@ -212,9 +212,9 @@ def write_pages(results: str, study: dict | None, doc: str | None, readme: str |
             study = json.load(f)
     after = after_the_data(results, study) if study["findings"] else None
     if doc:
-        findings.write_tables(doc, study)
-        missing = findings.fill_tables(doc, page_tables(study, after)) if after else []
+        tables.write_tables(doc, study)
+        missing = tables.fill_tables(doc, page_tables(study, after)) if after else []
         if missing:
             print(f"warning: {doc} has no markers for the tables {missing}")
     if readme and after:
-        findings.fill_tables(readme, {"verdicts": verdict_table(study, after, "docs/findings.md")})
+        tables.fill_tables(readme, {"verdicts": verdict_table(study, after, "docs/findings.md")})

@@ -1,0 +1,186 @@
+"""The toy-world study's tables: the markdown that docs/findings.md and the README show, written
+from the judged comparisons (toyworld/findings.py) and the committed records, between the pages'
+markers.
+
+What it is for: every table a reader of the findings sees (each finding's, the replication's, the
+sweep's, the calibration's) from study.json's content, so a test can write them again and compare
+them byte for byte. What it is not: the statistics or the rules (toyworld/findings.py), or the
+verdict table (toyworld/verdicts.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+from toyworld.findings import TIE, excludes_zero, mean_of, seed_verdict
+
+
+def fmt_seed(x: float) -> str:
+    """A seed's difference in a table: two decimals, signed unless it is a tie (TIE)."""
+    return "0.00" if abs(x) < TIE else fmt(x, 2)
+
+
+def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
+    """A table's number: signed for a difference, plain for a value (a mean, an accuracy, a standard
+    error)."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else \
+        f"{x:{'+' if signed else ''}.{digits}f}"
+
+
+def finding_table(result: dict) -> str:
+    """The markdown table of one finding: each comparison with its rule, the means of A and B over
+    seeds, the per-seed differences, their mean, SE, t-interval (95%), the seeds agreeing in sign,
+    the smallest difference the seeds can tell at the spread seen, for a decline the runs a seed
+    and the run-to-run against the seed-to-seed spread, and the verdict (`verdict_words`)."""
+    rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% t-interval | seeds + / - "
+            "| the seeds tell apart from 0 | runs a seed: run SD / seed SD | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for kind, comparisons in (("precondition: ", result["preconditions"]),
+                              ("", result["comparisons"]),
+                              ("beside, not in the verdict: ", result.get("beside", []))):
+        for c in comparisons:
+            near = c["rule"] == "near"
+            rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if near else "")
+            # near: A alone
+            means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]
+            a_b = " / ".join(fmt(x, 2, signed=False) for x in means)
+            per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"], signed=False)
+            # P(retry | first wrong): a pipe would split the cell
+            label = c["label"].replace("|", "\\|")
+            rows.append(
+                f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
+                f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} "
+                f"| {tell_cell(c)} | {runs_cell(c)} | {verdict_words(c)} |")
+    rows.append(f"\n**Verdict: {result['verdict']}.**")
+    return "\n".join(rows)
+
+
+def verdict_words(c: dict) -> str:
+    """A comparison's verdict, and "by the rule only" for a shown or the opposite whose t-interval
+    does not say the same (`excludes_zero`)."""
+    decided = c["verdict"] in ("shown", "the opposite") and c["rule"] != "near"
+    return c["verdict"] + (" by the rule only" if decided and not excludes_zero(c) else "")
+
+
+def tell_cell(c: dict) -> str:
+    """The smallest mean difference the seeds tell from zero at the spread seen (the interval's
+    half-width), and for a verdict by the rule only the seeds that would decide it at that
+    spread."""
+    if c["rule"] == "near" or math.isnan(c.get("detectable", float("nan"))):
+        return "n/a"
+    needed = c.get("seeds_needed")
+    more = (f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it") \
+        if verdict_words(c).endswith("by the rule only") else ""
+    return f"{c['detectable']:.3f}{more}"
+
+
+def runs_cell(c: dict) -> str:
+    """A decline comparison's runs a seed and its run-to-run SD (of one run's difference) against
+    the seed-to-seed SD (of the seeds' means); '-' for a comparison of one run a seed."""
+    if "runs" not in c:
+        return "-"
+    seed_sd = c["se"] * math.sqrt(c["n"])
+    return f"{c['runs']}: {fmt(c['run_sd'], 3, signed=False)} / {seed_sd:.3f}"
+
+
+def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
+    """Replace what stands between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in `path` by
+    `tables[NAME]`; returns the names it found no markers for (the prose around the markers is the
+    author's)."""
+    with open(path) as f:
+        text = f.read()
+    missing = []
+    for name, table in tables.items():
+        # (what stands between the markers may be nothing: a table not written yet)
+        start, end = f"<!-- table:{re.escape(name)} -->", f"<!-- /table:{re.escape(name)} -->"
+        pattern = re.compile(rf"({start}\n)(?:.*?\n)?({end})", re.S)
+        if not pattern.search(text):
+            missing.append(name)
+        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return missing
+
+
+def calibration_table(records: list[dict], builds: list[dict]) -> str:
+    """Seed by seed, its calibration record (eval.py calibrate) and its build (toy.json): the
+    targets missed, the base model's and the oracle's accuracy in each workflow, the solver's gap to
+    its rows, and the build's minutes, threads and vector instructions (a seed's model differs
+    across them: docs/toy_world.md)."""
+    rows = ["| seed | targets missed | single / Voting / Eval-Opt / Orch-Workers, base model "
+            "| the oracle, same workflows | solver right - oracle | build |",
+            "|---|---|---|---|---|---|"]
+    workflows = ("single", "voting", "evalopt", "orchworkers")
+    for record, build in zip(records, builds):
+        missed = (f"{len(record['missed'])}: " + ", ".join(record["missed"]) if record["missed"]
+                  else "**none**")
+        base = " / ".join(f"{record['success'][w]:.3f}" for w in workflows)
+        oracle = " / ".join(f"{record['oracle_success'][w]:.3f}" for w in workflows)
+        solve = record["habits"]["solve"]
+        threads = f"{build['threads']} thread{'s' if build['threads'] > 1 else ''}"
+        cpu = build.get("versions", {}).get("cpu_capability", "CPU not recorded")
+        rows.append(f"| {record['seed']} | {missed} | {base} | {oracle} | "
+                    f"{solve['right'] - solve['oracle_right']:+.3f} | {build['minutes']:.0f} min, "
+                    f"{threads}, {cpu} |")
+    return "\n".join(rows)
+
+
+def sweep_table(sweep: dict, seeds: int) -> str:
+    """The sweep's table (`sweep_choice`): each rate's base, peak and end per seed, how many of
+    the seeds hold, and the rule's choice."""
+    rows = ["| lr | base | peak (per seed) | end (per seed) | seeds that hold |",
+            "|---|---|---|---|---|"]
+    for lr, r in sweep["rates"].items():
+        base, peak, end = (" ".join(fmt(x, 2, signed=False) for x in r[k])
+                           for k in ("base", "peak", "end"))
+        rows.append(f"| {lr} | {base} | {peak} | {end} | {r['holds']} of {seeds} |")
+    rows.append(f"\nChoice ({sweep['rule']}): **{sweep['choice']}**.")
+    return "\n".join(rows)
+
+
+def write_tables(doc: str, study: dict) -> None:
+    """docs/md's tables (between their markers) from study.json: the seeds' calibration, the sweep,
+    the summary, each finding's, and the replication's when there is one."""
+    summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | "
+               "verdict |", "|---|---|---|---|"]
+    for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
+        anchor = (f"finding-{f['id']}" if f["id"].isdigit()
+                  else f["id"].lower().replace("/", "-and-"))
+        counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
+                            for v in ("shown", "not shown", "the opposite"))
+        summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
+    tables = {"sweep": sweep_table(study["sweep"], len(study["seeds"])),
+              **({"summary": "\n".join(summary)} if study["findings"] else {}),
+              **{f"finding-{f['id']}": finding_table(f) for f in study["findings"]}}
+    if study.get("builds"):
+        tables["calibration"] = calibration_table(study["calibration"], study["builds"])
+    if study.get("replication"):
+        tables["replication"] = replication_table(study["replication"], study["findings"])
+    missing = fill_tables(doc, tables)
+    if missing:
+        print(f"warning: {doc} has no markers for the tables {missing}")
+
+
+def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = None) -> str:
+    """The replication's rows (`rows`, default rep's), each held-out seed judged by its comparison's
+    rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold):
+    whether it agrees with the study's verdict, and, apart, whether it goes the claim's way
+    (shown)."""
+    declared = {(f["id"], c["label"]): c for f in judged
+                for c in f["preconditions"] + f["comparisons"]}
+    lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
+             f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
+             "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the "
+             "rule | agrees with the study | goes the claim's way (shown) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows if rows is not None else rep["rows"]:
+        c = declared[(r["finding"], r["label"])]
+        each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
+        label, n = r["label"].replace("|", "\\|"), len(each)
+        lines.append(
+            f"| {r['finding']} | {label} | {r['rule']} {c['threshold']} | {fmt(r['study_mean'])}, "
+            f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} | "
+            f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
+    return "\n".join(lines)
