@@ -3,6 +3,7 @@ paired differences against hand-computed values, each rule's verdicts, and the t
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -521,8 +522,10 @@ def test_one_seed_is_judged_by_its_rules_threshold_alone(rule, x, verdict):
 
 
 def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree():
-    """A claim's row: its comparisons' verdicts, means and intervals, the held-out seeds and how many agree; a
-    verdict 'not shown' with no seed of seven on A's side (two ties) gets a line saying both."""
+    """The main table holds a predeclared comparison: its verdict by its rule (here not shown), the mean with its
+    t-interval, what the seeds tell apart from 0, the held-out differences as they are. The test written after the
+    data is in the dated table beneath, with its ties and the held-out agreement; a verdict 'not shown' with no seed
+    of seven on A's side (two ties) gets a line saying both."""
     from toyworld import verdicts
 
     def compared(label, per_seed, verdict, rule="greater"):
@@ -534,17 +537,24 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
         "replication": {"seeds": [6, 10], "rows": [
             {"finding": "1", "label": "Eval-Opt: trained IP - SA-RL", "per_seed": [-0.08, -0.24]}]}}
     after = {"findings": [{"id": "exception", "preconditions": [], "comparisons": [
-        compared("Eval-Opt: trained IP - SA-RL", exception, "the opposite", "contradicts")]}], "replication": []}
+        compared("Eval-Opt: trained IP - SA-RL", exception, "the opposite", "contradicts")]}], "replication": [
+        {"finding": "exception", "label": "Eval-Opt: trained IP - SA-RL", "per_seed": [-0.08, -0.24]}]}
     claims = [c for c in verdicts.CLAIMS if c[0] == "Only Eval-Opt under IP beats SA-RL"]
-    original, verdicts.CLAIMS = verdicts.CLAIMS, claims
+    post_hoc = [p for p in verdicts.POST_HOC if p[3][0][0] == "exception"]
+    original = verdicts.CLAIMS, verdicts.POST_HOC
+    verdicts.CLAIMS, verdicts.POST_HOC = claims, post_hoc
     try:
         table = verdicts.verdict_table(study_json, after)
     finally:
-        verdicts.CLAIMS = original
+        verdicts.CLAIMS, verdicts.POST_HOC = original
     assert "| the paper's claim | comparison (A - B), rule | verdict, seeds 0, 1, 2, 3, 5 |" in table
-    assert "| Only Eval-Opt under IP beats SA-RL ([finding 1: not testable here](#finding-1); predeclared," in table
-    assert ("| **not shown** (2 of 5 tie at 0)<br>**the opposite** (2 of 5 tie at 0) | -0.076 [" in table
-            and "-0.08 -0.24, agree 0 of 2<br>n/a |" in table)
+    # the mean -0.076 and its t-interval, half-width 2.776 x 0.0330 (the SE) = 0.091: [-0.17, +0.02]
+    assert ("| Only Eval-Opt under IP beats SA-RL ([finding 1: not testable here](#finding-1)) | Eval-Opt: trained "
+            "IP - SA-RL (greater 0.05) | **not shown** | -0.076 [-0.17, +0.02] | 0.091 | -0.08 -0.24 |") in table
+    assert ("| 2026-12-04 (after the study and the replication) | [Eval-Opt IP does not beat SA-RL (the "
+            "contradiction of finding 1's exception)](#finding-1) | Eval-Opt: trained IP - SA-RL (contradicts 0.05) "
+            "| the opposite by the rule only (2 of 5 tie at 0) | -0.076 [-0.17, +0.02] | -0.08 -0.24, agree 2 of 2 |"
+            ) in table
     assert ("Rule and seeds disagree: Eval-Opt: trained IP - SA-RL: **not shown** by its rule, while no seed of 7 "
             "is above zero (2 tie at 0); by the rule written after the data, **the opposite**.") in table
 
@@ -559,16 +569,19 @@ def test_the_tables_alone_are_rewritten_from_a_results_folder_and_a_folder_witho
 
 def test_the_toy_preset_is_the_studys_single_agent_which_rises_by_its_last_step():
     """`--model toy` runs the single agent at the sweep's rate for FIRST_RUN's steps: in the study's committed run
-    of every seed, validation accuracy at that step is above step 0's by more than 0.2 (the smallest rise: seed 5,
-    0.438 to 0.820)."""
+    of every seed, validation accuracy at that step is above step 0's by more than 0.2 (the smallest rise: seed 3,
+    0.469 to 0.836)."""
     from toyworld import toy_hooks
     results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "findings", "results")
     committed = json.load(open(os.path.join(results, "study.json")))
     preset = toy_hooks.FIRST_RUN
     assert (preset["workflow"], float(committed["lr"])) == ("single", preset["lr"])
+    rises = {}
     for seed in committed["seeds"]:
         points = dict(findings.series(results, "single", seed, "val/success"))
+        rises[seed] = (points[0], points[preset["steps"]])
         assert points[preset["steps"]] - points[0] > 0.2, seed
+    assert min(rises, key=lambda s: rises[s][1] - rises[s][0]) == 3 and rises[3] == (0.4688, 0.8359)
 
 
 def test_a_spare_core_calibrates_the_next_candidate_beside_the_last_seed_needed(tmp_path, monkeypatch):
@@ -635,3 +648,48 @@ def test_a_run_the_compact_results_lack_is_one_line(tmp_path, capsys):
         results.main([str(tmp_path), "voting-sp-s9", "eval.jsonl"])
     assert stop.value.code == 2
     assert capsys.readouterr().err == f"error: {tmp_path} has no eval.jsonl of the run voting-sp-s9\n"
+
+
+def test_a_reruns_command_is_the_studys_with_its_run_seed(tmp_path):
+    """toyworld/reruns.py trains the study's command of a configuration on a seed again, with --run-seed offset +
+    seed, into a folder named for it; a stopped one resumes."""
+    from toyworld import reruns
+    from toyworld.study import flags_of
+    study_json = {"train": declared.TRAIN, "lr": "1e-3", "steps": 150}
+    folder = str(tmp_path / "voting-ip-s3-run1003")
+    assert reruns.rerun("voting-ip", 3, 1000) == "voting-ip-s3-run1003"
+    assert reruns.command(str(tmp_path), "voting-ip", 3, 1000, study_json) == [
+        sys.executable, "train.py", *declared.TRAIN, *flags_of("voting-ip", "1e-3"), "--seed", "3", "--run-seed",
+        "1003", "--steps", "150", "--run-dir", folder]
+    os.makedirs(folder)
+    (tmp_path / "voting-ip-s3-run1003" / "args.json").write_text("{}")
+    assert reruns.command(str(tmp_path), "voting-ip", 3, 1000, study_json)[2:] == ["--resume", folder, "--steps",
+                                                                                   "150"]
+    assert declared.RUN_SEED_OFFSETS == (1000, 2000)
+
+
+def test_a_seeds_decline_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_path):
+    """With reruns in the results, a decline is each seed's mean over its runs, and a decline comparison reports
+    the runs a seed and the run-to-run SD of one run's difference. By hand, from curves of 6 validation points (the
+    peak and the end are the means of the first and the last 3): on seed 0 A's runs decline 0.3, 0.1 and 0.2, B's
+    0.0, 0.0 and 0.1; the run differences 0.3, 0.1, 0.1 have mean 0.1667 and SD sqrt((0.1333^2 + 2 x 0.0667^2) / 2)
+    = 0.1155. Seed 1 has one run (0.2 - 0.0): nothing to the spread, and the fewest runs a seed is 1."""
+    from toyworld.results import write_pack
+
+    def curve(run, points):  # windows of 3: peak = the best 3-point mean, end = the last 3
+        return [(run, "metrics.jsonl", {"step": 10 * i, "val/success": v}) for i, v in enumerate(points)]
+    flat = [0.5, 0.5, 0.5]
+    study_rows = curve("a-s0", [0.8, 0.8, 0.8, 0.5, 0.5, 0.5]) + curve("b-s0", flat * 2) + \
+        curve("a-s1", [0.7, 0.7, 0.7, 0.5, 0.5, 0.5]) + curve("b-s1", flat * 2)
+    rerun_rows = curve("a-s0-run1000", [0.6, 0.6, 0.6, 0.5, 0.5, 0.5]) + curve("b-s0-run1000", flat * 2) + \
+        curve("a-s0-run2000", [0.7, 0.7, 0.7, 0.5, 0.5, 0.5]) + curve("b-s0-run2000", [0.6, 0.6, 0.6] + flat)
+    write_pack(str(tmp_path / "study.jsonl"), study_rows)
+    write_pack(str(tmp_path / "reruns.jsonl"), rerun_rows)
+    out = str(tmp_path)
+    assert findings.runs_of(out, "a", 0) == ["", "-run1000", "-run2000"] and findings.runs_of(out, "a", 1) == [""]
+    assert findings.run_values(out, 0, ("a", "decline", "success")) == pytest.approx([0.3, 0.1, 0.2])
+    assert findings.value(out, 0, ("a", "decline", "success")) == pytest.approx(0.2)
+    c = findings.compare(out, [0, 1], declared.c("decline: a - b", ("a", "decline", "success"),
+                                                 ("b", "decline", "success")))
+    assert c["per_seed"] == pytest.approx([0.2 - 0.1 / 3, 0.2]) and c["runs"] == 1
+    assert c["per_run"][0] == pytest.approx([0.3, 0.1, 0.1]) and c["run_sd"] == pytest.approx(0.11547, abs=1e-5)

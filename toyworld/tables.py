@@ -13,7 +13,7 @@ import math
 import os
 import re
 
-from toyworld.findings import TIE, excludes_zero, mean_of, seed_verdict
+from toyworld.findings import TIE, excludes_zero, mean_of, seed_verdict, seeds_needed, t975
 
 
 def fmt_seed(x: float) -> str:
@@ -65,13 +65,15 @@ def verdict_words(c: dict) -> str:
 
 def tell_cell(c: dict) -> str:
     """The smallest mean difference the seeds tell from zero at the spread seen (the interval's
-    half-width), and for a verdict by the rule only the seeds that would decide it at that
-    spread."""
+    half-width), and for a verdict by the rule only the seeds that would decide it at that spread
+    (for `matches`, the distance from minus its margin)."""
     if c["rule"] == "near" or math.isnan(c.get("detectable", float("nan"))):
         return "n/a"
-    needed = c.get("seeds_needed")
-    more = (f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it") \
-        if verdict_words(c).endswith("by the rule only") else ""
+    more = ""
+    if verdict_words(c).endswith("by the rule only"):
+        distance = c["mean"] + c["threshold"] if c["rule"] == "matches" else c["mean"]
+        needed = seeds_needed(distance, c["se"] * math.sqrt(c["n"]))
+        more = f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it"
     return f"{c['detectable']:.3f}{more}"
 
 
@@ -158,6 +160,8 @@ def write_tables(doc: str, study: dict) -> None:
         tables["calibration"] = calibration_table(study["calibration"], study["builds"])
     if study.get("replication"):
         tables["replication"] = replication_table(study["replication"], study["findings"])
+    if study.get("reruns"):
+        tables["reruns"] = reruns_table(study["findings"])
     missing = fill_tables(doc, tables)
     if missing:
         print(f"warning: {doc} has no markers for the tables {missing}")
@@ -184,3 +188,26 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
             f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} | "
             f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
     return "\n".join(lines)
+
+
+def reruns_table(judged: list[dict]) -> str:
+    """The decline comparisons' runs (toyworld/reruns.py): per seed the mean of its runs, the
+    run-to-run SD of one run's difference against the seed-to-seed SD of the means, the spread
+    between seeds that more runs cannot remove (the seed-to-seed variance less what a mean of k
+    runs leaves of the run-to-run one, floored at 0), and from those the runs a seed (at these
+    seeds) and the seeds (at these runs) whose t-interval would exclude zero at this mean."""
+    rows = ["| comparison | per seed (mean of its runs) | mean | run-to-run SD | seed-to-seed SD | "
+            "between seeds, runs aside | runs a seed to decide it | seeds to decide it |",
+            "|---|---|---|---|---|---|---|---|"]
+    for c in (c for f in judged for c in f["comparisons"] if "runs" in c):
+        n, k, seed_sd = c["n"], c["runs"], c["se"] * math.sqrt(c["n"])
+        between = math.sqrt(max(0.0, seed_sd ** 2 - c["run_sd"] ** 2 / k))
+        runs = next((r for r in range(1, 101) if t975(n - 1) * math.sqrt(
+            between ** 2 + c["run_sd"] ** 2 / r) / math.sqrt(n) < abs(c["mean"])), None)
+        seeds = seeds_needed(c["mean"], seed_sd)
+        rows.append(
+            f"| {c['label']} | {' '.join(fmt(x, 2) for x in c['per_seed'])} | {fmt(c['mean'])} | "
+            f"{c['run_sd']:.3f} | {seed_sd:.3f} | {between:.3f} | "
+            f"{runs if runs else 'none: the seeds differ more than the mean'} | "
+            f"{seeds if seeds else 'over 30'} |")
+    return "\n".join(rows)

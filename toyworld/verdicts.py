@@ -1,13 +1,14 @@
 """The toy study's verdicts as a reader sees them first (README.md and the top of docs/findings.md):
-each claim of the paper the toy world can address, the verdict of its comparisons by the study's
-rule, the paired mean with its interval, and the held-out seeds; and the tests written after the
-data (AFTER_THE_DATA), labelled so.
+each claim of the paper that a predeclared comparison tests, its verdict by the rule declared before
+the first grid (toyworld/declared.py), the paired mean with its t-interval, what the seeds can tell
+and the held-out seeds; beneath it, dated, what was decided after the data (POST_HOC,
+AFTER_THE_DATA, the tie rule, the held-out agreement), as results, not verdicts.
 
 What it does: judges AFTER_THE_DATA with toyworld/findings.py (on the study's seeds and the
-replication's), and writes the verdict table and the after-the-data tables from study.json's content
-and those judgments, between the pages' markers. What it is not: a rule for the predeclared
-comparisons (toyworld/declared.py's FINDINGS, fixed before the grid ran), or a reader of run folders
-(findings.judge_finding reads them).
+replication's), and writes both tables and the after-the-data sections' tables from study.json's
+content and those judgments, between the pages' markers. What it is not: a rule for the predeclared
+comparisons (toyworld/declared.py's FINDINGS), or a reader of run folders (findings.judge_finding
+reads them).
 """
 from __future__ import annotations
 
@@ -44,17 +45,14 @@ AFTER_THE_DATA = [
 ]
 GAINS = [c["label"] for c in AFTER_THE_DATA[0]["comparisons"]]
 SPECIALISE = [f"{label} IP: trained - swapped" for label in WORKFLOWS.values()]
-# The paper's claims (and the project's own test of IP), each with its comparisons (finding, label)
-# and a note
+# The paper's claims the predeclared comparisons test (toyworld/declared.py's FINDINGS, fixed before
+# the first grid ran, 2026-12-02), each with its comparisons (finding, label) and a note
 CLAIMS = [
-    ("Every workflow gains over its base model", [("gains", g) for g in GAINS],
-     "finding-1-tested-after-the-data", ""),
     ("SA-RL in the structure matches or beats trained Voting and Orch-Workers",
      [("1", f"{w}: SA-RL - trained {p}") for w in ("Voting", "Orch-Workers") for p in ("SP", "IP")],
      "finding-1", ""),
-    ("Only Eval-Opt under IP beats SA-RL",
-     [("1", "Eval-Opt: trained IP - SA-RL"), ("exception", "Eval-Opt: trained IP - SA-RL")],
-     "finding-1", "predeclared, then tested for its contradiction after the data"),
+    ("Only Eval-Opt under IP beats SA-RL", [("1", "Eval-Opt: trained IP - SA-RL")], "finding-1",
+     ""),
     ("Eval-Opt's evaluator learns when to retry",
      [("2", f"{p}: P(retry | first wrong) - P(retry | first right), end - base")
       for p in ("SP", "IP")], "finding-2", ""),
@@ -62,7 +60,8 @@ CLAIMS = [
      [("3", "SP generators' loss share (3 of 4 outputs)")], "finding-3",
      "a check of the code, not a result: per-output averaging gives 3 of 4 outputs 0.75 by "
      "construction"),
-    ("Re-weighting the roles gives SP IP's peak", [("3", "peak: SP with equal role weights - SP")],
+    ("Re-weighting the roles gives SP IP's peak (tested here: equal role weights raise SP's peak; "
+     "IP is not in the comparison)", [("3", "peak: SP with equal role weights - SP")],
      "finding-3", ""),
     ("IP declines after its peak (here: more than SP)", [("4", "decline (peak - end): IP - SP")],
      "finding-4", ""),
@@ -71,15 +70,23 @@ CLAIMS = [
       ("4", "decline: IP - IP at a third of the rate (the control)")],
      "finding-4",
      "a third of the rate does the same: the toy cannot tell the steps from their size"),
-    ("SP fails by role capture",
-     [("5", f"{r} boxes another role's kind, end: SP - IP")
-      for r in ("Voting aggregator", "Eval-Opt evaluator")],
-     "finding-5", "read by the box, a metric defined after the first grid, on 2026-12-03"),
     ("I1, a KL anchor, slows IP's decline", [("I1/I6", "decline: IP - IP with I1")], "i1-and-i6",
      ""),
     ("I6, coherence, slows IP's decline", [("I1/I6", "decline: IP - IP with I6")], "i1-and-i6", ""),
-    ("IP's roles specialise (the project's test)", [("specialisation", s) for s in SPECIALISE],
-     "specialisation", "declared after the first grid, on 2026-12-03"),
+]
+# What was decided after the data, each with the day it was written and what it was written after
+POST_HOC = [
+    ("2026-12-03", "after the first grid, on the same models", "SP fails by role capture, read by "
+     "the box (finding 5's metric)", [("5", f"{r} boxes another role's kind, end: SP - IP")
+                                      for r in ("Voting aggregator", "Eval-Opt evaluator")],
+     "finding-5"),
+    ("2026-12-03", "after the first grid, on the same models", "IP's roles specialise (the "
+     "project's test)", [("specialisation", s) for s in SPECIALISE], "specialisation"),
+    (WRITTEN, "after the study and the replication", "Every workflow gains over its base model",
+     [("gains", g) for g in GAINS], "finding-1-tested-after-the-data"),
+    (WRITTEN, "after the study and the replication", "Eval-Opt IP does not beat SA-RL (the "
+     "contradiction of finding 1's exception)", [("exception", "Eval-Opt: trained IP - SA-RL")],
+     "finding-1"),
 ]
 
 
@@ -98,24 +105,14 @@ def ties(values: list[float]) -> int:
     return sum(abs(x) < findings.TIE for x in values)
 
 
-def verdict_cell(c: dict) -> str:
-    """A comparison's verdict, with the seeds that tie (a tie is no seed for either side:
-    findings.TIE)."""
-    tied, low, high = ties(c["per_seed"]), *c["ci"]
-    crosses = c["verdict"] == "shown" and c["rule"] == "greater" and low <= 0 <= high
-    notes = [f"{tied} of {len(c['per_seed'])} tie at 0"] * bool(tied) + [
-        "its interval crosses 0"] * crosses
-    return f"**{c['verdict']}**" + (f" ({'; '.join(notes)})" if notes else "")
-
-
 def mean_cell(c: dict) -> str:
     low, high = tables.fmt(c["ci"][0], 2), tables.fmt(c["ci"][1], 2)
     return f"{tables.fmt(c['mean'])} [{low}, {high}]"
 
 
-def held_out_cell(c: dict, row: dict | None) -> str:
-    """The held-out seeds' differences and how many agree with the study's verdict by the rule on
-    one seed."""
+def agree_cell(c: dict, row: dict | None) -> str:
+    """The held-out seeds' differences (ties printed 0.00) and how many agree with the study's
+    verdict by the rule on one seed (both written after the data)."""
     if row is None:
         return "n/a"
     each = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target"))
@@ -124,7 +121,7 @@ def held_out_cell(c: dict, row: dict | None) -> str:
     return f"{seeds}, agree {each.count(c['verdict'])} of {len(each)}"
 
 
-def disagreements(compared: dict, rows: dict) -> list[str]:
+def disagreements(compared: dict, rows: dict, tests: dict) -> list[str]:
     """Comparisons whose verdict is not shown while every seed, study and held-out, sides one way
     (ties aside) with a mean past the threshold: the rule's verdict and the seeds' say different
     things."""
@@ -135,20 +132,21 @@ def disagreements(compared: dict, rows: dict) -> list[str]:
         below = all(x < 0 for x in side) and c["mean"] <= -c["threshold"]
         above = all(x > 0 for x in side) and c["mean"] >= c["threshold"]
         if c["verdict"] == "not shown" and c["rule"] != "near" and (below or above):
-            # its test written after the data, if any
-            test = compared.get(("exception", c["label"]))
+            # its test written after the data, if any (`tests`: every comparison judged)
+            test = tests.get(("exception", c["label"]))
             lines.append(
                 f"{c['label']}: **not shown** by its rule, while no seed of {len(seeds)} is "
                 f"{'above' if below else 'below'} zero ({ties(seeds)} tie at 0)"
-                         + (f"; by the rule written after the data, **{test['verdict']}**" if test
-                            else ""))
+                + (f"; by the rule written after the data, **{test['verdict']}**" if test
+                   else ""))
     return lines
 
 
 def verdict_table(study: dict, after: dict, page: str = "") -> str:
-    """CLAIMS, one row each: the claim, its comparisons, their verdicts by the study's rule, means
-    and 95% intervals over the study's seeds, and the held-out seeds'; `page`: where the findings'
-    sections are."""
+    """The predeclared comparisons (CLAIMS), one row a claim: its comparisons, their verdicts by
+    the rules declared before the grid, means with t-intervals over the study's seeds, the smallest
+    difference those seeds tell from zero, the held-out seeds' differences; then what was decided
+    after the data (`post_hoc_table`). `page`: where the findings' sections are."""
     compared = {(f["id"], c["label"]): c for f in study["findings"] + after["findings"]
                 for c in f["preconditions"] + f["comparisons"]}
     rows = {(r["finding"], r["label"]): r
@@ -156,35 +154,70 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
     held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
     lines = [
         "| the paper's claim | comparison (A - B), rule | verdict, seeds "
-        f"{', '.join(map(str, study['seeds']))} | mean [95% interval] | "
-        f"held-out seeds {held} |", "|---|---|---|---|---|"]
+        f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | the seeds tell apart "
+        f"from 0 | held-out seeds {held} |", "|---|---|---|---|---|---|"]
     for claim, keys, anchor, note in CLAIMS:
         cs = [compared[k] for k in keys]
-        after_mark = [" †" if k[0] in ("gains", "exception") else "" for k in keys]
-        cells = ["<br>".join(f"{c['label']}{m} ({c['rule']} {c['threshold']})".replace("|", "\\|")
-                             for c, m in zip(cs, after_mark)),
-                 "<br>".join(map(verdict_cell, cs)),
-                 "<br>".join(map(mean_cell, cs)),
-                 "<br>".join(held_out_cell(c, rows.get(k)) for c, k in zip(cs, keys))]
-        # None: tested after the data
-        finding = next((f for f in study["findings"] if f["id"] == keys[0][0]), None)
-        name = "finding 1, tested after the data" if finding is None else \
-            f"{'finding ' * finding['id'].isdigit()}{finding['id']}: {finding['verdict']}"
-        link = f"[{name}]({page}#{anchor})"
-        lines.append(f"| {claim} ({link}{'; ' + note if note else ''}) | " + " | ".join(
-            cells) + " |")
-    found = disagreements({k: compared[k] for _, keys, _, _ in CLAIMS for k in keys}, rows)
-    lines += ["",
-              f"† Rule written after the data ({WRITTEN}), not before the grid: `contradicts` "
-              f"gives the opposite when the mean is at most -t and A is ahead (by {findings.TIE} "
-              f"or more) in at most one seed. A difference under {findings.TIE} in size is a tie, "
-              "printed 0.00. A held-out seed agrees when the rule applied to it alone (its "
-              "threshold: one seed has no others to agree) gives the study's verdict.",
-              *[f"\nRule and seeds disagree: {line}." for line in found],
-              "\nNot tested here: the generator's learning to complete retried attempts (finding "
-              "2's second half) and finding 4's rise in entropy have no comparison. Not testable "
-              "in a toy world: scale (0.6B-4B) and code tasks."]
-    return "\n".join(lines)
+        cells = ["<br>".join(f"{c['label']} ({c['rule']} {c['threshold']})".replace("|", "\\|")
+                             for c in cs),
+                 "<br>".join(f"**{tables.verdict_words(c)}**" for c in cs),
+                 "<br>".join(map(mean_cell, cs)), "<br>".join(map(tables.tell_cell, cs)),
+                 "<br>".join(" ".join(tables.fmt(x, 2) for x in rows[k]["per_seed"])
+                             if k in rows else "n/a" for k in keys)]
+        finding = next(f for f in study["findings"] if f["id"] == keys[0][0])
+        name = f"{'finding ' * finding['id'].isdigit()}{finding['id']}: {finding['verdict']}"
+        lines.append(f"| {claim} ([{name}]({page}#{anchor}){'; ' + note if note else ''}) | "
+                     + " | ".join(cells) + " |")
+    reruns = study.get("reruns", {}).get("offsets", [])
+    lines += ["", f"Each verdict is its rule's, as declared before the first grid ran "
+              f"(toyworld/declared.py). The interval is a t-interval on the {len(study['seeds'])} "
+              f"paired differences ({len(study['seeds']) - 1} degrees of freedom); **by the rule "
+              "only**: a verdict whose interval does not exclude zero (for `matches`: minus its "
+              "margin). The seeds tell apart from 0 a mean difference past the interval's "
+              "half-width at the spread seen; a verdict by the rule only names the seeds that "
+              "would decide it at that spread."
+              + (f" A decline is each seed's mean over {len(reruns) + 1} runs (the study's and "
+                 "reruns on other run seeds, 2026-12-05: docs/findings.md, \"What a rerun "
+                 "gives\")." if reruns else "")]
+    return "\n".join(lines + ["", post_hoc_table(study, after, compared, rows, page)])
+
+
+def post_hoc_table(study: dict, after: dict, compared: dict, rows: dict, page: str) -> str:
+    """What was decided after the data (POST_HOC, the tie rule, the held-out agreement), each
+    with the day it was written: results, not verdicts."""
+    held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
+    lines = ["Decided after the data, each dated; its results are post hoc, not verdicts:", "",
+             "| written | what | comparison (A - B), rule | result, seeds "
+             f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | held-out seeds "
+             f"{held}, agreeing |", "|---|---|---|---|---|---|"]
+    for written, when, what, keys, anchor in POST_HOC:
+        cs = [compared[k] for k in keys]
+        lines.append(
+            f"| {written} ({when}) | [{what}]({page}#{anchor}) | "
+            + "<br>".join(f"{c['label']} ({c['rule']} {c['threshold']})".replace("|", "\\|")
+                          for c in cs) + " | "
+            + "<br>".join(f"{tables.verdict_words(c)}" + (f" ({ties(c['per_seed'])} of "
+                          f"{len(c['per_seed'])} tie at 0)" if ties(c["per_seed"]) else "")
+                          for c in cs) + " | "
+            + "<br>".join(map(mean_cell, cs)) + " | "
+            + "<br>".join(agree_cell(c, rows.get(k)) for c, k in zip(cs, keys)) + " |")
+    agreeing = [agree_cell(compared[k], rows.get(k)).split("agree ")[-1]
+                for _, keys, _, _ in CLAIMS for k in keys if compared[k]["verdict"] != "not shown"]
+    counts = ", ".join(f"{agreeing.count(f'{n} of 2')} on {word}"
+                       for n, word in ((2, "both"), (1, "one"), (0, "neither")))
+    found = disagreements({k: compared[k] for _, keys, _, _ in CLAIMS for k in keys}, rows,
+                          compared)
+    return "\n".join(lines + [
+        "", f"{WRITTEN} (after the study and the replication): `contradicts` gives the opposite "
+        f"when the mean is at most -t and A is ahead (by {findings.TIE} or more) in at most one "
+        f"seed; a difference under {findings.TIE} in size is a tie, printed 0.00; a held-out seed "
+        "agrees when the rule applied to it alone (its threshold: one seed has no others to "
+        f"agree) gives the study's verdict. By that reading, of the {len(agreeing)} predeclared "
+        f"comparisons decided shown or the opposite, {counts} of the held-out seeds agree.",
+        *[f"\nRule and seeds disagree: {line}." for line in found],
+        "\nNot tested here: the generator's learning to complete retried attempts (finding 2's "
+        "second half) and finding 4's rise in entropy have no comparison. Not testable in a toy "
+        "world: scale (0.6B-4B) and code tasks."])
 
 
 def page_tables(study: dict, after: dict) -> dict[str, str]:
