@@ -142,11 +142,12 @@ def disagreements(compared: dict, rows: dict, tests: dict) -> list[str]:
     return lines
 
 
-def verdict_table(study: dict, after: dict, page: str = "") -> str:
+def verdict_table(study: dict, after: dict, page: str = "", post_hoc: bool = True) -> str:
     """The predeclared comparisons (CLAIMS), one row a claim: its comparisons, their verdicts by
     the rules declared before the grid, means with t-intervals over the study's seeds, the smallest
     difference those seeds tell from zero, the held-out seeds' differences; then what was decided
-    after the data (`post_hoc_table`). `page`: where the findings' sections are."""
+    after the data (`post_hoc_table`; without `post_hoc`, a line pointing at it, the README's).
+    `page`: where the findings' sections are."""
     compared = {(f["id"], c["label"]): c for f in study["findings"] + after["findings"]
                 for c in f["preconditions"] + f["comparisons"]}
     rows = {(r["finding"], r["label"]): r
@@ -179,6 +180,9 @@ def verdict_table(study: dict, after: dict, page: str = "") -> str:
               + (f" A decline is each seed's mean over {len(reruns) + 1} runs (the study's and "
                  "reruns on other run seeds, 2026-12-05: docs/findings.md, \"What a rerun "
                  "gives\")." if reruns else "")]
+    if not post_hoc:
+        return "\n".join(lines + ["", f"What was decided after the data, dated, and its results: "
+                                   f"[the table beneath this one]({page}#the-verdicts)."])
     return "\n".join(lines + ["", post_hoc_table(study, after, compared, rows, page)])
 
 
@@ -250,4 +254,5 @@ def write_pages(results: str, study: dict | None, doc: str | None, readme: str |
         if missing:
             print(f"warning: {doc} has no markers for the tables {missing}")
     if readme and after:
-        tables.fill_tables(readme, {"verdicts": verdict_table(study, after, "docs/findings.md")})
+        tables.fill_tables(readme, {"verdicts": verdict_table(study, after, "docs/findings.md",
+                                                               post_hoc=False)})
