@@ -582,6 +582,8 @@ def test_the_toy_preset_is_the_studys_single_agent_which_rises_by_its_last_step(
         rises[seed] = (points[0], points[preset["steps"]])
         assert points[preset["steps"]] - points[0] > 0.2, seed
     assert min(rises, key=lambda s: rises[s][1] - rises[s][0]) == 3 and rises[3] == (0.4688, 0.8359)
+    quoted = ", ".join(f"{rises[s][1]:.2f}" for s in (0, 1, 2)), ", ".join(f"{rises[s][0]:.2f}" for s in (0, 1, 2))
+    assert quoted == ("0.91, 0.91, 0.86", "0.52, 0.48, 0.47")  # the README's first paragraph quotes them
 
 
 def test_a_spare_core_calibrates_the_next_candidate_beside_the_last_seed_needed(tmp_path, monkeypatch):

@@ -3,7 +3,8 @@ loader that the tables, the figures and the tests read runs through.
 
 What it is for: a clone holds what docs/findings.md quotes in a handful of files, not a folder per
 run. A results folder (the page's: docs/findings/results/) holds `study.jsonl` (the sweep and the
-grid on the study's seeds), `replication.jsonl` (the grid on the replication's seeds) and
+grid on the study's seeds), `replication.jsonl` (the grid on the replication's seeds),
+`reruns.jsonl` (the decline comparisons' runs on other run seeds: toyworld/reruns.py) and
 `study.json` (the verdicts). Each line of a compact file is one record of one run's file, as that
 file holds it (findings.RESULTS: rounded to 4 decimals), so a line diffs as a line:
 
