@@ -231,9 +231,8 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
 
 
 def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
-    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (study.jsonl
-    replication.jsonl and reruns.jsonl: each
-    finding's comparisons and verdict, the sweep), and docs/findings.md is what the study command writes from it:
+    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (study.jsonl,
+    replication.jsonl and reruns.jsonl: each finding's comparisons and verdict, the sweep), and docs/findings.md is what the study command writes from it:
     every table between markers (calibration, sweep, summary, each finding's, the replication's, the verdicts and
     the tests written after the data) as committed, and the README's verdict table. So a number in a table is
     checked from a clone by reading files, not by re-running the study."""
@@ -343,7 +342,8 @@ def test_the_findings_prose_quotes_the_committed_results():
         f"seeds 8 and 9 the solver ({solve[8]:.3f} and {solve[9]:.3f}, as seed 4 did in the study)",
         f"consequence ({synthesizer[0] - synthesizer[1]:.3f} against 0.1)",
         "Of the study's 9 shown comparisons, 8 agree on both new seeds", "One agrees on neither",
-        f"IP declines a little ({findings.mean_of(ip):.3f} on average", f"against plain IP's {findings.mean_of(ip):.3f}",
+        f"IP declines a little ({findings.mean_of(ip):.3f} on average",
+        f"against plain IP's {findings.mean_of(ip):.3f}",
         f"but by {m(merged)[1:]} and {m(third)[1:]} on average, under the threshold of 0.05",
         f"by {-decline['per_seed'][1]:.2f} in seed 1 and {-decline['per_seed'][4]:.2f} in seed 5",
         f"and by {-decline['per_seed'][0]:.2f} and {-decline['per_seed'][3]:.2f} in seeds 0 and 3; seed 2 goes the "
