@@ -231,10 +231,11 @@ def test_the_sweep_table_is_the_committed_sweep_runs():
 
 
 def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
-    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it (study.jsonl,
-    replication.jsonl and reruns.jsonl: each finding's comparisons and verdict, the sweep), and docs/findings.md is what the study command writes from it:
-    every table between markers (calibration, sweep, summary, each finding's, the replication's, the verdicts and
-    the tests written after the data) as committed, and the README's verdict table. So a number in a table is
+    """docs/findings/results/study.json is the study judged again from the committed compact runs beside it
+    (study.jsonl, replication.jsonl and reruns.jsonl: each finding's comparisons and verdict, the sweep), and
+    docs/findings.md is what the study command writes from it: every table between markers (calibration, sweep,
+    summary, each finding's, the replication's, the reruns', the verdicts and the tests written after the data) as
+    committed, and the README's verdict table. So a number in a table is
     checked from a clone by reading files, not by re-running the study."""
     import json
     import shutil
