@@ -352,11 +352,11 @@ def test_the_findings_prose_quotes_the_committed_results():
         f"its t-interval crosses zero ([{decline['ci'][0]:+.2f}, {decline['ci'][1]:+.2f}])",
         f"IP - I1 is {m(i1)}, above zero in {i1['positive']} seeds of 5, **not shown**",
         f"by {-i6['mean']:.3f} on average, just short of the threshold: **not shown**",
-        f"SP declines no more than IP ({held(('4', 'decline (peak - end): IP - SP')).replace(',', ' and')})",
+        f"SP declines at most 0.01 more than IP ({held(('4', 'decline (peak - end): IP - SP')).replace(',', ' and')})",
         f"(Voting IP {m(gains['Voting IP'])}, Eval-Opt SP {m(gains['Eval-Opt SP'])} and IP {m(gains['Eval-Opt IP'])}, "
         f"Orch-Workers IP {m(gains['Orch-Workers IP'])})", f"Voting SP's gain is not shown ({m(gains['Voting SP'])}",
         f"below its base model in all five seeds ({m(gains['Orch-Workers SP'])})",
-        f"Orch-Workers SP too ({held(('gains', 'Orch-Workers SP: trained - base'))})",
+        f"Orch-Workers SP's too ({held(('gains', 'Orch-Workers SP: trained - base'))})",
         f"held-out seeds ({held(ev)}): no seed of seven", f"is the opposite on both ({held(ev)})",
         f"IP's retry splits ({retry[0]} shown, {retry[1]} the opposite)",
         f"Orch-Workers' falls from 0.85 to 0.74, in 4 seeds of 5 (seed 1 gains {-orchestrated['per_seed'][1]:.2f}), "
