@@ -12,11 +12,15 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
     study.py        the study: the sweep, the findings' grid over seeds, evaluation, verdicts
     declared.py     what the study fixed before its runs: the grid, the sweep's rule, FINDINGS
     jobs.py         the study's commands side by side, forked from a server that imported torch
-    findings.py     the study's statistics: window means, paired differences, each verdict
-    verdicts.py     the verdict table a reader sees first, and the tests written after the data
+    findings.py     the study's statistics: window means, paired differences, t-intervals, each
+                    verdict, a decline as the mean of a seed's runs
+    tables.py       the findings page's tables, written from the judged comparisons
+    verdicts.py     the verdict table a reader sees first (the predeclared comparisons), and the
+                    dated table of what was decided after the data
+    reruns.py       the decline comparisons' runs again on other run seeds (run-to-run noise)
     figures.py      the findings' figures, from the study's results
-    results.py      the compact results, a JSON Lines file per study and per replication, and
-                    their one loader
+    results.py      the compact results, a JSON Lines file per study, replication and reruns,
+                    and their one loader
 
     python -m toyworld.toy --build --seed 6      # another seed's toy model
     python -m toyworld.study --help              # the study
