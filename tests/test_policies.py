@@ -701,15 +701,17 @@ def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_mo
         def parameters(self):
             # says CUDA; its cache buffers go to the CPU
             return iter([types.SimpleNamespace(is_cuda=True, dtype=torch.float32, device="cpu")])
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    monkeypatch.setattr(inductor.triton, "cudagraph_unexpected_rerecord_limit", 128)
     monkeypatch.setattr(decoding, "compiler_problem", lambda: None)  # a machine with gcc and Python.h
     assert decoding.decode_mode("auto", OnCuda()) == "static"
-    kwargs = decoding.cache_kwargs("static", OnCuda(), None, 3, 200, "cache", decoding.CacheStore())
+    # torch's own patch, restored on exit (pytest 9.2's monkeypatch deletes a torch config entry on undo, which
+    # hides it from every later test in the process)
+    with torch._dynamo.config.patch(recompile_limit=8), \
+            inductor.patch({"triton.cudagraph_unexpected_rerecord_limit": 128}):
+        kwargs = decoding.cache_kwargs("static", OnCuda(), None, 3, 200, "cache", decoding.CacheStore())
+        assert torch._dynamo.config.recompile_limit == 64
+        assert inductor.triton.cudagraph_unexpected_rerecord_limit == 1 << 30
     assert kwargs["compile_config"] is decoding.COMPILE and decoding.COMPILE.dynamic is True
     assert kwargs["cache"].layers[0].max_cache_len == 256 and kwargs["cache"].layers[0].keys.shape[0] == 3
-    assert torch._dynamo.config.recompile_limit == 64
-    assert inductor.triton.cudagraph_unexpected_rerecord_limit == 1 << 30
     store = decoding.CacheStore()
     assert set(decoding.cache_kwargs("static", model, None, 3, 200, "cache", store)) == {"cache"}  # CPU: no compile
 
