@@ -3,11 +3,13 @@ static mode's preallocated KV cache.
 
 What it is for. `model.generate` with a `DynamicCache` is bound by the host on a GPU: each decode
 step launches a few thousand small kernels from Python, and the cache concatenates every layer's
-K and V once more each step. The static mode hands `generate` a `StaticCache`, preallocated for
-the call's widest prompt plus its new tokens. transformers then compiles the model's forward for
-the decode steps on CUDA by itself (`generate` checks for a compileable cache; its default
-`CompileConfig` is inductor with CUDA graphs, `mode="reduce-overhead"`; here with dynamic
-shapes, COMPILE), so a step is one graph replay instead of thousands of launches. This is what
+K and V once more each step. The static mode hands `generate` a preallocated cache
+(`BlockCache`, a view of `CacheStore`'s buffers, kept across calls) whose attention
+(`attend_filled`) reads each KV head once and only the columns filled so far, to within a block.
+transformers then compiles the model's forward for the decode steps on CUDA by itself (`generate`
+checks for a compileable cache; its default `CompileConfig` is inductor with CUDA graphs,
+`mode="reduce-overhead"`; here with dynamic shapes, COMPILE), so a step is one graph replay
+instead of thousands of launches. This is what
 transformers ships, in 5.17 as in 5.24. LoRA stays unmerged: the compiled forward runs PEFT's
 layers with the one active adapter (a changed adapter is a guard that fails once, then a second
 compiled graph). A PEFT mixed-adapter batch (`adapter_names`) runs hooks per adapter's rows
@@ -43,8 +45,9 @@ CACHE_BLOCK = 128
 # each adapter and the base is one
 RECOMPILE_LIMIT = 64
 # CUDA graph re-recordings per function before it runs without graphs (inductor's default: 128;
-# torch 2.13 no longer counts a static input's new address, older versions may): every call's
-# StaticCache is new, at new addresses, so a training run re-records at every call
+# torch 2.13 no longer counts a static input's new address, older versions may): CacheStore keeps
+# a call's addresses, but frees them before each update, so a step's first call of a shape may
+# record again
 RERECORD_LIMIT = 1 << 30
 # how generate() compiles the decode step on CUDA: transformers' defaults (inductor, CUDA graphs),
 # but shapes dynamic from the first compile. Calls differ in rows and cache length; with torch's

@@ -691,7 +691,7 @@ def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_ad
 def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_model, monkeypatch):
     """What the static mode does on CUDA, read on the CPU through a model whose parameters say they are on CUDA:
     auto resolves to static, generate() is given decoding.COMPILE, and torch's limits are raised (each adapter is
-    a recompile, each call's new cache a CUDA graph re-recording), from torch's defaults 8 and 128."""
+    a recompile; the cache, freed before each update, a re-recording), from torch's defaults 8 and 128."""
     import torch._inductor.config as inductor
     model, _ = two_adapter_model
 

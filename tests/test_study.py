@@ -653,20 +653,19 @@ def test_a_run_the_compact_results_lack_is_one_line(tmp_path, capsys):
 
 
 def test_a_reruns_command_is_the_studys_with_its_run_seed(tmp_path):
-    """toyworld/reruns.py trains the study's command of a configuration on a seed again, with --run-seed offset +
-    seed, into a folder named for it; a stopped one resumes."""
+    """toyworld/reruns.py trains the study's command of a configuration on a seed again (study.train_command), with
+    --run-seed offset + seed, into a folder named for it; a stopped one resumes."""
     from toyworld import reruns
-    from toyworld.study import flags_of
-    study_json = {"train": declared.TRAIN, "lr": "1e-3", "steps": 150}
+    from toyworld.study import flags_of, train_command
     folder = str(tmp_path / "voting-ip-s3-run1003")
     assert reruns.rerun("voting-ip", 3, 1000) == "voting-ip-s3-run1003"
-    assert reruns.command(str(tmp_path), "voting-ip", 3, 1000, study_json) == [
+    assert train_command(str(tmp_path), "voting-ip", 3, 150, "1e-3", 1003) == [
         sys.executable, "train.py", *declared.TRAIN, *flags_of("voting-ip", "1e-3"), "--seed", "3", "--run-seed",
         "1003", "--steps", "150", "--run-dir", folder]
     os.makedirs(folder)
     (tmp_path / "voting-ip-s3-run1003" / "args.json").write_text("{}")
-    assert reruns.command(str(tmp_path), "voting-ip", 3, 1000, study_json)[2:] == ["--resume", folder, "--steps",
-                                                                                   "150"]
+    assert train_command(str(tmp_path), "voting-ip", 3, 150, "1e-3", 1003)[2:] == ["--resume", folder, "--steps",
+                                                                                 "150"]
     assert declared.RUN_SEED_OFFSETS == (1000, 2000)
 
 

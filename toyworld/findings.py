@@ -202,25 +202,29 @@ def seed_verdict(rule: str, threshold: float, x: float, target: float | None = N
 
 def compare(out: str, seeds: list[int], comparison: dict) -> dict:
     """A comparison's per-seed differences (A - B, or A alone for `near`), their summary and the
-    verdict."""
-    a = [value(out, seed, comparison["a"]) for seed in seeds]
-    b = ([value(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison
-         else [0.0] * len(seeds))
+    verdict; for a decline, each seed's runs read once, their means the per-seed values, and
+    their spread (`run_spread`)."""
+    if comparison["a"][1] == "decline":
+        a_runs, b_runs = ([run_values(out, seed, comparison[k]) for seed in seeds] for k in "ab")
+        a, b = [mean_of(r) for r in a_runs], [mean_of(r) for r in b_runs]
+    else:
+        a = [value(out, seed, comparison["a"]) for seed in seeds]
+        b = ([value(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison
+             else [0.0] * len(seeds))
     s = summarise([x - y for x, y in zip(a, b)])
     s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s,
                                        comparison.get("target")))
     if comparison["a"][1] == "decline":
-        s.update(run_spread(out, seeds, comparison))
+        s.update(run_spread(a_runs, b_runs))
     return s
 
 
-def run_spread(out: str, seeds: list[int], comparison: dict) -> dict:
-    """A decline comparison's runs: per seed the differences of its runs (A's and B's paired by
-    run seed), the fewest runs a seed has, and the run-to-run standard deviation of one run's
-    difference (pooled over the seeds with 2 or more runs; nan with none), to set beside the
-    seed-to-seed one of the seeds' means (SE x sqrt n)."""
-    per_run = [[x - y for x, y in zip(run_values(out, seed, comparison["a"]),
-                                      run_values(out, seed, comparison["b"]))] for seed in seeds]
+def run_spread(a_runs: list[list[float]], b_runs: list[list[float]]) -> dict:
+    """A decline comparison's runs (per seed, A's and B's, paired by run seed): per seed the
+    differences of its runs, the fewest runs a seed has, and the run-to-run standard deviation of
+    one run's difference (pooled over the seeds with 2 or more runs; nan with none), to set beside
+    the seed-to-seed one of the seeds' means (SE x sqrt n)."""
+    per_run = [[x - y for x, y in zip(a, b)] for a, b in zip(a_runs, b_runs)]
     spread = [sum((x - mean_of(r)) ** 2 for x in r) / (len(r) - 1) for r in per_run if len(r) > 1]
     return {"runs": min(map(len, per_run)), "per_run": per_run,
             "run_sd": math.sqrt(sum(spread) / len(spread)) if spread else float("nan")}

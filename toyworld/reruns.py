@@ -29,10 +29,9 @@ import json
 import os
 import sys
 
-from infra.runfolder import read_results
 from toyworld import declared, findings, toy
 from toyworld.jobs import Clock, run_all, run_log
-from toyworld.study import flags_of
+from toyworld.study import finished, run_dir, train_command
 
 # the configurations the decline comparisons read (finding 4: IP - SP, IP - merged, IP - a third of
 # the rate; I1; I6)
@@ -41,25 +40,9 @@ RERUN_NAMES = ("voting-ip", "voting-sp", "voting-ip-merged", "voting-ip-third-lr
 
 
 def rerun(name: str, seed: int, offset: int) -> str:
-    """A rerun's name: the study's run and its run seed. Example: voting-ip, 3, 1000 ->
-    voting-ip-s3-run1003."""
-    return f"{name}-s{seed}-run{offset + seed}"
-
-
-def command(out: str, name: str, seed: int, offset: int, study: dict) -> list[str]:
-    """The study's train.py command of `name` on `seed`, with --run-seed offset + seed, into a
-    folder of its own; the resumption of a stopped one."""
-    folder = os.path.join(out, rerun(name, seed, offset))
-    if os.path.exists(os.path.join(folder, "args.json")):
-        return [sys.executable, "train.py", "--resume", folder, "--steps", str(study["steps"])]
-    return [sys.executable, "train.py", *study["train"], *flags_of(name, study["lr"]),
-            "--seed", str(seed), "--run-seed", str(offset + seed), "--steps", str(study["steps"]),
-            "--run-dir", folder]
-
-
-def finished(out: str, run: str, steps: int) -> bool:
-    path = os.path.join(out, run, "metrics.jsonl")
-    return any(m["step"] == steps for m in read_results(path, ("step",), warn=False))
+    """A rerun's name: the study's run and its run seed (study.run_dir's folder). Example:
+    voting-ip, 3, 1000 -> voting-ip-s3-run1003."""
+    return os.path.basename(run_dir("", name, seed, offset + seed))
 
 
 def fold(results: str, doc: str | None, readme: str | None, minutes: float | None = None) -> dict:
@@ -105,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         study = json.load(f)
     runs = [(name, seed, offset) for offset in declared.RUN_SEED_OFFSETS
             for seed in study["seeds"] for name in RERUN_NAMES]
-    todo = [(n, s, o) for n, s, o in runs if not finished(args.out, rerun(n, s, o), study["steps"])]
+    todo = [(n, s, o) for n, s, o in runs if not finished(args.out, n, s, study["steps"], o + s)]
     # each seed's toy model into the cache first (copied from the committed tar), one at a time:
     # two runs of one seed must not build it side by side
     builds = [[sys.executable, "eval.py", "calibrate", "--seed", str(s), "--build-only"]
@@ -113,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     run_all([[(b, os.path.join(args.out, "builds.log"))] for b in builds], args.dry_run)
     clock = Clock(args.jobs)
     clock.plan("train", len(todo))
-    commands = [command(args.out, n, s, o, study) for n, s, o in todo]
+    commands = [train_command(args.out, n, s, study["steps"], study["lr"], o + s)
+                for n, s, o in todo]
     run_all([[(c, run_log(c))] for c in commands], args.dry_run, args.jobs, clock)
     if not args.dry_run:
         findings.keep_results(args.out, [rerun(n, s, o) for n, s, o in runs], args.results,

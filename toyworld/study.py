@@ -43,8 +43,10 @@ from toyworld.jobs import Clock, kind_of, run_all, run_log
 
 # ---------------------------------------------------------------- the commands
 
-def run_dir(out: str, name: str, seed: int) -> str:
-    return os.path.join(out, f"{name}-s{seed}")
+def run_dir(out: str, name: str, seed: int, run_seed: int | None = None) -> str:
+    """A run's folder: NAME-sSEED, and -runR for a rerun on run seed R (toyworld/reruns.py)."""
+    rerun = f"-run{run_seed}" if run_seed is not None else ""
+    return os.path.join(out, f"{name}-s{seed}{rerun}")
 
 
 def flags_of(name: str, lr: str) -> list[str]:
@@ -58,13 +60,16 @@ def flags_of(name: str, lr: str) -> list[str]:
     return flags if "--lr" in flags else [*flags, "--lr", lr]
 
 
-def train_command(out: str, name: str, seed: int, steps: int, lr: str) -> list[str]:
-    """A new run, or the resumption of a stopped one (its folder holds a run already)."""
-    folder = run_dir(out, name, seed)
+def train_command(out: str, name: str, seed: int, steps: int, lr: str,
+                  run_seed: int | None = None) -> list[str]:
+    """A new run, or the resumption of a stopped one (its folder holds a run already); with
+    `run_seed`, a rerun on that run seed (`train.py --run-seed`)."""
+    folder = run_dir(out, name, seed, run_seed)
     if os.path.exists(os.path.join(folder, "args.json")):
         return [sys.executable, "train.py", "--resume", folder, "--steps", str(steps)]
+    rerun = ["--run-seed", str(run_seed)] if run_seed is not None else []
     return [sys.executable, "train.py", *declared.TRAIN, *flags_of(name, lr), "--seed", str(seed),
-            "--steps", str(steps), "--run-dir", folder]
+            *rerun, "--steps", str(steps), "--run-dir", folder]
 
 
 def eval_commands(out: str, name: str, seed: int, samples: int,
@@ -117,8 +122,8 @@ def run_chain(*commands: list[str]) -> list[tuple[list[str], str]]:
     return [(command, run_log(command)) for command in commands]
 
 
-def finished(out: str, name: str, seed: int, steps: int) -> bool:
-    path = os.path.join(run_dir(out, name, seed), "metrics.jsonl")
+def finished(out: str, name: str, seed: int, steps: int, run_seed: int | None = None) -> bool:
+    path = os.path.join(run_dir(out, name, seed, run_seed), "metrics.jsonl")
     return any(m["step"] == steps for m in read_results(path, ("step",), warn=False))
 
 

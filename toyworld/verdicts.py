@@ -183,13 +183,13 @@ def verdict_table(study: dict, after: dict, page: str = "", post_hoc: bool = Tru
     if not post_hoc:
         return "\n".join(lines + ["", f"What was decided after the data, dated, and its results: "
                                    f"[the table beneath this one]({page}#the-verdicts)."])
-    return "\n".join(lines + ["", post_hoc_table(study, after, compared, rows, page)])
+    return "\n".join(lines + ["", post_hoc_table(study, held, compared, rows, page)])
 
 
-def post_hoc_table(study: dict, after: dict, compared: dict, rows: dict, page: str) -> str:
+def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str) -> str:
     """What was decided after the data (POST_HOC, the tie rule, the held-out agreement), each
-    with the day it was written: results, not verdicts."""
-    held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
+    with the day it was written: results, not verdicts. `held`: the held-out seeds, as named;
+    `compared`, `rows`: every comparison judged and its held-out row, by (finding, label)."""
     lines = ["Decided after the data, each dated; its results are post hoc, not verdicts:", "",
              "| written | what | comparison (A - B), rule | result, seeds "
              f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | held-out seeds "
