@@ -3,6 +3,7 @@ paired differences against hand-computed values, each rule's verdicts, and the t
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -44,11 +45,13 @@ def test_the_clock_plans_a_build_only_for_a_seed_without_a_model(committed, tmp_
 
 def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, capsys, monkeypatch):
     """`python -m toyworld.study --dry-run`: each seed's toy model built and calibrated, the sweep (the single agent
-    at three rates), then seed by seed every configuration as a train.py command at the sweep's rate (by name
-    before it has chosen), then eval.py on the test problems: `trained` on each of the 11 multi-agent runs
-    (`swapped`, with trained beside it, on the three workflows' IP runs), and base and the two SA modes (which
-    load no adapter of the run) once per workflow, on its first configuration, with the single-agent run of the
-    same seed; nothing is written. (No committed models and an empty cache: every seed is built.)"""
+    at three rates, once a seed), then seed by seed every configuration's runs as train.py commands at the sweep's
+    rate (by name before it has chosen): 3 runs a seed, the six decline configurations 6 (declared.RUNS,
+    DECLINE_RUNS), the study's own first, then run seeds seed + 1000, + 2000, ...; then eval.py on the test
+    problems: `trained` on each of the 51 multi-agent runs a seed (`swapped`, with trained beside it, on the three
+    workflows' IP runs), base once per workflow (it loads no adapter of the run: on the study's own run), and the
+    two SA modes on each of the workflow's first configuration's runs that the single agent has a run of the same
+    run seed for; nothing is written. (No committed models and an empty cache: every seed is built.)"""
     from toyworld import toy, toy_model
     monkeypatch.setattr(toy, "CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(toy_model, "COMMITTED", str(tmp_path / "no-models"))
@@ -59,23 +62,32 @@ def test_the_study_dry_run_lists_the_builds_the_sweep_and_the_grid(tmp_path, cap
     assert all(("--build-only" in ln) == (i % 2 == 0) for i, ln in enumerate(builds))
     trains, evals = [ln for ln in lines if ln.startswith("train.py")], [ln for ln in lines[6:] if ln.startswith("eval")]
     sweep, grid = trains[:9], trains[9:]
-    assert all("--workflow single" in ln for ln in sweep)
+    assert all("--workflow single" in ln and "--run-seed" not in ln for ln in sweep)
     assert sorted({ln.split("--lr ")[1].split()[0] for ln in sweep}) == ["1e-3", "1e-4", "3e-4"]
-    assert len(grid) == 12 * 3 and len(evals) == 3 * (11 + 3 * 3)
-    assert all("-s0" in ln for ln in grid[:12]) and "-s1" in grid[12]
+    per_seed = 6 * 6 + 6 * 3  # the six decline configurations 6 runs, the other six 3
+    assert len(grid) == 3 * per_seed and len(evals) == 3 * (51 + 3 + 2 * 3 * 3)
+    assert all("-s0" in ln for ln in grid[:per_seed]) and "-s1" in grid[per_seed]
     assert all("--split test" in ln for ln in evals)
-    i6 = "--workflow voting --policy ip --coherence generator=0.3 --lr LR --seed 2 --steps 150"
-    assert sum(i6 in ln for ln in grid) == 1
-    assert sum("--policy ip --lr LR/3 --seed" in ln for ln in grid) == 3  # finding 4's control
+    i6 = "--workflow voting --policy ip --coherence generator=0.3 --lr LR --seed 2"
+    assert [ln.split(i6)[1].split("--steps")[0].strip() for ln in grid if i6 in ln] == [
+        "", "--run-seed 1002", "--run-seed 2002", "--run-seed 3002", "--run-seed 4002", "--run-seed 5002"]
+    assert [ln.rsplit("/", 1)[1] for ln in grid if "--workflow evalopt --policy ip --lr LR --seed 1" in ln] == [
+        "evalopt-ip-s1", "evalopt-ip-s1-run1001", "evalopt-ip-s1-run2001"]
+    assert sum("--policy ip --lr LR/3 --seed" in ln for ln in grid) == 3 * 6  # finding 4's control
     regime = "--tasks-per-step 2 --group-size 8 --max-new-tokens 32 --temperature 1.0"  # calibration.REGIME
     assert all(regime in ln for ln in trains)
-    sa = [ln for ln in evals if f"--mode sa-transfer --samples 2 --split test --sa-run "
-          f"{tmp_path / 'study' / 'single-s1'}" in ln]
-    assert [ln.split()[2].rsplit("/", 1)[1] for ln in sa] == ["voting-sp-s1", "evalopt-sp-s1", "orchworkers-sp-s1"]
+    sa = [(ln.split()[2].rsplit("/", 1)[1], ln.split("--sa-run ")[1].rsplit("/", 1)[1])
+          for ln in evals if "--mode sa-transfer" in ln and "-s1" in ln]
+    assert sa == [(f"{w}-sp-s1{r}", f"single-s1{r}") for w in ("voting", "evalopt", "orchworkers")
+                  for r in ("", "-run1001", "-run2001")]
+    assert [ln.split()[2].rsplit("/", 1)[1] for ln in evals if "--mode base" in ln] == [
+        f"{w}-sp-s{s}" for s in range(3) for w in ("voting", "evalopt", "orchworkers")]
     # the IP runs of the three workflows run `swapped`, which writes `trained` beside it (eval.py)
     swapped = [ln.split()[2].rsplit("/", 1)[1] for ln in evals if "--mode swapped" in ln]
-    assert swapped == [f"{w}-ip-s{s}" for s in range(3) for w in ("voting", "evalopt", "orchworkers")]
-    assert sum("--mode trained" in ln for ln in evals) == 33 - 9
+    assert swapped == [f"{w}-ip-s{s}{r}" for s in range(3) for w, runs in (("voting", 6), ("evalopt", 3),
+                                                                            ("orchworkers", 3))
+                       for r in [""] + [f"-run{k * 1000 + s}" for k in range(1, runs)]]
+    assert sum("--mode trained" in ln for ln in evals) == 3 * (51 - 12)
     assert not os.path.exists(tmp_path / "study")
 
 
@@ -352,25 +364,29 @@ def test_the_clock_waits_only_for_the_builds_and_calibrations_a_seed_runs(tmp_pa
 
 
 def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkeypatch):
-    """A study invoked again finds seed 0's 12 runs trained and evaluated: planned for 2 seeds, the clock waits
-    for seed 1's 12 runs and 20 evaluations only (before, such an invocation ended saying 'about 52 min left')."""
+    """A study invoked again finds seed 0's 54 runs trained and evaluated: planned for 2 seeds, the clock waits
+    for seed 1's 54 runs (six configurations x 6, six x 3) and 72 evaluations only (51 multi-agent runs, base on
+    three workflows, two SA modes on their first configuration's 3 runs each; before, such an invocation ended
+    saying 'about 52 min left')."""
     out = tmp_path / "s"
-    for name in declared.GRID:
-        (out / f"{name}-s0").mkdir(parents=True)
-        (out / f"{name}-s0" / "metrics.jsonl").write_text(json.dumps({"step": 150}) + "\n")
-        (out / f"{name}-s0" / "eval.jsonl").write_text("".join(json.dumps({"mode": m}) + "\n"
-                                                              for m in [*declared.MODES, "swapped"]))
+    for name, seed, run_seed in study.every_run(list(declared.GRID), [0]):
+        folder = out / study.run_name(name, seed, run_seed)
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps({"step": 150}) + "\n")
+        (folder / "eval.jsonl").write_text("".join(json.dumps({"mode": m}) + "\n"
+                                                   for m in [*declared.MODES, "swapped"]))
     started = []
     monkeypatch.setattr(study, "run_all", lambda chains, *args: started.append(sum(map(len, chains))))
     clock = jobs.Clock(2)
-    clock.plan("train", 12 * 2), clock.plan("eval", study.evals_per_seed(list(declared.GRID)) * 2)
+    assert sum(map(declared.runs_a_seed, declared.GRID)) == 54 and study.evals_per_seed(list(declared.GRID)) == 72
+    clock.plan("train", 54 * 2), clock.plan("eval", 72 * 2)
     clock.took["train"] = [0.4] * 15  # the sweep's single-agent runs
     study.train_and_evaluate(str(out), list(declared.GRID), [0, 1], 150, "1e-3", 2, 2, clock, dry_run=False)
-    assert started == [12, 20]  # commands: seed 1's runs, then its evaluations
-    assert (clock.planned["train"], clock.planned["eval"]) == (12, 20)
+    assert started == [54, 72]  # commands: seed 1's runs, then its evaluations
+    assert (clock.planned["train"], clock.planned["eval"]) == (54, 72)
     # the grid's runs are estimated afresh, not at the sweep's 0.4 minutes (after the sweep the study said
     # 'about 27 min left' with 56 to go)
-    assert clock.left() == pytest.approx((12 * jobs.MINUTES["train"] + 20 * jobs.MINUTES["eval"]) / 2)
+    assert clock.left() == pytest.approx((54 * jobs.MINUTES["train"] + 72 * jobs.MINUTES["eval"]) / 2)
 
 
 def test_a_replication_takes_the_seeds_after_the_studys_and_keeps_their_calibration(tmp_path, monkeypatch):
@@ -634,7 +650,11 @@ def test_the_grids_single_agent_run_is_the_sweeps_run_at_its_rate_copied(tmp_pat
     assert (copy / "metrics.jsonl").read_text() == (sweep / "metrics.jsonl").read_text()
     assert (out / "single-s0.log").read_text() == "step 150\n" and (copy / "checkpoints" / "step_000150").is_dir()
     trained = [c[c.index("--run-dir") + 1].rsplit("/", 1)[1] for c in started if c[1] == "train.py"]
-    assert trained == ["voting-sp-s0", "single-s1", "voting-sp-s1"]
+    # the single agent's other runs train (run seeds 1000 + seed, 2000 + seed), and voting-sp's 6
+    assert trained == ["single-s0-run1000", "single-s0-run2000", *[f"voting-sp-s0{r}" for r in (
+        "", "-run1000", "-run2000", "-run3000", "-run4000", "-run5000")], "single-s1", "single-s1-run1001",
+        "single-s1-run2001", *[f"voting-sp-s1{r}" for r in ("", "-run1001", "-run2001", "-run3001", "-run4001",
+                                                              "-run5001")]]
     assert study.sweep_twin("single", "1e-3") == "single-lr1e-3" and study.sweep_twin("voting-sp", "1e-3") is None
 
 
@@ -652,13 +672,14 @@ def test_a_run_the_compact_results_lack_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {tmp_path} has no eval.jsonl of the run voting-sp-s9\n"
 
 
-def test_a_reruns_command_is_the_studys_with_its_run_seed(tmp_path):
-    """toyworld/reruns.py trains the study's command of a configuration on a seed again (study.train_command), with
-    --run-seed offset + seed, into a folder named for it; a stopped one resumes."""
-    from toyworld import reruns
-    from toyworld.study import flags_of, train_command
+def test_a_configurations_other_runs_are_its_command_with_a_run_seed(tmp_path):
+    """A configuration's runs on a seed after the study's own are its command (study.train_command) with
+    --run-seed seed + k x 1000, each in a folder named for it; a stopped one resumes."""
+    from toyworld.study import flags_of, run_name, run_seeds, train_command
     folder = str(tmp_path / "voting-ip-s3-run1003")
-    assert reruns.rerun("voting-ip", 3, 1000) == "voting-ip-s3-run1003"
+    assert run_seeds("voting-ip", 3) == [None, 1003, 2003, 3003, 4003, 5003]
+    assert run_seeds("evalopt-sp", 3) == [None, 1003, 2003] and run_seeds("single-lr1e-4", 3) == [None]
+    assert run_name("voting-ip", 3, 1003) == "voting-ip-s3-run1003" and run_name("voting-ip", 3) == "voting-ip-s3"
     assert train_command(str(tmp_path), "voting-ip", 3, 150, "1e-3", 1003) == [
         sys.executable, "train.py", *declared.TRAIN, *flags_of("voting-ip", "1e-3"), "--seed", "3", "--run-seed",
         "1003", "--steps", "150", "--run-dir", folder]
@@ -666,7 +687,7 @@ def test_a_reruns_command_is_the_studys_with_its_run_seed(tmp_path):
     (tmp_path / "voting-ip-s3-run1003" / "args.json").write_text("{}")
     assert train_command(str(tmp_path), "voting-ip", 3, 150, "1e-3", 1003)[2:] == ["--resume", folder, "--steps",
                                                                                  "150"]
-    assert declared.RUN_SEED_OFFSETS == (1000, 2000)
+    assert (declared.RUNS, declared.DECLINE_RUNS, declared.RUN_SEED_STEP) == (3, 6, 1000)
 
 
 def test_a_seeds_decline_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_path):
@@ -694,3 +715,69 @@ def test_a_seeds_decline_is_the_mean_of_its_runs_and_their_spread_is_reported(tm
                                                  ("b", "decline", "success")))
     assert c["per_seed"] == pytest.approx([0.2 - 0.1 / 3, 0.2]) and c["runs"] == 1
     assert c["per_run"][0] == pytest.approx([0.3, 0.1, 0.1]) and c["run_sd"] == pytest.approx(0.11547, abs=1e-5)
+
+
+def test_a_run_collapses_when_its_end_falls_below_half_its_peak_and_keeps_its_last_calls(tmp_path):
+    """declared.COLLAPSE (0.5, written after the data): a run whose end (the mean of its last 3 validation points)
+    is below half its peak (the best mean of 3 in a row) collapses, and the compact results keep its last step's
+    calls. By hand: 0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1: peak 0.9, end 0.2 < 0.45; with 0.5, 0.5, 0.5 at the end
+    instead, 0.5 >= 0.45."""
+    assert findings.collapsed([0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1])
+    assert not findings.collapsed([0.5, 0.9, 0.9, 0.9, 0.5, 0.5, 0.5])
+    assert not findings.collapsed([0.9, 0.1])  # fewer points than a window: no peak, no end
+    for run, curve in (("voting-ip-s1", [0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1]),
+                       ("voting-ip-s1-run1001", [0.5, 0.9, 0.9, 0.9, 0.5, 0.5, 0.5])):
+        (tmp_path / run / "samples").mkdir(parents=True)
+        (tmp_path / run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": 10 * i, "val/success": v}) + "\n" for i, v in enumerate(curve)))
+        for step in (50, 60):
+            (tmp_path / run / "samples" / f"step_{step:06d}.json").write_text(json.dumps({"step": step}))
+    findings.keep_results(str(tmp_path), ["voting-ip-s1", "voting-ip-s1-run1001"], str(tmp_path / "results"))
+    rows = [json.loads(line) for line in (tmp_path / "results" / "study.jsonl").read_text().splitlines()]
+    assert [(r["run"], r["file"]) for r in rows if r["file"] != "metrics.jsonl"] == [
+        ("voting-ip-s1", "samples/step_000060.json")]
+
+
+def test_a_committed_run_is_run_again_and_its_first_difference_named(tmp_path, monkeypatch, capsys):
+    """`python -m toyworld.reproduce RUN --steps N`: the run's name gives its command (the study's, with its run
+    seed), its new metrics are compared with the committed ones value by value up to step N, and the first that
+    differs is printed (exit 1); a name that is not a study run's is one line (exit 2)."""
+    from toyworld import reproduce
+    assert reproduce.parse_run("voting-ip-merged-s3-run1003") == ("voting-ip-merged", 3, 1003)
+    assert reproduce.parse_run("single-lr1e-4-s0") == ("single-lr1e-4", 0, None)
+    with pytest.raises(ValueError):
+        reproduce.parse_run("voting-xp-s0")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "study.json").write_text(json.dumps({"lr": "1e-3", "steps": 150}))
+    committed = [{"step": 0, "val/success": 0.5}, {"step": 1, "success": 0.25}, {"step": 2, "success": 0.75},
+                 {"step": 3, "success": 0.5}]
+    (results / "study.jsonl").write_text("".join(json.dumps({"run": "voting-ip-s3-run1003", "file": "metrics.jsonl",
+                                                             "record": r}) + "\n" for r in committed))
+    fresh = [{"step": 0, "val/success": 0.5, "time_update": 1.0}, {"step": 1, "success": 0.250001},
+             {"step": 2, "success": 0.5}]
+    commands = []
+
+    def run(command, cwd, env, stdout, stderr):
+        commands.append(command)
+        folder = command[command.index("--run-dir") + 1]
+        os.makedirs(folder)
+        with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in fresh)
+        return subprocess.CompletedProcess(command, 0)
+    monkeypatch.setattr(reproduce.subprocess, "run", run)
+    argv = ["voting-ip-s3-run1003", "--steps", "2", "--results", str(results), "--out", str(tmp_path / "again")]
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(argv)
+    assert stop.value.code == 1
+    assert commands[0][commands[0].index("--seed"):commands[0].index("--run-dir")] == [
+        "--seed", "3", "--run-seed", "1003", "--steps", "2"]
+    # 0.250001 kept to 4 decimals is 0.25: the same
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "voting-ip-s3-run1003: 2 of 3 values agree (steps 0-2)", "first differs at step 2: success 0.5, committed 0.75"]
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(argv)  # its folder exists now: refused, nothing run
+    assert stop.value.code == 2 and len(commands) == 1
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(["voting-xp-s0", "--results", str(results)])
+    assert stop.value.code == 2 and "not a study run's name" in capsys.readouterr().err

@@ -17,9 +17,11 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
     tables.py       the findings page's tables, written from the judged comparisons
     verdicts.py     the verdict table a reader sees first (the predeclared comparisons), and the
                     dated table of what was decided after the data
-    reruns.py       the decline comparisons' runs again on other run seeds (run-to-run noise)
+    power.py        what the seeds and runs can tell: false-pass rates, the smallest true
+                    difference detected, the seeds or runs a verdict would need
+    reproduce.py    a committed run trained again and compared with its record
     figures.py      the findings' figures, from the study's results
-    results.py      the compact results, a JSON Lines file per study, replication and reruns,
+    results.py      the compact results, a JSON Lines file per study and replication,
                     and their one loader
 
     python -m toyworld.toy --build --seed 6      # another seed's toy model

@@ -23,7 +23,7 @@ import math
 import os
 
 from infra.runfolder import read_results
-from toyworld.declared import RUN_SEED_OFFSETS
+from toyworld.declared import COLLAPSE, DECLINE_RUNS, RUN_SEED_STEP, RUNS
 from toyworld.results import records, write_pack
 
 # A difference smaller than this in size is a tie: the tables print it as 0.00, and it counts as a
@@ -45,22 +45,23 @@ T975 = dict(enumerate([12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 
 RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/grad_norm_share",
            "/opt_steps", "/kl_base", "/coherence_scale", "/entropy", "/careful", "/own_format",
            "/foreign_format", "/foreign_box")
-# the kept calls the README's caption counts
+# the kept calls the README's caption counts (and the last step's of every run that collapses:
+# keep_results)
 KEPT_SAMPLES = {"voting-sp-s0": "samples/step_000150.json"}
 
 
 def series(out: str, name: str, seed: int, key: str, run: str = "") -> list[tuple[int, float]]:
-    """A run's curve of `key`: the study's run of `name` on `seed`, or its rerun `run`
-    (toyworld/reruns.py: `-runR`)."""
+    """A run's curve of `key`: the study's own run of `name` on `seed`, or its run `run` on
+    another run seed (`-runR`)."""
     metrics = records(out, f"{name}-s{seed}{run}", "metrics.jsonl")
     return [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
 
 
 def runs_of(out: str, name: str, seed: int) -> list[str]:
-    """The runs of `name` on `seed` in `out`: the study's own ("") and its reruns on the run seeds
-    of declared.RUN_SEED_OFFSETS that the results hold (reruns.jsonl)."""
-    reruns = [f"-run{offset + seed}" for offset in RUN_SEED_OFFSETS]
-    return [""] + [r for r in reruns if records(out, f"{name}-s{seed}{r}", "metrics.jsonl")]
+    """The runs of `name` on `seed` in `out`: the study's own ("") and those on the run seeds
+    seed + k x RUN_SEED_STEP (toyworld/declared.py) that the results hold."""
+    others = [f"-run{seed + k * RUN_SEED_STEP}" for k in range(1, max(RUNS, DECLINE_RUNS))]
+    return [""] + [r for r in others if records(out, f"{name}-s{seed}{r}", "metrics.jsonl")]
 
 
 def window_peak(values: list[float]) -> float:
@@ -72,23 +73,22 @@ def window_end(values: list[float]) -> float:
     return sum(values[-WINDOW:]) / WINDOW if len(values) >= WINDOW else float("nan")
 
 
-def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy") -> float:
+def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy",
+               run: str = "") -> float:
     """eval.py's `key` of `mode` on the test problems, from the run of `name` (base and the SA
     modes: from the workflow's first configuration, where the study runs them)."""
-    evaluated = records(out, f"{name}-s{seed}", "eval.jsonl")
+    evaluated = records(out, f"{name}-s{seed}{run}", "eval.jsonl")
     found = [r["metrics"].get(key) for r in evaluated
              if r["mode"] == mode and r.get("dataset", "").endswith("test")]
     return found[-1] if found and found[-1] is not None else float("nan")
 
 
 def value(out: str, seed: int, spec: tuple) -> float:
-    """One per-seed number. spec: (configuration, quantity, key); quantities: base (validation at
-    step 0), peak, end, decline (peak - end), change (end - base), train (the mean of the last
-    TRAIN_LAST training steps), eval:<mode> (eval.py on the test problems). A decline is the mean
-    over the seed's runs (`runs_of`: the study's and its reruns)."""
-    if spec[1] == "decline":
-        return mean_of(run_values(out, seed, spec))
-    return run_value(out, seed, spec)
+    """One per-seed number: the mean over the seed's runs (`runs_of`) of each run's. spec:
+    (configuration, quantity, key); quantities: base (validation at step 0), peak, end, decline
+    (peak - end), change (end - base), train (the mean of the last TRAIN_LAST training steps),
+    eval:<mode> (eval.py on the test problems; base on the study's own run only)."""
+    return mean_of(run_values(out, seed, spec))
 
 
 def run_values(out: str, seed: int, spec: tuple) -> list[float]:
@@ -100,7 +100,7 @@ def run_value(out: str, seed: int, spec: tuple, run: str = "") -> float:
     """`value` of one run: the study's ("") or a rerun."""
     name, quantity, key = spec
     if quantity.startswith("eval:"):
-        return eval_value(out, name, seed, quantity[5:], key)
+        return eval_value(out, name, seed, quantity[5:], key, run)
     points = series(out, name, seed, key if quantity == "train" else f"val/{key}", run)
     values = [v for _, v in points]
     if not values:
@@ -113,6 +113,12 @@ def run_value(out: str, seed: int, spec: tuple, run: str = "") -> float:
     numbers = {"peak": window_peak(values), "end": window_end(values)}
     numbers.update(decline=numbers["peak"] - numbers["end"], change=numbers["end"] - values[0])
     return numbers[quantity]
+
+
+def collapsed(values: list[float]) -> bool:
+    """Whether a run's validation curve collapses: its end (window mean) below COLLAPSE of its peak
+    (toyworld/declared.py, written after the data)."""
+    return len(values) >= WINDOW and window_end(values) < COLLAPSE * window_peak(values)
 
 
 def mean_of(values: list[float]) -> float:
@@ -293,19 +299,29 @@ def sweep_choice(out: str, seeds: list[int], sweep: dict[str, str], rule: str) -
     return {"rule": rule, "rates": rows, "choice": max(fine, key=float) if fine else None}
 
 
+def kept_metrics(folder: str) -> list[dict]:
+    """A run folder's metrics.jsonl as the compact results keep it: RESULTS, floats to 4
+    decimals."""
+    return [{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()
+             if any(k == w or k.endswith(w) or k.startswith(w) for w in RESULTS)}
+            for m in read_results(os.path.join(folder, "metrics.jsonl"), ("step",), warn=False)]
+
+
 def keep_results(out: str, runs: list[str], results: str, pack: str = "study.jsonl") -> None:
     """The runs' compact results into one file, results/`pack` (toyworld/results.py): each run's
-    metrics (RESULTS), its evaluations and KEPT_SAMPLES, what this module and toyworld/figures.py
-    read, so that the tables and figures can be drawn again from a clone."""
+    metrics (RESULTS), its evaluations, KEPT_SAMPLES and the last step's kept calls of a run that
+    collapses, what this module and toyworld/figures.py read, so that the tables and figures can be
+    drawn again from a clone and a reader can see what a collapsed run's roles wrote."""
     rows = []
     for run in runs:
-        kept = [{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()
-                 if any(k == w or k.endswith(w) or k.startswith(w) for w in RESULTS)}
-                for m in read_results(os.path.join(out, run, "metrics.jsonl"), ("step",),
-                                      warn=False)]
+        kept = kept_metrics(os.path.join(out, run))
         rows += [(run, "metrics.jsonl", m) for m in kept]
         rows += [(run, "eval.jsonl", r) for r in records(out, run, "eval.jsonl")]
-        if run in KEPT_SAMPLES:
-            rows += [(run, KEPT_SAMPLES[run], r) for r in records(out, run, KEPT_SAMPLES[run])]
+        validated = [(m["step"], m["val/success"]) for m in kept if "val/success" in m]
+        samples = [KEPT_SAMPLES[run]] if run in KEPT_SAMPLES else []
+        if collapsed([v for _, v in validated]):
+            samples.append(f"samples/step_{validated[-1][0]:06d}.json")
+        for name in dict.fromkeys(samples):
+            rows += [(run, name, r) for r in records(out, run, name)]
     os.makedirs(results, exist_ok=True)
     write_pack(os.path.join(results, pack), rows)

@@ -16,6 +16,7 @@ import multiprocessing.forkserver
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import time
 
@@ -212,3 +213,26 @@ def run_script(command: list[str], log: str, env: dict) -> None:
     sys.argv = command[1:]
     sys.path.insert(0, ROOT)  # as `python SCRIPT` puts the script's folder first
     runpy.run_path(command[1], run_name="__main__")
+
+
+def code_commit() -> str:
+    """The commit of the code that runs, with "+changes" when its tracked files differ from it."""
+    def git(*words):
+        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout
+    head = git("rev-parse", "--short=7", "HEAD").strip() or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def record_commit(out: str) -> str:
+    """The code's commit, appended to out/commits.txt (an invocation's line) and returned."""
+    with open(os.path.join(out, "commits.txt"), "a") as f:
+        print(code_commit(), file=f)
+    return code_commit()
+
+
+def commits(out: str) -> list[str]:
+    """The commits whose code ran in the study's folder `out` (out/commits.txt), in order: one,
+    when the study comes from one commit."""
+    path = os.path.join(out, "commits.txt")
+    with open(path) if os.path.isfile(path) else contextlib.nullcontext([]) as lines:
+        return list(dict.fromkeys(line.strip() for line in lines))

@@ -7,7 +7,8 @@ What it is for: what docs/findings.md reports, each part fixed before the next o
 instruments, toy models built and calibrated side by side (eval.py calibrate), the first five seeds
 that pass (CANDIDATES; a core that would wait idle calibrates the next candidate); (1) the sweep,
 the single agent at three rates and the rule that picks the grid's (SWEEP_RULE); (2) the grid (GRID)
-at that rate: train.py runs validated every 10 steps on 64 problems, then eval.py on 64 *other*
+at that rate, RUNS runs a seed (DECLINE_RUNS for the decline comparisons'; run seeds seed + k x
+RUN_SEED_STEP): train.py runs validated every 10 steps on 64 problems, then eval.py on 64 *other*
 problems (`--split test`; MODES, and SWAPPED on the IP runs; the grid's single agent is the sweep's
 run at that rate, copied); (3) the runs' compact results (findings.RESULTS) in one file beside the
 page, and FINDINGS, the comparisons, thresholds and rules toyworld/declared.py wrote before the grid
@@ -39,14 +40,33 @@ import sys
 
 from infra.runfolder import copy_run, read_results
 from toyworld import declared, findings, toy, toy_model, verdicts
-from toyworld.jobs import Clock, kind_of, run_all, run_log
+from toyworld.jobs import Clock, commits, kind_of, record_commit, run_all, run_log
 
 # ---------------------------------------------------------------- the commands
 
 def run_dir(out: str, name: str, seed: int, run_seed: int | None = None) -> str:
-    """A run's folder: NAME-sSEED, and -runR for a rerun on run seed R (toyworld/reruns.py)."""
+    """A run's folder: NAME-sSEED for the study's own run of a configuration on a seed, and
+    NAME-sSEED-runR for its run on run seed R."""
     rerun = f"-run{run_seed}" if run_seed is not None else ""
     return os.path.join(out, f"{name}-s{seed}{rerun}")
+
+
+def run_seeds(name: str, seed: int) -> list[int | None]:
+    """A configuration's runs on `seed`, by run seed: None for the study's own (the run seed is the
+    seed), then seed + k x RUN_SEED_STEP, as many as declared.runs_a_seed says. Example: voting-ip
+    on seed 3 -> None, 1003, 2003, 3003, 4003, 5003."""
+    runs = declared.runs_a_seed(name)
+    return [None] + [seed + k * declared.RUN_SEED_STEP for k in range(1, runs)]
+
+
+def every_run(names: list[str], seeds: list[int]) -> list[tuple[str, int, int | None]]:
+    """Every run of these configurations as (name, seed, run seed), seed by seed."""
+    return [(n, s, r) for s in seeds for n in names for r in run_seeds(n, s)]
+
+
+def run_name(name: str, seed: int, run_seed: int | None = None) -> str:
+    """A run's name, its folder's: voting-ip-s3, voting-ip-s3-run1003."""
+    return os.path.basename(run_dir("", name, seed, run_seed))
 
 
 def flags_of(name: str, lr: str) -> list[str]:
@@ -72,18 +92,22 @@ def train_command(out: str, name: str, seed: int, steps: int, lr: str,
             *rerun, "--steps", str(steps), "--run-dir", folder]
 
 
-def eval_commands(out: str, name: str, seed: int, samples: int,
-                  names: list[str]) -> list[list[str]]:
+def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str],
+                  run_seed: int | None = None) -> list[list[str]]:
     """eval.py on the held-out test problems of a multi-agent run's final checkpoint (the
-    single-agent run of its seed is the SA adapter); a mode already in the run's eval.jsonl is not
-    run again. `trained` runs for every configuration; base and the two transfer modes load no
-    adapter of the run, so they run once per workflow and seed, on the workflow's first
-    configuration in the grid (voting-sp, evalopt-sp, orchworkers-sp)."""
-    folder, sa = run_dir(out, name, seed), run_dir(out, "single", seed)
+    single-agent run of its seed and run seed is the SA adapter); a mode already in the run's
+    eval.jsonl is not run again. `trained` runs for every run; base and the two transfer modes load
+    no adapter of the run, so they run once per workflow, seed and run seed, on the workflow's first
+    configuration in the grid (voting-sp, evalopt-sp, orchworkers-sp): the transfer modes on each
+    run seed the single agent has, base on the study's own run only (eval.py samples with its own
+    seed, so base gives the same numbers on every run)."""
+    folder, sa = run_dir(out, name, seed, run_seed), run_dir(out, "single", seed, run_seed)
     workflow_first = next(n for n in names if declared.GRID[n][1] == declared.GRID[name][1]) == name
     done = {r["mode"] for r in read_results(os.path.join(folder, "eval.jsonl"), ("mode",),
                                             warn=False)}
-    modes = [m for m in declared.MODES if m not in done and (m == "trained" or workflow_first)]
+    once = {"base": run_seed is None, "sa-transfer": run_seed in run_seeds("single", seed)}
+    modes = [m for m in declared.MODES if m not in done and (m == "trained" or workflow_first and
+                                                             once.get(m, once["sa-transfer"]))]
     # an IP run's swapped writes trained beside it, same draws
     if name in declared.SWAPPED and "swapped" not in done:
         modes = [m for m in modes if m != "trained"] + ["swapped"]
@@ -196,22 +220,23 @@ def calibrated_seeds(out: str, wanted: int, candidates: list[int], jobs: int, cl
 
 def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int, lr: str,
                        samples: int, jobs: int, clock: Clock | None, dry_run: bool) -> None:
-    """Every configuration's run on every seed (seed by seed, so that a stopped study has whole
+    """Every configuration's runs on every seed (seed by seed, so that a stopped study has whole
     seeds to show), then eval.py on the grid's runs."""
     for source, target in [(run_dir(out, twin, s), run_dir(out, n, s)) for s in seeds for n in names
                            if (twin := sweep_twin(n, lr)) and finished(out, twin, s, steps)]:
         if not os.path.exists(target):
             copy_run(source, target)
-    trains = [run_chain(train_command(out, name, seed, steps, lr)) for seed in seeds
-              for name in names if dry_run or not finished(out, name, seed, steps)]
+    runs = every_run(names, seeds)
+    trains = [run_chain(train_command(out, n, s, steps, lr, r)) for n, s, r in runs
+              if dry_run or not finished(out, n, s, steps, r)]
     # a run trained by an earlier invocation is not waited for, and these runs are timed afresh
     if clock:
-        clock.plan("train", len(trains) - len(seeds) * len(names))
+        clock.plan("train", len(trains) - len(runs))
         clock.took["train"] = []  # (the sweep's single agents take a fifth of a grid run's time)
     run_all(trains, dry_run, jobs, clock)
     grid = [n for n in names if n in declared.GRID]
-    evals = [run_chain(*eval_commands(out, name, seed, samples, grid)) for seed in seeds
-             for name in grid[1:]]
+    evals = [run_chain(*eval_commands(out, n, s, samples, grid, r)) for s in seeds
+             for n in grid[1:] for r in run_seeds(n, s)]
     if clock and grid:  # nor a mode already in its run's eval.jsonl
         clock.plan("eval", sum(map(len, evals)) - evals_per_seed(grid) * len(seeds))
     run_all(evals, dry_run, jobs, clock)
@@ -248,7 +273,7 @@ def replicate(args, clock: Clock, results: str) -> None:
                             declared.CANDIDATES))
     clock.plan("build", args.replicate), clock.plan("calibrate", args.replicate)
     grid = list(declared.GRID)
-    clock.plan("train", len(grid) * args.replicate)
+    clock.plan("train", sum(map(declared.runs_a_seed, grid)) * args.replicate)
     clock.plan("eval", evals_per_seed(grid) * args.replicate)
     seeds, set_aside = calibrated_seeds(args.out, args.replicate, candidates, args.jobs, clock,
                                         args.dry_run)
@@ -256,10 +281,10 @@ def replicate(args, clock: Clock, results: str) -> None:
                        clock, args.dry_run)
     if args.dry_run:
         return
-    findings.keep_results(args.out, [f"{n}-s{s}" for s in seeds for n in declared.GRID], results,
-                          "replication.jsonl")
+    findings.keep_results(args.out, [run_name(*r) for r in every_run(list(declared.GRID), seeds)],
+                          results, "replication.jsonl")
     rows = findings.replication(results, seeds, study["findings"], declared.FINDINGS)
-    study["replication"] = {"seeds": seeds, "set_aside": set_aside,
+    study["replication"] = {"seeds": seeds, "set_aside": set_aside, "commits": commits(args.out),
                             **seed_records(args.out, seeds, set_aside), "rows": rows,
                             "minutes": clock.minutes()}
     write_study(args.out, results, study, args.doc, args.readme)
@@ -276,9 +301,9 @@ def seed_records(out: str, seeds: list[int], set_aside: list[dict]) -> dict:
 
 
 def evals_per_seed(grid: list[str]) -> int:
-    """eval.py commands a seed's grid runs: `trained` on each multi-agent run, three modes once per
-    workflow."""
-    return len(grid) - 1 + 3 * len({declared.GRID[n][1] for n in grid if n != "single"})
+    """eval.py commands a seed's grid runs (eval_commands, none of them run yet)."""
+    return sum(len(eval_commands("", n, 0, 1, grid, r)) for n in grid if n != "single"
+               for r in run_seeds(n, 0))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -329,12 +354,13 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--replicate: {args.out} holds no study.json; run the study first")
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
+        print(f"the study's code: commit {record_commit(args.out)}", flush=True)
     clock = Clock(args.jobs)
     if args.replicate:
         return replicate(args, clock, results)
     clock.plan("build", sum(map(needs_build, range(args.seeds))))
     clock.plan("calibrate", args.seeds)
-    clock.plan("train", (len(declared.SWEEP) + len(grid)) * args.seeds)
+    clock.plan("train", sum(map(declared.runs_a_seed, [*declared.SWEEP, *grid])) * args.seeds)
     clock.plan("eval", evals_per_seed(grid) * args.seeds)
     seeds, set_aside = calibrated_seeds(args.out, args.seeds, list(range(declared.CANDIDATES)),
                                         args.jobs, clock, args.dry_run)
@@ -350,8 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                        args.dry_run)
     if args.dry_run:
         return
-    runs = [f"{n}-s{s}" for s in seeds for n in [*declared.SWEEP, *grid]
-            if finished(args.out, n, s, args.steps)]
+    runs = [run_name(n, s, r) for n, s, r in every_run([*declared.SWEEP, *grid], seeds)
+            if finished(args.out, n, s, args.steps, r)]
     findings.keep_results(args.out, runs, results)
     from toyworld.figures import plot_study
     os.makedirs(args.figures or args.out, exist_ok=True)
@@ -362,7 +388,8 @@ def main(argv: list[str] | None = None) -> None:
                             os.path.join(args.out, run) + ".html")["path"] for run in runs]
     study = report(results, [*declared.SWEEP, *grid], seeds, args.steps, lr, clock.minutes(),
                    figures)
-    study.update(reports=reports, set_aside=set_aside, **seed_records(args.out, seeds, set_aside))
+    study.update(reports=reports, set_aside=set_aside, commits=commits(args.out),
+                 **seed_records(args.out, seeds, set_aside))
     write_study(args.out, results, study, args.doc, args.readme)
     print(f"study: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 
