@@ -33,6 +33,9 @@ from infra.roles import role_type
 from toyworld import toy_hooks
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
+# activation checkpointing in the update (train.py), and whether it is on: infra/models.py
+enable_grad_checkpointing = models.enable_grad_checkpointing
+grad_checkpointing_on = models.grad_checkpointing_on
 
 # Attention kernels that are exact when a row's attention mask has holes (shared prompt passes leave
 # masked columns between a row's prompt and its last token); flash-attention's unpadding is not
@@ -59,19 +62,6 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu
     if tokenizer.pad_token_id is None:  # generation needs a pad id; masks never rely on it
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
-
-
-def enable_grad_checkpointing(model) -> None:
-    """Activation checkpointing in the update: each decoder layer keeps only its input and
-    recomputes the rest in backward (non-reentrant: LoRA needs no input gradients). Generation and
-    no-grad passes are unaffected. (Its name differs by transformers version: infra/models.py.)"""
-    models.enable_activation_checkpointing(model.get_base_model() if isinstance(model, PeftModel)
-                                           else model)
-
-
-def grad_checkpointing_on(model) -> bool:
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    return any(getattr(m, "gradient_checkpointing", False) for m in base.get_decoder().modules())
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = False) -> list[int]:
@@ -157,7 +147,8 @@ def make_engine(engine: str, model, tokenizer, *, max_new_tokens: int, temperatu
         return vllm_engine.VLLMEngine(base_folder, model, tokenizer, eos, to_generation,
                                       max_new_tokens, temperature, top_p, vllm_memory, dtype, seed,
                                       drift=drift)
-    fits = memory.hf_generation_budget(model, rows, max_tokens)  # 0s: what fits on CUDA
+    static = decoding.decode_mode(decode, model, quiet=True) == "static"  # keeps its K and V
+    fits = memory.hf_generation_budget(model, rows, max_tokens, keep=static)  # 0s: what fits
     return HFEngine(model, tokenizer, max_new_tokens, temperature, top_p,
                     share_prompts=share_prompts, decode=decode, **vars(fits))
 
@@ -188,8 +179,8 @@ def cache_kwarg(model) -> str:
 
 
 def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
-                        adapter_names: list[str] | None = None, columns: Callable | None = None
-                        ) -> tuple[DynamicCache, torch.Tensor] | None:
+                        adapter_names: list[str] | None = None, columns: Callable | None = None,
+                        into=None) -> tuple[DynamicCache, torch.Tensor] | None:
     """The KV cache of every row's prompt but its last token, computed once per distinct prompt.
 
     A GRPO batch holds each prompt n times, and prompts (instructions, other roles' outputs) are
@@ -199,8 +190,10 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
     gradients equal a full pass per row up to float rounding. Prefixes are left-padded like
     `left_pad(prompts)` minus its last column. `columns(U, width)` runs the pass in pieces of that
     many columns (the HF engine on CUDA: its mask [U, 1, C, <=P] and activations stay bounded,
-    infra/memory.py), worth it even when no prompt repeats. Returns (cache, prefix mask [B, P-1]),
-    or None when a prompt is a single token or, without `columns`, no prompt repeats.
+    infra/memory.py), worth it even when no prompt repeats. `into`: the static decode's cache of
+    the B rows, filled in place (decoding.first_rows, spread_rows: the prompts' K and V held once).
+    Returns (cache, prefix mask [B, P-1]), or None when a prompt is a single token or, without
+    `columns`, no prompt repeats.
     """
     keys = [(tuple(p), adapter_names[i] if adapter_names else None) for i, p in enumerate(prompts)]
     distinct: dict[tuple, int] = {}
@@ -211,16 +204,18 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
     ids, mask = left_pad([list(p[:-1]) for p, _ in distinct], pad_id)
     ids, mask = ids.to(device), mask.to(device)
     routing = {"adapter_names": [a for _, a in distinct]} if adapter_names else {}
-    cache = DynamicCache()
+    cache = DynamicCache() if into is None else decoding.first_rows(model, into, len(distinct))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     step = columns(len(distinct), ids.shape[1]) if columns else ids.shape[1]
-    for s in range(0, ids.shape[1], step):  # each piece attends to the cache and itself
-        model(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
-              position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1,
-              **{cache_kwarg(model): cache}, **routing)
+    with decoding.attention("dynamic" if into is None else "static", model):
+        for s in range(0, ids.shape[1], step):  # each piece attends to the cache and itself
+            model(input_ids=ids[:, s:s + step], attention_mask=mask[:, :s + step],
+                  position_ids=positions[:, s:s + step], use_cache=True, logits_to_keep=1,
+                  **{cache_kwarg(model): cache}, **routing)
     index = torch.tensor(row_of, device=device)
-    cache.batch_select_indices(index)  # [U, heads, P-1, d] -> [B, heads, P-1, d]
-    return cache, mask[index]
+    if into is None:
+        cache.batch_select_indices(index)  # [U, heads, P-1, d] -> [B, heads, P-1, d]
+    return (cache if into is None else decoding.spread_rows(into, index, ids.shape[1])), mask[index]
 
 
 class HFEngine(StepHooks):
@@ -229,8 +224,9 @@ class HFEngine(StepHooks):
     max_new_tokens + `sampling_tokens`, its sampling buffers): on CUDA infra/memory's budget),
     returned in the caller's order; a chunk's repeated prompts are prefilled once
     (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given. `decode` static:
-    one adapter a call, decoded on a preallocated cache (on CUDA compiled; infra/decoding.py). It
-    samples with the trainer's own weights, so its hooks around an update only measure."""
+    one adapter a call, copied into the slot adapter, decoded on a preallocated cache kept across
+    calls and steps (on CUDA compiled once; infra/decoding.py). It samples with the trainer's own
+    weights, so its hooks around an update only measure."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,
@@ -250,8 +246,9 @@ class HFEngine(StepHooks):
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapters: list[str | None],
                  desc: str = "") -> list[Generation]:
-        # the order of micro-batches (by prompt, a prompt's copies adjacent), cut by rows and tokens
-        longest = [[0] * (self.max_new_tokens + self.sampling_tokens)] * len(prompts)  # as filled
+        # micro-batches by prompt (its copies adjacent), cut by rows and tokens, rows counted filled
+        spare = decoding.SPARE_COLUMNS if self.decode == "static" else 0  # its cache's blocks
+        longest = [[0] * (self.max_new_tokens + self.sampling_tokens + spare)] * len(prompts)
         groups = decoding.call_groups(adapters, self.decode)  # static: one adapter's rows each
         chunks = [[g[i] for i in c] for g in groups for c in micro_batches(
             [prompts[i] for i in g], longest[:len(g)], self.batch_size, self.max_tokens)]
@@ -265,6 +262,8 @@ class HFEngine(StepHooks):
 
     def _generate_chunk(self, prompts: list[list[int]],
                         adapters: list[str | None]) -> list[Generation]:
+        if self.decode == "static" and len(prompts) == 1:  # a lone row beside a copy of itself: the
+            return self._generate_chunk(prompts * 2, adapters * 2)[:1]  # compiled step's shape
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         routing, only = {}, None
@@ -272,18 +271,21 @@ class HFEngine(StepHooks):
             names = [BASE if a is None else a for a in adapters]
             if len(set(names)) == 1:  # one adapter for the whole chunk: activate it, no routing
                 only = names[0]
+                if self.decode == "static":  # every call on one adapter: the compiled step's one
+                    only = decoding.slot_adapter(self.model, only)
             else:  # every row names its adapter (PEFT mixed-adapter batch); `__base__`: none
                 routing["adapter_names"] = names
         self.model.eval()
         with use_adapter(self.model, only) if only else contextlib.nullcontext():
+            # static: the call's preallocated cache, which the shared prompt pass fills in place
+            # (infra/decoding.py); with a filled cache generate() runs each row's last prompt token
+            keyword = cache_kwarg(self.model)
+            cache = decoding.cache_kwargs(self.decode, self.model, len(prompts),
+                                          ids.shape[1] + self.max_new_tokens, keyword, self.store)
             shared = (self.share_prompts or self.prefill_columns) and shared_prompt_cache(
                 self.model, prompts, self.tokenizer.pad_token_id, routing.get("adapter_names"),
-                self.prefill_columns)
-            # with a cache, generate() runs only each row's last prompt token on top of it; static:
-            # a cache preallocated for the call, holding the shared prompts' (infra/decoding.py)
-            width = ids.shape[1] + self.max_new_tokens
-            cache = decoding.cache_kwargs(self.decode, self.model, shared[0] if shared else None,
-                                          len(prompts), width, cache_kwarg(self.model), self.store)
+                self.prefill_columns, into=cache.get(keyword))
+            cache = {**cache, keyword: shared[0]} if shared else cache
             with decoding.attention(self.decode, self.model):  # static: only the filled columns
                 seqs = self.model.generate(input_ids=ids, attention_mask=mask,
                                            max_new_tokens=self.max_new_tokens,
@@ -292,11 +294,6 @@ class HFEngine(StepHooks):
                                            **self.sampling, **routing, **cache)
         new_tokens = seqs[:, ids.shape[1]:].tolist()
         return [to_generation(row, self.eos_ids, self.tokenizer) for row in new_tokens]
-
-    def before_update(self, calls: list) -> dict[str, list[float]]:
-        """The static mode's K and V go before the update (its memory plan does not hold them)."""
-        self.store.release()
-        return super().before_update(calls)
 
     def after_update(self, adapters: list[str]) -> dict[str, float]:
         """The step's memory peaks; on CUDA, what the static decode compiled or its fallback."""

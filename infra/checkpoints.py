@@ -25,6 +25,7 @@ import torch
 from peft import PeftModel, set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
+from infra.decoding import SLOT
 from infra.distributed import barrier, gather, world
 from infra.runfolder import WriteError, writing
 
@@ -51,10 +52,16 @@ def set_rng_state(state: dict) -> None:
 
 # ---------------------------------------------------------------- adapters as PEFT folders
 
+def trained_adapters(model: PeftModel) -> list[str]:
+    """The model's adapters but the static decode's slot (infra/decoding.py: a copy of one of
+    them, made for sampling)."""
+    return [name for name in model.peft_config if name != SLOT]
+
+
 def save_adapters(model: PeftModel, folder: str) -> None:
     """Each adapter as a standard PEFT folder: `folder/<adapter>/adapter_model.safetensors` +
     config."""
-    for name in model.peft_config:
+    for name in trained_adapters(model):
         model.save_pretrained(folder, selected_adapters=[name])
 
 
@@ -72,7 +79,7 @@ def read_adapters(folder: str, names: list[str],
 
 def load_adapters(model: PeftModel, folder: str, weights: dict | None = None) -> None:
     """Load every adapter saved by `save_adapters` into an already-wrapped model, bit-exact."""
-    weights = weights or read_adapters(folder, list(model.peft_config), str(model.device))
+    weights = weights or read_adapters(folder, trained_adapters(model), str(model.device))
     for name, state in weights.items():
         set_peft_model_state_dict(model, state, adapter_name=name)
 

@@ -1,28 +1,32 @@
 """How the HF engine runs its decode loop: the `--decode` setting (dynamic or static), and the
-static mode's preallocated KV cache.
+static mode's preallocated KV cache, compiled once for every adapter.
 
 What it is for. `model.generate` with a `DynamicCache` is bound by the host on a GPU: each decode
 step launches a few thousand small kernels from Python, and the cache concatenates every layer's
 K and V once more each step. The static mode hands `generate` a preallocated cache
-(`BlockCache`, a view of `CacheStore`'s buffers, kept across calls) whose attention
-(`attend_filled`) reads each KV head once and only the columns filled so far, to within a block.
-transformers then compiles the model's forward for the decode steps on CUDA by itself (`generate`
-checks for a compileable cache; its default `CompileConfig` is inductor with CUDA graphs,
-`mode="reduce-overhead"`; here with dynamic shapes, COMPILE), so a step is one graph replay
-instead of thousands of launches. This is what
-transformers ships, in 5.17 as in 5.24. LoRA stays unmerged: the compiled forward runs PEFT's
-layers with the one active adapter (a changed adapter is a guard that fails once, then a second
-compiled graph). A PEFT mixed-adapter batch (`adapter_names`) runs hooks per adapter's rows
-that the compiler would break on, so in the static mode the engine cuts its rows by adapter
-first (`call_groups`): every call has one.
+(`BlockCache`, a view of `CacheStore`'s buffers, kept across calls and training steps) whose
+attention (`attend_filled`) reads each KV head once and only the columns filled so far, to
+within a block. transformers then compiles the model's forward for the decode steps on CUDA by
+itself (`generate` checks for a compileable cache; its default `CompileConfig` is inductor with
+CUDA graphs, `mode="reduce-overhead"`; here with dynamic shapes, COMPILE), so a step is one
+graph replay instead of thousands of launches. What keeps it to one compile:
+  - one adapter for every call: PEFT's active adapter is a guard of the compiled step, so each
+    call's adapter is copied into one slot adapter first (`slot_adapter`, PEFT's hotswap), kept in
+    the weights' dtype (no cast of LoRA's fp32 weights at each step); a mixed-adapter batch runs
+    hooks the compiler would break on, so the engine cuts its rows by adapter first (`call_groups`);
+  - every size its own symbol (`attention`: no duck sizing), a spare block past the mask's widest
+    (`cache_columns`), and a one-row call run as two rows (the compiler specialises a size of 1).
+The shared prompt pass fills the call's cache in place (`first_rows`, `spread_rows`), so a call
+holds its prompts' K and V once (infra/memory.py's plan: tests/test_decoding.py measures it).
 
 What it is not for. It does not change what is sampled: greedy rows equal the dynamic mode's,
-and sampled rows equal them call by call (a mixed batch's rows are drawn in other calls: the same
-distribution, other draws; tests/test_policies.py). On the CPU nothing is compiled. It is not
-continuous batching (a call still runs until its longest row ends), it does not merge the
-adapter into the weights, and its memory is the dynamic mode's plan (infra/memory.py) plus fewer
-than CACHE_BLOCK columns a row and the compiled graphs' pools. On a GPU its speed, compile time
-and peaks are still unmeasured (bench/README.md).
+and sampled rows equal them call by call (a mixed batch's rows are drawn in other calls, a lone
+row beside a copy of itself: the same distribution, other draws; tests/test_policies.py). On the
+CPU nothing is compiled. It is not continuous batching (a call still runs until its longest row
+ends), and it does not merge the adapter into the weights. Its memory is the dynamic mode's plan
+plus at most SPARE_COLUMNS columns a row, the compiled graphs' pools, and the store kept through
+the update (infra/memory.py). On a GPU its speed, compile time and peaks are still unmeasured
+(bench/README.md).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ import shutil
 import sysconfig
 
 import torch
+import torch.fx.experimental._config
+from peft.utils.hotswap import hotswap_adapter_from_state_dict
 from transformers import AttentionInterface, CompileConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -55,20 +61,49 @@ RERECORD_LIMIT = 1 << 30
 COMPILE = CompileConfig(dynamic=True)
 
 
-def decode_mode(decode: str, model) -> str:
+def decode_mode(decode: str, model, quiet: bool = False) -> str:
     """`--decode` resolved for `model`: auto is static on CUDA (where a compiled step pays) and
     dynamic elsewhere, so the CPU's runs stay as they were; static on CUDA without what the
-    compiler needs (`compiler_problem`) is dynamic, with one warning line. Example: auto on a CPU
-    -> dynamic."""
+    compiler needs (`compiler_problem`) is dynamic, with one warning line (none if `quiet`).
+    Example: auto on a CPU -> dynamic."""
     if decode not in DECODE_MODES:
         raise ValueError(f"unknown decode mode {decode!r} (expected one of {DECODE_MODES})")
     on_cuda = next(model.parameters()).is_cuda
     mode = decode if decode != "auto" else "static" if on_cuda else "dynamic"
     if mode == "static" and on_cuda and (problem := compiler_problem()):
-        print(f"warning: --decode {decode}: {problem}; the HF engine decodes dynamic (uncompiled), "
-              "counted as decode_fallback in the metrics")
+        if not quiet:
+            print(f"warning: --decode {decode}: {problem}; the HF engine decodes dynamic "
+                  "(uncompiled), counted as decode_fallback in the metrics")
         return "dynamic"
     return mode
+
+
+# The adapter every static call decodes with (`slot_adapter`): the call's own adapter's weights are
+# copied into it first, so the compiled step sees one adapter, at the same addresses, whichever role
+# it samples (PEFT's active adapter is a guard of the compiled step: a new one would recompile)
+SLOT = "decode_slot"
+
+
+def slot_adapter(model, adapter: str | None) -> str:
+    """SLOT holding `adapter`'s LoRA weights (None or `__base__`: zeros, so the slot adds exactly
+    nothing to the base's outputs), copied in place with PEFT's hotswap (the library's way to change
+    a compiled model's adapter without recompiling). The slot is added at the first call, with the
+    trained adapters' config, in the base weights' dtype: the copy casts once a call what the
+    training adapters (fp32 master weights) would cast at every decode step. Returns SLOT."""
+    config = next(c for name, c in model.peft_config.items() if name != SLOT)
+    if SLOT not in model.peft_config:
+        devices = [model.device] if model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # its init draws, which sampling must not see
+            model.add_adapter(SLOT, config)
+        dtype = model.get_base_model().get_input_embeddings().weight.dtype
+        for name, p in model.named_parameters():
+            if f".{SLOT}." in name:
+                p.data = p.data.to(dtype)
+    state = {} if adapter in (None, "__base__") else {
+        name.replace(f".{adapter}.", f".{SLOT}."): p.detach()
+        for name, p in model.named_parameters() if f".{adapter}." in name and "lora_" in name}
+    hotswap_adapter_from_state_dict(model, state, SLOT, config)  # missing keys: zeroed
+    return SLOT
 
 
 def call_groups(adapters: list, mode: str) -> list[list[int]]:
@@ -104,15 +139,15 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def cache_kwargs(mode: str, model, prefix, rows: int, tokens: int, keyword: str,
+def cache_kwargs(mode: str, model, rows: int, tokens: int, keyword: str,
                  store: "CacheStore") -> dict:
     """generate()'s keywords for its cache (`keyword`: its name, by transformers version). Dynamic:
-    `prefix` as it is, or none (generate makes its own DynamicCache). Static: `store`'s cache for
-    `rows` rows of `tokens` columns holding `prefix` (a filled DynamicCache, e.g. the shared prompt
-    pass's: `generate` then runs only the columns after it), and COMPILE where generate() compiles.
-    On CUDA it also raises torch.compile's limits to RECOMPILE_LIMIT and RERECORD_LIMIT."""
+    none (generate makes its own DynamicCache, or the caller passes the shared prompt pass's).
+    Static: `store`'s cache for `rows` rows of `tokens` columns, empty (the shared prompt pass fills
+    it in place: policies.shared_prompt_cache's `into`), and COMPILE where generate() compiles. On
+    CUDA it also raises torch.compile's limits to RECOMPILE_LIMIT and RERECORD_LIMIT."""
     if mode == "dynamic":
-        return {} if prefix is None else {keyword: prefix}
+        return {}
     # where generate() compiles: CUDA (or a config forced onto every device, as a test does)
     compiles = next(model.parameters()).is_cuda or COMPILE._compile_all_devices
     if compiles:
@@ -121,17 +156,49 @@ def cache_kwargs(mode: str, model, prefix, rows: int, tokens: int, keyword: str,
         # recompile_limit: torch's name since 2.6 (cache_size_limit is its older alias)
         dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         inductor.triton.cudagraph_unexpected_rerecord_limit = RERECORD_LIMIT
-    cache = store.cache(model, rows, tokens)
-    if prefix is not None:  # its layers copied one at a time and freed: one layer's K and V extra
-        for i, layer in enumerate(prefix.layers):
-            cache.update(layer.keys, layer.values, i)  # [B, heads, P - 1, d] into columns 0..P-2
-            layer.keys = layer.values = None
-    return {keyword: cache, **({"compile_config": COMPILE} if compiles else {})}
+    return {keyword: store.cache(model, rows, tokens),
+            **({"compile_config": COMPILE} if compiles else {})}
+
+
+def first_rows(model, cache: "BlockCache", rows: int) -> "BlockCache":
+    """An empty BlockCache over the first `rows` rows of `cache`'s K and V: views, so what a forward
+    writes into it, `cache` holds. The shared prompt pass fills the distinct prompts in here."""
+    view = BlockCache(config=model.config, max_cache_len=cache.layers[0].max_cache_len)
+    for layer, full in zip(view.layers, cache.layers):
+        fill_layer(layer, full.keys[:rows], full.values[:rows])
+    return view
+
+
+def spread_rows(cache: "BlockCache", index: torch.Tensor, filled: int) -> "BlockCache":
+    """Every row of `cache` given its prompt's first `filled` columns, in place: row i becomes row
+    index[i] of those the shared prompt pass filled (`first_rows`), one layer's K, then its V, at a
+    time (the gather is a copy: the call holds the prompts' K and V once, plus half a layer of
+    them), and every layer counted as filled up to there. Returns `cache`."""
+    same = torch.equal(index, torch.arange(len(index), device=index.device))
+    for layer in cache.layers:
+        if not same:  # a prompt several rows repeat
+            for kv in (layer.keys, layer.values):
+                kv[:, :, :filled] = kv[index, :, :filled]
+        layer.cumulative_length.fill_(filled)
+    return cache
 
 
 def blocks(columns: int) -> int:
     """`columns` rounded up to a multiple of CACHE_BLOCK. Example: 1 -> 128, 129 -> 256."""
     return -(-columns // CACHE_BLOCK) * CACHE_BLOCK
+
+
+def cache_columns(tokens: int) -> int:
+    """A static cache's columns for a call of `tokens` (prompt + new): rounded up to a block, and
+    one spare block, so that the mask's width (at most blocks(tokens)) never reaches the cache's.
+    At equal widths the attention's K and V are the whole cache, contiguous, which the compiled
+    step guards on: the call's last block would compile again. Example: 300 -> 512."""
+    return blocks(tokens) + CACHE_BLOCK
+
+
+# the most columns a static call's cache adds to a row's tokens (cache_columns): the HF engine
+# counts them in its token budget
+SPARE_COLUMNS = 2 * CACHE_BLOCK - 1
 
 
 # ---------------------------------------------------------------- reading only what a step needs
@@ -165,7 +232,10 @@ def attend_filled(module, query, key, value, attention_mask, dropout: float = 0.
     repeat.) Every other call, prefill included, is transformers' SDPA path on the sliced K and
     V. Returns (output [B, q, H, d], None), as transformers' attention functions do."""
     if attention_mask is not None:  # always cut (a no-op at full width): no branch to guard on
-        key, value = key[:, :, :attention_mask.shape[-1]], value[:, :, :attention_mask.shape[-1]]
+        # narrow, not a slice: a slice clamps its end (min(W, L)), which the compiler guards on
+        # (W < L, then W == L at the cache's last block: a recompile); narrow only asserts W <= L
+        width = attention_mask.shape[-1]
+        key, value = key.narrow(2, 0, width), value.narrow(2, 0, width)
     groups = getattr(module, "num_key_value_groups", 1)
     if query.shape[2] != 1 or groups == 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -177,16 +247,27 @@ def attend_filled(module, query, key, value, attention_mask, dropout: float = 0.
     return out.reshape(rows, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
+def filled_mask(*args, **kwargs):
+    """transformers' SDPA mask (boolean), always a tensor of its own: sdpa_mask gives a view for
+    some batches and not for others (rows padded or all of one length), and the compiled step
+    guards on whether its mask is a view, so it would compile again when that changed."""
+    mask = sdpa_mask(*args, **kwargs)
+    return mask if mask is None or mask._base is None else mask.clone()
+
+
 ATTENTION = "marl_attend_filled"  # its name in transformers' registries
 AttentionInterface.register(ATTENTION, attend_filled)
-AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # masks as SDPA takes them (boolean)
+AttentionMaskInterface.register(ATTENTION, filled_mask)  # masks as SDPA takes them
 
 
 @contextlib.contextmanager
 def attention(mode: str, model):
     """The body's forwards (a generate() call) with `attend_filled` as the model's attention in
     the static mode; the dynamic mode and the update keep SDPA. A compiled step guards on this
-    name: every static call sets it, so the guard holds."""
+    name: every static call sets it, so the guard holds. Static: every size the compiler meets
+    gets a symbol of its own (no "duck sizing", which gives sizes equal in the first trace one
+    symbol: a mask as wide as the cache, or rows as many as the mask's columns, would then compile
+    again when they part)."""
     if mode != "static":
         yield
         return
@@ -194,37 +275,38 @@ def attention(mode: str, model):
     before = config._attn_implementation
     config._attn_implementation = ATTENTION
     try:
-        yield
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            yield
     finally:
         config._attn_implementation = before
 
 
 class CacheStore:
-    """The static mode's K and V memory, kept across generate() calls, so a compiled step's CUDA
-    graph is recorded once per shape (rows, cache columns, mask width), not once per call.
+    """The static mode's K and V memory, kept across generate() calls and training steps, so a
+    compiled step's CUDA graph is recorded once per shape (rows, cache columns, mask width), not
+    once per call or step.
 
     One flat buffer per layer for K and one for V, as large as the largest call's rows x columns
     (the memory a StaticCache of that call would take: infra/memory.py's plan), grown when a call
     needs more; a call of `rows` rows gets a BlockCache whose layers are views of the buffers'
     first elements, at the same addresses for every call. The cache of a row count is reused
-    (reset in place) while its columns suffice. `release()` frees it all (the engine before the
-    update, whose memory plan does not count it)."""
+    (reset in place) while its columns suffice. It stays through the update, whose memory plan
+    counts it (infra/memory.kept_store_bytes); `release()` frees it all."""
 
     def __init__(self):
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.caches: dict[int, BlockCache] = {}
 
     def cache(self, model, rows: int, tokens: int) -> BlockCache:
-        """A reset BlockCache for `rows` rows and at least `tokens` columns (rounded up to
-        CACHE_BLOCK)."""
+        """A reset BlockCache for `rows` rows and at least `tokens` columns (`cache_columns`)."""
         cache = self.caches.get(rows)
-        if cache is not None and cache.layers[0].max_cache_len >= tokens:
+        if cache is not None and cache.layers[0].max_cache_len >= cache_columns(tokens):
             cache.reset()
             return cache
         config = model.config.get_text_config(decoder=True)
         heads = config.num_key_value_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        columns = blocks(tokens)
+        columns = cache_columns(tokens)
         size = rows * heads * columns * dim
         if not self.buffers or self.buffers[0][0].numel() < size:
             self.release()  # the old buffers go before the new ones come

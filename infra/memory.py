@@ -47,6 +47,10 @@ MASK_BOOL, MASK_COPY, MASK_ALIGN = 1, 2, 8
 MASK_CELL_MAX = MASK_BOOL + 2 * MASK_COPY   # a cell with both copies: 5 bytes
 # of the free GPU memory, what one generate() call may hold (the rest: reserved > allocated)
 GENERATION_FRACTION = 0.8
+# The static decode keeps its K and V through the update (infra/decoding.CacheStore: its CUDA graphs
+# are recorded once, not at every step), so its calls may hold this much of the free memory at the
+# engine's build instead; the rest is the update's, whose plan counts what is kept (`plan_bytes`)
+KEPT_FRACTION = 0.4
 # The HF engine's prefill runs in pieces of at most PREFILL_TOKENS tokens over all rows and
 # PREFILL_CELLS mask cells, so its activations and mask are constants; what grows with a call is its
 # KV cache.
@@ -171,13 +175,14 @@ def kl_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: 
 
 
 def plan_bytes(m: Footprint, adapters: int, roles: int, budget: int, longest_row: int,
-               kl: bool = False) -> dict[str, float]:
+               kl: bool = False, kept: float = 0.0) -> dict[str, float]:
     """A step's peaks within one budget: the update, the no-grad passes, the KL pass (counted with
-    `kl`: --kl-coef); the allocated peak is the largest counted, the reserved peak adds the largest
-    transient block (the mask's bf16 copy, or one fp32 head chunk)."""
-    peaks = {"update": update_bytes(m, adapters, roles, budget, longest_row),
-             "nograd": nograd_bytes(m, adapters, budget, longest_row),
-             "kl": kl_bytes(m, adapters, roles, budget, longest_row)}
+    `kl`: --kl-coef), each beside `kept` (the static decode's K and V: `kept_store_bytes`); the
+    allocated peak is the largest counted, the reserved peak adds the largest transient block (the
+    mask's bf16 copy, or one fp32 head chunk)."""
+    peaks = {"update": update_bytes(m, adapters, roles, budget, longest_row) + kept,
+             "nograd": nograd_bytes(m, adapters, budget, longest_row) + kept,
+             "kl": kl_bytes(m, adapters, roles, budget, longest_row) + kept}
     block = max(widest_mask_cells(budget, longest_row) * MASK_COPY, m.head / HEAD_COPIES)
     allocated = max(v for k, v in peaks.items() if kl or k != "kl")
     return {**peaks, "allocated": allocated, "reserved": reserved_bytes(allocated, block)}
@@ -209,17 +214,35 @@ def generation_bytes_per_token(kv_token: int, layers: int, repeated_kv: int) -> 
     return kv_token + kv_token // layers + repeated_kv + MASK_CELL_MAX + GENERATE_INT64_BYTES
 
 
-def generation_fixed_bytes(activation_token: int, rows: int, vocab: int) -> int:
-    """What a generate() call holds whatever its length: a prefill piece's mask and activations, and
+def generation_fixed_bytes(activation_token: int, rows: int, vocab: int,
+                           piece_tokens: int = PREFILL_TOKENS,
+                           piece_cells: int = PREFILL_CELLS) -> int:
+    """What a generate() call holds whatever its length: a prefill piece's mask and activations (at
+    most PREFILL_CELLS cells and PREFILL_TOKENS tokens; a call's own pieces may be smaller), and
     sampling over the vocabulary for `rows` rows."""
-    prefill = PREFILL_CELLS * MASK_CELL_MAX + PREFILL_TOKENS * activation_token
+    prefill = piece_cells * MASK_CELL_MAX + piece_tokens * activation_token
     return prefill + rows * vocab * SAMPLING_BYTES
 
 
-def generation_tokens(free_bytes: int, per_token: int, fixed: int = 0) -> int:
-    """Tokens (rows x (prompt + new), over one generate() call) that fit in GENERATION_FRACTION of
-    the free memory beside `fixed`."""
-    return max(1, int((GENERATION_FRACTION * free_bytes - fixed) / per_token))
+def generation_call_bytes(per_token: int, rows: int, columns: int, fixed: int) -> int:
+    """The plan's bytes for one generate() call: `rows` rows of `columns` columns each (prompt and
+    new tokens; the static mode's cache rounds them up: decoding.cache_columns) at `per_token`
+    (`generation_bytes_per_token`), beside `fixed` (`generation_fixed_bytes`). What the HF engine's
+    token budget assumes a call holds; tests/test_decoding.py measures a call against it."""
+    return fixed + rows * columns * per_token
+
+
+def kept_store_bytes(tokens: int, kv_token: int) -> int:
+    """The static decode's K and V kept through the update: at most the engine's token budget's
+    (its largest call's rows x columns) KV cache."""
+    return tokens * kv_token
+
+
+def generation_tokens(free_bytes: int, per_token: int, fixed: int = 0,
+                      fraction: float = GENERATION_FRACTION) -> int:
+    """Tokens (rows x (prompt + new), over one generate() call) that fit in `fraction` of the free
+    memory beside `fixed`."""
+    return max(1, int((fraction * free_bytes - fixed) / per_token))
 
 
 def sampling_tokens(per_token: int, vocab: int) -> int:
@@ -246,11 +269,13 @@ class GenerationBudget:
     sampling_tokens: int = 0
 
 
-def hf_generation_budget(model, rows: int = 0, tokens: int = 0) -> GenerationBudget:
+def hf_generation_budget(model, rows: int = 0, tokens: int = 0,
+                         keep: bool = False) -> GenerationBudget:
     """`--gen-batch-size` (rows) and `--gen-max-tokens` (tokens), 0 for what fits: on CUDA the
     tokens that fit in the free memory when the engine is built (weights and adapters loaded) beside
     a prefill piece, each row also counting its sampling buffers, so rows 0 leaves the rows to the
-    token budget (a call of short rows holds more of them); on the CPU no token bound, one prefill
+    token budget (a call of short rows holds more of them); with `keep` (the static decode, whose K
+    and V stay through the update) in KEPT_FRACTION of it; on the CPU no token bound, one prefill
     pass, rows 0 meaning CPU_GENERATION_ROWS. Tokens given are taken as they are (rows x (prompt +
     new))."""
     import torch
@@ -270,7 +295,8 @@ def hf_generation_budget(model, rows: int = 0, tokens: int = 0) -> GenerationBud
     if tokens:
         return GenerationBudget(rows or 1 << 62, tokens, prefill_columns)
     tokens = generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token,
-                               generation_fixed_bytes(act, 0, c.vocab_size))
+                               generation_fixed_bytes(act, 0, c.vocab_size),
+                               KEPT_FRACTION if keep else GENERATION_FRACTION)
     return GenerationBudget(rows or 1 << 62, tokens, prefill_columns, sampling_tokens(
         per_token, c.vocab_size))
 

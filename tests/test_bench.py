@@ -62,6 +62,8 @@ def few_problems(monkeypatch):
      "rollout  static"),  # after the dynamic mode's line; the update's follows
     ("bench_decode_attention.py", ["--rows", "2", "--prompt", "20", "--new-tokens", "140"],
      "steps off the hand count: none"),  # two blocks of the cache, greedy tokens equal
+    ("bench_decode_compile.py", ["--rows", "2", "--new-tokens", "3"],
+     "casts removed: 28 (2 a LoRA layer: 28); greedy tokens equal"),  # tiny-qwen3: 2 layers x 7 LoRA layers
     ("bench_isolation.py", ["--tasks", "1", "--n", "2", "--new-tokens", "4", "--steps", "1", "--warmup", "0",
                             "--threads", "1"], "ratio IP/SP"),
     ("bench_memory.py", ["--plan"], "4B    code"),

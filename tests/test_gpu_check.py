@@ -189,17 +189,25 @@ def test_the_plan_takes_the_models_own_scale():
 
 
 def test_each_check_has_its_bound_and_a_part_runs_what_fits(tmp_path, monkeypatch):
-    """A lease gives two commands of at most 5 minutes: each check names its part and its time bound, the parts
-    keep CHECKS' order of value, a part's bounds are read against PART_SECONDS (a check whose bound no longer
-    fits is skipped, said so), and a check past its bound fails in one line. --small runs every check, unbounded."""
+    """A lease gives two commands, of 5 and 7 minutes: each check names its part and its time bound, the parts keep
+    CHECKS' order of value, a part's bounds are read against its PART_SECONDS (a check whose bound no longer fits
+    is skipped, said so), and a check past its bound fails in one line. Part 1's checks fit in its time, and part
+    2 begins with the decode, then the two costs, all three within its time (each bound with one cold compile):
+    none of those figures is skipped for time. --small runs every check, unbounded."""
     import argparse
     import time
 
     import gpu_check
-    assert all(part in (1, 2) and 0 < bound <= gpu_check.PART_SECONDS for part, bound in gpu_check.CHECKS.values())
-    assert sum(b for p, b in gpu_check.CHECKS.values() if p == 1) <= gpu_check.PART_SECONDS
+    checks = gpu_check.CHECKS
+    assert all(part in (1, 2) and 0 < bound <= gpu_check.PART_SECONDS[part] for part, bound in checks.values())
+    assert sum(b for p, b in checks.values() if p == 1) <= gpu_check.PART_SECONDS[1]
+    second = [name for name, (part, _) in checks.items() if part == 2]
+    assert second[:3] == ["decode", "cost-1.7b", "cost-4b"]
+    assert sum(checks[name][1] for name in second[:3]) <= gpu_check.PART_SECONDS[2]
+    todo = gpu_check.checks(argparse.Namespace(small=True, out=str(tmp_path), work=str(tmp_path)), "tiny-qwen3", {})
+    assert list(todo) == list(checks)  # the order they run in
     monkeypatch.setattr(gpu_check, "CHECKS", {"fast": (1, 1), "slow": (1, 1), "big": (1, 5), "other": (2, 1)})
-    monkeypatch.setattr(gpu_check, "PART_SECONDS", 4)
+    monkeypatch.setattr(gpu_check, "PART_SECONDS", {1: 4, 2: 4})
     todo = {"fast": lambda: ("pass", "done"), "slow": lambda: time.sleep(3) or ("pass", "never"),
             "big": lambda: ("pass", "never"), "other": lambda: ("pass", "part 2")}
     args = argparse.Namespace(small=False, only=None, part=1, out=str(tmp_path))

@@ -109,6 +109,10 @@ def test_every_peak_of_a_step_by_hand():
     assert memory.plan_bytes(m, adapters=1, roles=3, budget=1000, longest_row=100, kl=True) == \
         {**peaks, "allocated": 5_502_995_472, "reserved": 5_503_195_472}
     assert memory.update_bytes(m, 3, 1, 1000, 100) == 5_702_795_472
+    # the static decode's K and V kept through the update (infra/decoding.CacheStore): beside every peak
+    kept = memory.kept_store_bytes(tokens=20, kv_token=100)
+    assert kept == 2000 and memory.plan_bytes(m, 1, 3, 1000, 100, kept=kept) == \
+        {**{k: v + 2000 for k, v in peaks.items()}, "allocated": 5_502_797_472, "reserved": 5_502_997_472}
 
 
 # ---------------------------------------------------------------- the HF engine's generate() calls
@@ -191,6 +195,11 @@ def test_the_hf_budget_reads_the_models_shape_and_the_free_memory(monkeypatch):
     held = 13 * (AGGREGATOR_WIDTH + 30) * 122_925 + 1_795_162_112
     assert budget.max_tokens // (AGGREGATOR_WIDTH + 30) == 13 and held == 55_843_563_662
     assert held <= memory.GENERATION_FRACTION * worked_example()
+    # the static decode keeps its K and V through the update: its calls take 0.4 of the free memory, not 0.8,
+    # int((0.4 x free - fixed) / 122,925) = 229,210 tokens, whose K and V (kept_store_bytes) are 26,287,636,480
+    # bytes: what the update's plan counts beside its own peaks
+    kept = memory.hf_generation_budget(qwen3_1_7b_on_cuda(), 0, keep=True)
+    assert kept.max_tokens == 229_210 and memory.kept_store_bytes(kept.max_tokens, 114_688) == 26_287_636_480
 
 
 def test_rows_per_generate_call_come_from_the_budget_on_cuda(monkeypatch):

@@ -683,9 +683,10 @@ def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_ad
         decoding.decode_mode("fast", model)
     assert decoding.call_groups(["x", "y", None, "x"], "dynamic") == [[0, 1, 2, 3]]
     assert decoding.call_groups(["x", "y", None, "x"], "static") == [[0, 3], [1], [2]]
-    # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths
+    # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths,
+    # and a spare block (decoding.cache_columns)
     assert [decoding.blocks(n) for n in (1, 128, 129)] == [128, 128, 256]
-    assert [decoding.CacheStore().cache(model, 2, n).layers[0].max_cache_len for n in (1, 129)] == [128, 256]
+    assert [decoding.CacheStore().cache(model, 2, n).layers[0].max_cache_len for n in (1, 129)] == [256, 384]
 
 
 def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_model, monkeypatch):
@@ -707,13 +708,13 @@ def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_mo
     # hides it from every later test in the process)
     with torch._dynamo.config.patch(recompile_limit=8), \
             inductor.patch({"triton.cudagraph_unexpected_rerecord_limit": 128}):
-        kwargs = decoding.cache_kwargs("static", OnCuda(), None, 3, 200, "cache", decoding.CacheStore())
+        kwargs = decoding.cache_kwargs("static", OnCuda(), 3, 200, "cache", decoding.CacheStore())
         assert torch._dynamo.config.recompile_limit == 64
         assert inductor.triton.cudagraph_unexpected_rerecord_limit == 1 << 30
     assert kwargs["compile_config"] is decoding.COMPILE and decoding.COMPILE.dynamic is True
-    assert kwargs["cache"].layers[0].max_cache_len == 256 and kwargs["cache"].layers[0].keys.shape[0] == 3
+    assert kwargs["cache"].layers[0].max_cache_len == 384 and kwargs["cache"].layers[0].keys.shape[0] == 3
     store = decoding.CacheStore()
-    assert set(decoding.cache_kwargs("static", model, None, 3, 200, "cache", store)) == {"cache"}  # CPU: no compile
+    assert set(decoding.cache_kwargs("static", model, 3, 200, "cache", store)) == {"cache"}  # CPU: no compile
 
 
 def test_static_decode_greedy_equals_dynamic(two_adapter_model):
@@ -759,8 +760,9 @@ def test_static_decode_samples_equal_dynamic_call_by_call(two_adapter_model):
 
 def test_static_decode_splits_a_mixed_batch_into_one_adapter_calls(two_adapter_model, monkeypatch):
     """In the static mode no call mixes adapters (PEFT's mixed-adapter batch runs hooks the compiler breaks on):
-    rows x, y, base, x, y in one generate() become calls of [x, x], [y, y], [base], each within the row budget,
-    and come back in the caller's order, equal to each row generated alone."""
+    rows x, y, base, x, y in one generate() become calls of [x, x], [y, y], [base], each within the row budget
+    (the lone base row runs beside a copy of itself: the compiled step's shape for every row count but 1), and
+    come back in the caller's order, equal to each row generated alone."""
     model, tok = two_adapter_model
     prompts = [_prompt(tok, t) for t in PROMPT_TEXTS]
     rows, adapters = prompts + prompts[:1], ["x", "y", BASE, "x", "y"]
@@ -768,7 +770,7 @@ def test_static_decode_splits_a_mixed_batch_into_one_adapter_calls(two_adapter_m
     calls, real = [], engine._generate_chunk
     monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: calls.append(list(a)) or real(p, a))
     got = [g.completion_ids for g in engine.generate(rows, adapters)]
-    assert calls == [["x", "x"], ["y", "y"], [BASE]]
+    assert calls == [["x", "x"], ["y", "y"], [BASE], [BASE, BASE]]
     alone = [engine.generate([p], [a])[0].completion_ids for p, a in zip(rows, adapters)]
     assert got == alone
 

@@ -461,7 +461,8 @@ def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_ta
     for seed in range(3):
         folder = out / f"voting-sp-s{seed}"
         (folder / "samples").mkdir(parents=True)
-        rows = [{"step": s, "val/success": 0.5 + 0.01 * s * (seed + 1), "generator/loss_share": 0.75123456,
+        # values a float holds exactly at 4 decimals: a judgment on the copy is the same float for float
+        rows = [{"step": s, "val/success": 0.5 + 0.00625 * s * (seed + 1), "generator/loss_share": 0.75123456,
                  "aggregator/adv_std": 0.3, "time/rollout": 1.0} for s in range(0, 40, 10)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (folder / "eval.jsonl").write_text(json.dumps({"mode": "trained", "dataset": "math-d0-test",
@@ -478,8 +479,9 @@ def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_ta
     assert records(str(kept), "voting-sp-s1", "samples/step_000150.json") == []  # only the caption's run
     finding = {"id": "x", "claim": "c", "comparisons": [declared.c("end", ("voting-sp", "end", "success")),
                                                         declared.c("test", declared.ev("voting-sp"))]}
-    assert findings.judge_finding(str(kept), [0, 1, 2], finding) == findings.judge_finding(str(out), [0, 1, 2],
-                                                                                          finding)
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN == NaN)
+    assert same(findings.judge_finding(str(kept), [0, 1, 2], finding),
+                findings.judge_finding(str(out), [0, 1, 2], finding))
 
 
 def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hold(tmp_path):
@@ -565,8 +567,12 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
         verdicts.CLAIMS, verdicts.POST_HOC = original
     assert "| the paper's claim | comparison (A - B), rule | verdict, seeds 0, 1, 2, 3, 5 |" in table
     # the mean -0.076 and its t-interval, half-width 2.776 x 0.0330 (the SE) = 0.091: [-0.17, +0.02]
+    # its runs: one a seed here (no run SD), the seeds' SD 0.074 (0.0330 x sqrt 5); with nothing there the rule
+    # passes 5.5% of the time at that spread, and a true difference of 0.124 (1.68 x 0.074) is detected 80% of the
+    # time (toyworld/power.py's simulation: tests/test_power.py holds it by hand)
     assert ("| Only Eval-Opt under IP beats SA-RL ([finding 1: not testable here](#finding-1)) | Eval-Opt: trained "
-            "IP - SA-RL (greater 0.05) | **not shown** | -0.076 [-0.17, +0.02] | 0.091 | -0.08 -0.24 |") in table
+            "IP - SA-RL (greater 0.05) | **not shown** | -0.076 [-0.17, +0.02] | 1: n/a / 0.074 | 5.5% | 0.124 | "
+            "-0.08 -0.24 |") in table
     assert ("| 2026-12-04 (after the study and the replication) | [Eval-Opt IP does not beat SA-RL (the "
             "contradiction of finding 1's exception)](#finding-1) | Eval-Opt: trained IP - SA-RL (contradicts 0.05) "
             "| the opposite by the rule only (2 of 5 tie at 0) | -0.076 [-0.17, +0.02] | -0.08 -0.24, agree 2 of 2 |"
@@ -690,12 +696,14 @@ def test_a_configurations_other_runs_are_its_command_with_a_run_seed(tmp_path):
     assert (declared.RUNS, declared.DECLINE_RUNS, declared.RUN_SEED_STEP) == (3, 6, 1000)
 
 
-def test_a_seeds_decline_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_path):
-    """With reruns in the results, a decline is each seed's mean over its runs, and a decline comparison reports
-    the runs a seed and the run-to-run SD of one run's difference. By hand, from curves of 6 validation points (the
-    peak and the end are the means of the first and the last 3): on seed 0 A's runs decline 0.3, 0.1 and 0.2, B's
-    0.0, 0.0 and 0.1; the run differences 0.3, 0.1, 0.1 have mean 0.1667 and SD sqrt((0.1333^2 + 2 x 0.0667^2) / 2)
-    = 0.1155. Seed 1 has one run (0.2 - 0.0): nothing to the spread, and the fewest runs a seed is 1."""
+def test_a_seeds_value_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_path):
+    """With several runs of a configuration on a seed in the results, every quantity (a decline, a peak) is each
+    seed's mean over its runs, and a comparison reports the runs a seed and the run-to-run SD of one run's
+    difference, runs paired by run seed. By hand, from curves of 6 validation points (the peak and the end are the
+    means of the first and the last 3): on seed 0 A's runs decline 0.3, 0.1 and 0.2, B's 0.0, 0.0 and 0.1; the run
+    differences 0.3, 0.1, 0.1 have mean 0.1667 and SD sqrt((0.1333^2 + 2 x 0.0667^2) / 2) = 0.1155. Seed 1 has one
+    run (0.2 - 0.0): nothing to the spread, and the fewest runs a seed is 1. A's peaks on seed 0: 0.8, 0.6, 0.7,
+    their mean 0.7."""
     from toyworld.results import write_pack
 
     def curve(run, points):  # windows of 3: peak = the best 3-point mean, end = the last 3
@@ -709,8 +717,14 @@ def test_a_seeds_decline_is_the_mean_of_its_runs_and_their_spread_is_reported(tm
     write_pack(str(tmp_path / "reruns.jsonl"), rerun_rows)
     out = str(tmp_path)
     assert findings.runs_of(out, "a", 0) == ["", "-run1000", "-run2000"] and findings.runs_of(out, "a", 1) == [""]
-    assert findings.run_values(out, 0, ("a", "decline", "success")) == pytest.approx([0.3, 0.1, 0.2])
+    runs = findings.run_values(out, 0, ("a", "decline", "success"))
+    assert list(runs) == ["", "-run1000", "-run2000"] and list(runs.values()) == pytest.approx([0.3, 0.1, 0.2])
     assert findings.value(out, 0, ("a", "decline", "success")) == pytest.approx(0.2)
+    assert findings.value(out, 0, ("a", "peak", "success")) == pytest.approx(0.7)
+    # a side with one run (eval.py's base: the same on every run) paired with each run of the other
+    assert findings.run_differences({"": 0.5, "-run1000": 0.7}, {"": 0.4}) == pytest.approx([0.1, 0.3])
+    assert findings.run_differences({"": 0.5, "-run1000": 0.7, "-run2000": 0.6},
+                                    {"": 0.4, "-run2000": 0.1}) == pytest.approx([0.1, 0.5])
     c = findings.compare(out, [0, 1], declared.c("decline: a - b", ("a", "decline", "success"),
                                                  ("b", "decline", "success")))
     assert c["per_seed"] == pytest.approx([0.2 - 0.1 / 3, 0.2]) and c["runs"] == 1

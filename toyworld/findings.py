@@ -88,12 +88,14 @@ def value(out: str, seed: int, spec: tuple) -> float:
     (configuration, quantity, key); quantities: base (validation at step 0), peak, end, decline
     (peak - end), change (end - base), train (the mean of the last TRAIN_LAST training steps),
     eval:<mode> (eval.py on the test problems; base on the study's own run only)."""
-    return mean_of(run_values(out, seed, spec))
+    return mean_of(list(run_values(out, seed, spec).values()))
 
 
-def run_values(out: str, seed: int, spec: tuple) -> list[float]:
-    """`spec` on each of the seed's runs (`runs_of`), the study's first."""
-    return [run_value(out, seed, spec, run) for run in runs_of(out, spec[0], seed)]
+def run_values(out: str, seed: int, spec: tuple) -> dict[str, float]:
+    """`spec` on each of the seed's runs that has it (`runs_of`: "" the study's own, "-runR"), by
+    run."""
+    found = {run: run_value(out, seed, spec, run) for run in runs_of(out, spec[0], seed)}
+    return {run: x for run, x in found.items() if not math.isnan(x)}
 
 
 def run_value(out: str, seed: int, spec: tuple, run: str = "") -> float:
@@ -119,6 +121,17 @@ def collapsed(values: list[float]) -> bool:
     """Whether a run's validation curve collapses: its end (window mean) below COLLAPSE of its peak
     (toyworld/declared.py, written after the data)."""
     return len(values) >= WINDOW and window_end(values) < COLLAPSE * window_peak(values)
+
+
+def collapses(out: str, names: list[str], seeds: list[int]) -> dict[str, tuple[int, list[str]]]:
+    """Per configuration, (its runs on `seeds`, the names of those that collapse: `collapsed`)."""
+    found = {}
+    for name in names:
+        runs = [f"{name}-s{seed}{run}" for seed in seeds for run in runs_of(out, name, seed)]
+        curves = {run: [m["val/success"] for m in records(out, run, "metrics.jsonl")
+                        if m.get("val/success") is not None] for run in runs}
+        found[name] = (len(runs), [run for run, curve in curves.items() if collapsed(curve)])
+    return found
 
 
 def mean_of(values: list[float]) -> float:
@@ -207,32 +220,40 @@ def seed_verdict(rule: str, threshold: float, x: float, target: float | None = N
 
 
 def compare(out: str, seeds: list[int], comparison: dict) -> dict:
-    """A comparison's per-seed differences (A - B, or A alone for `near`), their summary and the
-    verdict; for a decline, each seed's runs read once, their means the per-seed values, and
-    their spread (`run_spread`)."""
-    if comparison["a"][1] == "decline":
-        a_runs, b_runs = ([run_values(out, seed, comparison[k]) for seed in seeds] for k in "ab")
-        a, b = [mean_of(r) for r in a_runs], [mean_of(r) for r in b_runs]
-    else:
-        a = [value(out, seed, comparison["a"]) for seed in seeds]
-        b = ([value(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison
-             else [0.0] * len(seeds))
+    """A comparison's per-seed differences (A - B, or A alone for `near`): each seed's runs read
+    once, a seed's value on each side the mean of its runs; their summary, the verdict, and the
+    runs' spread (`run_spread`)."""
+    a_runs = [run_values(out, seed, comparison["a"]) for seed in seeds]
+    b_runs = ([run_values(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison
+              else [{"": 0.0}] * len(seeds))
+    a, b = [mean_of(list(r.values())) for r in a_runs], [mean_of(list(r.values())) for r in b_runs]
     s = summarise([x - y for x, y in zip(a, b)])
     s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s,
-                                       comparison.get("target")))
-    if comparison["a"][1] == "decline":
-        s.update(run_spread(a_runs, b_runs))
+                                       comparison.get("target")), **run_spread(a_runs, b_runs))
     return s
 
 
-def run_spread(a_runs: list[list[float]], b_runs: list[list[float]]) -> dict:
-    """A decline comparison's runs (per seed, A's and B's, paired by run seed): per seed the
-    differences of its runs, the fewest runs a seed has, and the run-to-run standard deviation of
-    one run's difference (pooled over the seeds with 2 or more runs; nan with none), to set beside
-    the seed-to-seed one of the seeds' means (SE x sqrt n)."""
-    per_run = [[x - y for x, y in zip(a, b)] for a, b in zip(a_runs, b_runs)]
+def run_differences(a: dict[str, float], b: dict[str, float]) -> list[float]:
+    """One seed's differences run by run: A's and B's runs paired by run seed; a side with one run
+    (base, or A alone: the same on every run) paired with each of the other side's."""
+    if len(b) == 1:
+        return [x - next(iter(b.values())) for x in a.values()]
+    if len(a) == 1:
+        return [next(iter(a.values())) - y for y in b.values()]
+    return [x - b[run] for run, x in a.items() if run in b]
+
+
+def run_spread(a_runs: list[dict], b_runs: list[dict]) -> dict:
+    """A comparison's runs (per seed, A's and B's by run): per seed the differences of its runs
+    (`run_differences`), the runs a seed's mean reads on each side (the fewest over the seeds), and
+    the run-to-run standard deviation of one run's difference, pooled over the seeds (their
+    variances averaged: each seed's runs differ from their own mean, so the seeds' spread is not in
+    it; nan with fewer than 2 runs a seed), to set beside the seed-to-seed SD of the seeds' means
+    (SE x sqrt n)."""
+    per_run = [run_differences(a, b) for a, b in zip(a_runs, b_runs)]
     spread = [sum((x - mean_of(r)) ** 2 for x in r) / (len(r) - 1) for r in per_run if len(r) > 1]
-    return {"runs": min(map(len, per_run)), "per_run": per_run,
+    return {"runs": min((min(len(a), len(b)) if len(b) > 1 else len(a))
+                        for a, b in zip(a_runs, b_runs)), "per_run": per_run,
             "run_sd": math.sqrt(sum(spread) / len(spread)) if spread else float("nan")}
 
 

@@ -47,7 +47,8 @@ POWER = 0.8
 
 @functools.lru_cache(maxsize=32)
 def draws(n: int) -> np.ndarray:
-    """SIMULATIONS x n standard normal draws, the same for every call with the same n (read-only)."""
+    """SIMULATIONS x n standard normal draws, the same for every call with the same n
+    (read-only)."""
     z = np.random.default_rng(SEED).standard_normal((SIMULATIONS, n))
     z.flags.writeable = False
     return z
@@ -68,6 +69,7 @@ def null(rule: str, threshold: float) -> float:
     return -threshold if rule == "matches" else 0.0
 
 
+@functools.lru_cache(maxsize=4096)
 def pass_rate(rule: str, threshold: float, sd: float, difference: float, n: int = 5) -> float:
     """How often the rule passes at a true `difference`, the seeds' spread `sd`, `n` seeds."""
     return float(rule_passes(rule, threshold, difference + sd * draws(n)).mean())
@@ -81,6 +83,7 @@ def detect_rate(sd: float, difference: float, n: int = 5) -> float:
     return float((d.mean(axis=1) - half > 0).mean())
 
 
+@functools.lru_cache(maxsize=4096)
 def smallest_detected(sd: float, n: int = 5, power: float = POWER) -> float:
     """The smallest true difference detected `power` of the time (bisection: with the same draws
     the rate rises with the difference)."""
@@ -91,6 +94,7 @@ def smallest_detected(sd: float, n: int = 5, power: float = POWER) -> float:
     return high
 
 
+@functools.lru_cache(maxsize=4096)
 def seeds_needed(sd: float, difference: float, most: int = 30, power: float = POWER) -> int | None:
     """The fewest seeds (2 or more) that detect a true `difference` `power` of the time at the
     spread `sd` a seed; None past `most`."""
@@ -119,18 +123,19 @@ def any_passes(rates: list[float]) -> float:
     return 1.0 - math.prod(1.0 - p for p in rates)
 
 
-def comparison_power(c: dict, runs: int | None = None) -> dict:
-    """A judged comparison's numbers (findings.compare's summary `c`): its false-pass rate, the
-    smallest true difference its seeds detect and the seeds its observed mean would need (both
-    from `null`: for `matches`, from minus its margin), and for a comparison with runs apart, the
-    runs a seed to detect the rule's threshold."""
+def comparison_power(c: dict) -> dict:
+    """A judged comparison's numbers (findings.compare's summary `c`), at its seeds' spread: its
+    false-pass rate, the smallest true difference its seeds detect and the seeds its observed mean
+    would need (both from `null`: for `matches`, from minus its margin), and with runs apart, the
+    runs a seed to detect the rule's threshold. Example (the worked example): {"sd": 0.10, ...,
+    "false_pass": 0.24} for `greater` 0.05 at two seeds and no difference."""
     sd, n, zero = c["se"] * math.sqrt(c["n"]), c["n"], null(c["rule"], c["threshold"])
     found = {"sd": sd, "smallest_detected": smallest_detected(sd, n),
              "seeds_needed": seeds_needed(sd, c["mean"] - zero) if c["mean"] != zero else None}
     if c["rule"] in ("greater", "matches"):
         found["false_pass"] = pass_rate(c["rule"], c["threshold"], sd, zero, n)
-    if not math.isnan(c.get("run_sd", float("nan"))):
-        found["runs_needed"] = runs_needed(sd, c["run_sd"], runs or c["runs"], c["threshold"], n)
+    if not math.isnan(c.get("run_sd", float("nan"))) and c["runs"] > 1:
+        found["runs_needed"] = runs_needed(sd, c["run_sd"], c["runs"], c["threshold"], n)
     return found
 
 

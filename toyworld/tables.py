@@ -13,7 +13,8 @@ import math
 import os
 import re
 
-from toyworld.findings import TIE, excludes_zero, mean_of, seed_verdict, seeds_needed, t975
+from toyworld import power
+from toyworld.findings import TIE, excludes_zero, mean_of, seed_verdict
 
 
 def fmt_seed(x: float) -> str:
@@ -30,11 +31,12 @@ def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
 
 def finding_table(result: dict) -> str:
     """The markdown table of one finding: each comparison with its rule, the means of A and B over
-    seeds, the per-seed differences, their mean, SE, t-interval (95%), the seeds agreeing in sign,
-    the smallest difference the seeds can tell at the spread seen, for a decline the runs a seed
-    and the run-to-run against the seed-to-seed spread, and the verdict (`verdict_words`)."""
+    seeds (each seed's the mean of its runs), the per-seed differences, their mean, SE, t-interval
+    (95%), the seeds agreeing in sign, the runs a seed with the run-to-run against the seed-to-seed
+    spread, the smallest true difference the seeds detect 80% of the time (`tell_cell`), and the
+    verdict (`verdict_words`)."""
     rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% t-interval | seeds + / - "
-            "| the seeds tell apart from 0 | runs a seed: run SD / seed SD | verdict |",
+            "| runs a seed: run SD / seed SD | detected 80% of the time | verdict |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for kind, comparisons in (("precondition: ", result["preconditions"]),
                               ("", result["comparisons"]),
@@ -51,7 +53,7 @@ def finding_table(result: dict) -> str:
             rows.append(
                 f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
                 f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} "
-                f"| {tell_cell(c)} | {runs_cell(c)} | {verdict_words(c)} |")
+                f"| {runs_cell(c)} | {tell_cell(c)} | {verdict_words(c)} |")
     rows.append(f"\n**Verdict: {result['verdict']}.**")
     return "\n".join(rows)
 
@@ -64,26 +66,33 @@ def verdict_words(c: dict) -> str:
 
 
 def tell_cell(c: dict) -> str:
-    """The smallest mean difference the seeds tell from zero at the spread seen (the interval's
-    half-width), and for a verdict by the rule only the seeds that would decide it at that spread
-    (for `matches`, the distance from minus its margin)."""
-    if c["rule"] == "near" or math.isnan(c.get("detectable", float("nan"))):
+    """The smallest true difference the seeds detect 80% of the time at the spread seen (their
+    t-interval then excludes zero; toyworld/power.py; for `matches`, measured from minus its
+    margin), and for a verdict by the rule only the seeds that would decide it 80% of the time were
+    the true difference the mean seen."""
+    if c["rule"] == "near" or c["n"] < 2 or math.isnan(c["se"]):
         return "n/a"
+    found = power.comparison_power(c)
     more = ""
     if verdict_words(c).endswith("by the rule only"):
-        distance = c["mean"] + c["threshold"] if c["rule"] == "matches" else c["mean"]
-        needed = seeds_needed(distance, c["se"] * math.sqrt(c["n"]))
+        needed = found["seeds_needed"]
         more = f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it"
-    return f"{c['detectable']:.3f}{more}"
+    return f"{found['smallest_detected']:.3f}{more}"
+
+
+def pass_cell(c: dict) -> str:
+    """How often the comparison's rule says shown with nothing there, at the spread seen
+    (toyworld/power.py's false-pass rate)."""
+    if c["rule"] not in ("greater", "matches") or c["n"] < 2 or math.isnan(c["se"]):
+        return "n/a"
+    return f"{power.comparison_power(c)['false_pass']:.1%}"
 
 
 def runs_cell(c: dict) -> str:
-    """A decline comparison's runs a seed and its run-to-run SD (of one run's difference) against
-    the seed-to-seed SD (of the seeds' means); '-' for a comparison of one run a seed."""
-    if "runs" not in c:
-        return "-"
-    seed_sd = c["se"] * math.sqrt(c["n"])
-    return f"{c['runs']}: {fmt(c['run_sd'], 3, signed=False)} / {seed_sd:.3f}"
+    """A comparison's runs a seed and its run-to-run SD (of one run's difference) against the
+    seed-to-seed SD (of the seeds' means); the run SD is n/a with one run a seed."""
+    seed_sd, run_sd = c["se"] * math.sqrt(c["n"]), c.get("run_sd", float("nan"))
+    return f"{c.get('runs', 1)}: {fmt(run_sd, 3, signed=False)} / {fmt(seed_sd, 3, signed=False)}"
 
 
 def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
@@ -160,8 +169,7 @@ def write_tables(doc: str, study: dict) -> None:
         tables["calibration"] = calibration_table(study["calibration"], study["builds"])
     if study.get("replication"):
         tables["replication"] = replication_table(study["replication"], study["findings"])
-    if study.get("reruns"):
-        tables["reruns"] = reruns_table(study["findings"])
+    tables["runs"] = runs_table(study["findings"])
     missing = fill_tables(doc, tables)
     if missing:
         print(f"warning: {doc} has no markers for the tables {missing}")
@@ -190,24 +198,37 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
     return "\n".join(lines)
 
 
-def reruns_table(judged: list[dict]) -> str:
-    """The decline comparisons' runs (toyworld/reruns.py): per seed the mean of its runs, the
-    run-to-run SD of one run's difference against the seed-to-seed SD of the means, the spread
-    between seeds that more runs cannot remove (the seed-to-seed variance less what a mean of k
-    runs leaves of the run-to-run one, floored at 0), and from those the runs a seed (at these
-    seeds) and the seeds (at these runs) whose t-interval would exclude zero at this mean."""
-    rows = ["| comparison | per seed (mean of its runs) | mean | run-to-run SD | seed-to-seed SD | "
-            "between seeds, runs aside | runs a seed to decide it | seeds to decide it |",
-            "|---|---|---|---|---|---|---|---|"]
-    for c in (c for f in judged for c in f["comparisons"] if "runs" in c):
-        n, k, seed_sd = c["n"], c["runs"], c["se"] * math.sqrt(c["n"])
-        between = math.sqrt(max(0.0, seed_sd ** 2 - c["run_sd"] ** 2 / k))
-        runs = next((r for r in range(1, 101) if t975(n - 1) * math.sqrt(
-            between ** 2 + c["run_sd"] ** 2 / r) / math.sqrt(n) < abs(c["mean"])), None)
-        seeds = seeds_needed(c["mean"], seed_sd)
+def runs_table(judged: list[dict]) -> str:
+    """Each predeclared comparison's runs: per seed the mean of its runs, the run-to-run SD of one
+    run's difference against the seed-to-seed SD of the means, the spread between seeds that more
+    runs cannot remove (power.between_seeds), and from those the runs a seed that would detect the
+    rule's threshold 80% of the time at these seeds, and the seeds that would detect the mean seen
+    (toyworld/power.py)."""
+    rows = ["| comparison | per seed (mean of its runs) | mean | runs a seed | run-to-run SD | "
+            "seed-to-seed SD | between seeds, runs aside | runs a seed to detect the threshold | "
+            "seeds to detect the mean |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in (c for f in judged for c in f["comparisons"] if c["rule"] != "near"):
+        found, seed_sd, k = power.comparison_power(c), c["se"] * math.sqrt(c["n"]), c.get("runs", 1)
+        runs = found.get("runs_needed", "n/a") or "none: the seeds differ too much"
+        between = (fmt(power.between_seeds(seed_sd, c["run_sd"], k), 3, signed=False)
+                   if k > 1 else "n/a")
+        label, per_seed = c["label"].replace("|", "\\|"), " ".join(fmt(x, 2) for x in c["per_seed"])
         rows.append(
-            f"| {c['label']} | {' '.join(fmt(x, 2) for x in c['per_seed'])} | {fmt(c['mean'])} | "
-            f"{c['run_sd']:.3f} | {seed_sd:.3f} | {between:.3f} | "
-            f"{runs if runs else 'none: the seeds differ more than the mean'} | "
-            f"{seeds if seeds else 'over 30'} |")
+            f"| {label} | {per_seed} | {fmt(c['mean'])} | {k} | "
+            f"{fmt(c.get('run_sd', math.nan), 3, signed=False)} | {seed_sd:.3f} | {between} | "
+            f"{runs} | "
+            f"{found['seeds_needed'] or 'over 30'} |")
+    return "\n".join(rows)
+
+
+def collapse_table(study: dict[str, tuple[int, list[str]]],
+                   held_out: dict[str, tuple[int, list[str]]] | None) -> str:
+    """Per configuration, its runs that collapse (findings.collapses: the end below half the peak,
+    a rule written after the data) on the study's seeds and on the held-out ones."""
+    rows = ["| configuration | the study's seeds: runs that collapse | which | held-out seeds: "
+            "runs that collapse | which |", "|---|---|---|---|---|"]
+    for name, (runs, fell) in study.items():
+        held, held_fell = (held_out or {}).get(name, (0, []))
+        rows.append(f"| {name} | {len(fell)} of {runs} | {', '.join(fell) or '-'} | "
+                    f"{len(held_fell)} of {held} | {', '.join(held_fell) or '-'} |")
     return "\n".join(rows)

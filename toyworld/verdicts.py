@@ -16,7 +16,7 @@ import json
 import os
 
 from infra.runfolder import usage_error
-from toyworld import findings, tables
+from toyworld import declared, findings, power, tables
 
 # the day the tests below were written: after the grid and the replication had run
 WRITTEN = "2026-12-04"
@@ -96,9 +96,13 @@ def after_the_data(results: str, study: dict) -> dict:
     results)."""
     judged = [findings.judge_finding(results, study["seeds"], f) for f in AFTER_THE_DATA]
     rep = study.get("replication")
+    trained = [n for n in study["names"] if n in declared.GRID]
     return {"findings": judged,
             "replication": findings.replication(results, rep["seeds"], judged, AFTER_THE_DATA)
-            if rep else []}
+            if rep else [],
+            "collapses": findings.collapses(results, trained, study["seeds"]),
+            "held_out_collapses": findings.collapses(results, trained, rep["seeds"]) if rep
+            else None}
 
 
 def ties(values: list[float]) -> int:
@@ -155,31 +159,38 @@ def verdict_table(study: dict, after: dict, page: str = "", post_hoc: bool = Tru
     held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
     lines = [
         "| the paper's claim | comparison (A - B), rule | verdict, seeds "
-        f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | the seeds tell apart "
-        f"from 0 | held-out seeds {held} |", "|---|---|---|---|---|---|"]
+        f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | runs a seed: run SD / "
+        "seed SD | passes with nothing there | detected 80% of the time | held-out seeds "
+        f"{held} |", "|---|---|---|---|---|---|---|---|"]
     for claim, keys, anchor, note in CLAIMS:
         cs = [compared[k] for k in keys]
         cells = ["<br>".join(f"{c['label']} ({c['rule']} {c['threshold']})".replace("|", "\\|")
                              for c in cs),
                  "<br>".join(f"**{tables.verdict_words(c)}**" for c in cs),
-                 "<br>".join(map(mean_cell, cs)), "<br>".join(map(tables.tell_cell, cs)),
+                 *("<br>".join(map(cell, cs)) for cell in (mean_cell, tables.runs_cell,
+                                                           tables.pass_cell, tables.tell_cell)),
                  "<br>".join(" ".join(tables.fmt(x, 2) for x in rows[k]["per_seed"])
                              if k in rows else "n/a" for k in keys)]
         finding = next(f for f in study["findings"] if f["id"] == keys[0][0])
         name = f"{'finding ' * finding['id'].isdigit()}{finding['id']}: {finding['verdict']}"
         lines.append(f"| {claim} ([{name}]({page}#{anchor}){'; ' + note if note else ''}) | "
                      + " | ".join(cells) + " |")
-    reruns = study.get("reruns", {}).get("offsets", [])
+    decided = [compared[k] for _, keys, _, _ in CLAIMS for k in keys
+               if compared[k]["rule"] in ("greater", "matches")]
+    rates = [power.comparison_power(c)["false_pass"] for c in decided]
+    n = len(study["seeds"])
     lines += ["", f"Each verdict is its rule's, as declared before the first grid ran "
-              f"(toyworld/declared.py). The interval is a t-interval on the {len(study['seeds'])} "
-              f"paired differences ({len(study['seeds']) - 1} degrees of freedom); **by the rule "
-              "only**: a verdict whose interval does not exclude zero (for `matches`: minus its "
-              "margin). The seeds tell apart from 0 a mean difference past the interval's "
-              "half-width at the spread seen; a verdict by the rule only names the seeds that "
-              "would decide it at that spread."
-              + (f" A decline is each seed's mean over {len(reruns) + 1} runs (the study's and "
-                 "reruns on other run seeds, 2026-12-05: docs/findings.md, \"What a rerun "
-                 "gives\")." if reruns else "")]
+              f"(toyworld/declared.py), on each seed's mean over its runs. The interval is a "
+              f"t-interval on the {n} paired differences ({n - 1} degrees of freedom); **by the "
+              "rule only**: a verdict whose interval does not exclude zero (for `matches`: minus "
+              "its margin). *Passes with nothing there*: how often the rule says shown when the "
+              "claim is just false (no difference; for `matches`, B ahead by the margin), at the "
+              f"spread seen (toyworld/power.py, simulated); at least one of these {len(rates)} "
+              f"would pass {power.any_passes(rates):.0%} of the time were they independent (they "
+              "share runs, so that is only a rough figure). *Detected 80% of the time*: the "
+              f"smallest true difference whose interval over {n} seeds excludes zero 80% of the "
+              "time at the spread seen; a verdict by the rule only names the seeds that would "
+              "decide it 80% of the time, were the true difference the mean seen."]
     if not post_hoc:
         return "\n".join(lines + ["", f"What was decided after the data, dated, and its results: "
                                    f"[the table beneath this one]({page}#the-verdicts)."])
@@ -227,7 +238,8 @@ def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str
 def page_tables(study: dict, after: dict) -> dict[str, str]:
     """docs/findings.md's verdict table and the after-the-data section's tables (each test on the
     study's seeds, then on the held-out seeds)."""
-    written = {"verdicts": verdict_table(study, after)}
+    written = {"verdicts": verdict_table(study, after), "collapses": tables.collapse_table(
+        after["collapses"], after.get("held_out_collapses"))}
     for judged in after["findings"]:
         rows = [r for r in after["replication"] if r["finding"] == judged["id"]]
         # (the table's first line names the seeds, which the page's replication table does)
