@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from toyworld.findings import mean_of, runs_of
 from toyworld.results import records
 
 WORKFLOW_PANELS = [("Voting", "voting"), ("Eval-Opt", "evalopt"), ("Orch-Workers", "orchworkers")]
@@ -17,11 +18,14 @@ WORKFLOW_PANELS = [("Voting", "voting"), ("Eval-Opt", "evalopt"), ("Orch-Workers
 
 def seed_curves(out: str, name: str, seeds: list[int],
                 key: str) -> tuple[list[int], list[list[float]]]:
-    """(steps, one list of `key` per seed) of a grid configuration, on the steps every seed has."""
+    """(steps, one list of `key` per seed: the mean over the seed's runs, findings.runs_of) of a
+    grid configuration, on the steps every seed has."""
     per_seed = []
     for seed in seeds:
-        metrics = records(out, f"{name}-s{seed}", "metrics.jsonl")
-        per_seed.append({m["step"]: m[key] for m in metrics if m.get(key) is not None})
+        runs = [{m["step"]: m[key] for m in records(out, f"{name}-s{seed}{run}", "metrics.jsonl")
+                 if m.get(key) is not None} for run in runs_of(out, name, seed)]
+        steps = set.intersection(*(set(r) for r in runs))
+        per_seed.append({t: sum(r[t] for r in runs) / len(runs) for t in steps})
     steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
     return steps, [[s[t] for t in steps] for s in per_seed]
 
@@ -56,12 +60,14 @@ def _finish(fig, axes, folder: str, name: str, title: str) -> str:
 
 
 def eval_accuracy(out: str, name: str, seeds: list[int], mode: str) -> list[float]:
-    """eval.py's accuracy of `mode` on each seed's final checkpoint of a configuration (seeds
-    without it left out)."""
+    """eval.py's accuracy of `mode` on each seed's final checkpoints of a configuration, the mean
+    over the seed's runs that have it (seeds without any left out)."""
     values = []
     for seed in seeds:
-        evaluated = records(out, f"{name}-s{seed}", "eval.jsonl")
-        values += [r["metrics"]["accuracy"] for r in evaluated if r["mode"] == mode][-1:]
+        found = [[r["metrics"]["accuracy"] for r in records(out, f"{name}-s{seed}{run}",
+                                                            "eval.jsonl") if r["mode"] == mode][-1:]
+                 for run in runs_of(out, name, seed)]
+        values += [mean_of(sum(found, []))] if any(found) else []
     return values
 
 
