@@ -369,8 +369,8 @@ def test_the_clock_waits_only_for_the_runs_and_evaluations_left(tmp_path, monkey
     three workflows, two SA modes on their first configuration's 3 runs each; before, such an invocation ended
     saying 'about 52 min left')."""
     out = tmp_path / "s"
-    for name, seed, run_seed in study.every_run(list(declared.GRID), [0]):
-        folder = out / study.run_name(name, seed, run_seed)
+    for name, seed, run_seed in jobs.every_run(list(declared.GRID), [0]):
+        folder = out / jobs.run_name(name, seed, run_seed)
         folder.mkdir(parents=True)
         (folder / "metrics.jsonl").write_text(json.dumps({"step": 150}) + "\n")
         (folder / "eval.jsonl").write_text("".join(json.dumps({"mode": m}) + "\n"
@@ -398,7 +398,8 @@ def test_a_replication_takes_the_seeds_after_the_studys_and_keeps_their_calibrat
                              {"seed": 8, "missed": []}])
     results.mkdir()
     (out / "study.json").write_text(json.dumps({"seeds": [0, 1, 2, 3, 5], "set_aside": [{"seed": 4, "missed": []}],
-                                                "steps": 150, "lr": "1e-3", "findings": [], "sweep": {}}))
+                                                "steps": 150, "lr": "1e-3", "findings": [], "sweep": {},
+                                                "names": ["single"]}))
     ran = []
     monkeypatch.setattr(study.toy, "ready", lambda seed: True)
     monkeypatch.setattr(study.toy, "build_record", lambda seed: {"seed": seed, "minutes": 30.0})
@@ -681,7 +682,8 @@ def test_a_run_the_compact_results_lack_is_one_line(tmp_path, capsys):
 def test_a_configurations_other_runs_are_its_command_with_a_run_seed(tmp_path):
     """A configuration's runs on a seed after the study's own are its command (study.train_command) with
     --run-seed seed + k x 1000, each in a folder named for it; a stopped one resumes."""
-    from toyworld.study import flags_of, run_name, run_seeds, train_command
+    from toyworld.jobs import run_name, run_seeds
+    from toyworld.study import flags_of, train_command
     folder = str(tmp_path / "voting-ip-s3-run1003")
     assert run_seeds("voting-ip", 3) == [None, 1003, 2003, 3003, 4003, 5003]
     assert run_seeds("evalopt-sp", 3) == [None, 1003, 2003] and run_seeds("single-lr1e-4", 3) == [None]

@@ -11,7 +11,10 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
     calibration.py  the toy model at base against targets fixed before any RL run
     study.py        the study: the sweep, the findings' grid over seeds, evaluation, verdicts
     declared.py     what the study fixed before its runs: the grid, the sweep's rule, FINDINGS
-    jobs.py         the study's commands side by side, forked from a server that imported torch
+    jobs.py         the study's commands side by side, forked from a server that imported torch;
+                    its runs' names and the commits that ran them
+    fold.py         the study's results from its run folders, nothing run: the compact results,
+                    study.json, figures, pages
     findings.py     the study's statistics: window means, paired differences, t-intervals, each
                     verdict, a decline as the mean of a seed's runs
     tables.py       the findings page's tables, written from the judged comparisons

@@ -1,6 +1,7 @@
 """The study's commands, run side by side: chains of commands, `jobs` at a time, each command's
 output in its own log, and a line on the terminal per finished command with the minutes it took, the
-minutes since the start and an estimate of those left.
+minutes since the start and an estimate of those left; the study's runs by name (each
+configuration's run seeds: `run_seeds`), and the commits whose code ran them (`record_commit`).
 
 What it is for: toyworld/study.py's builds, calibrations, runs and evaluations, which are ordinary
 commands (`python eval.py calibrate`, `python train.py`, `python eval.py`), each run from the
@@ -20,6 +21,9 @@ import subprocess
 import sys
 import time
 
+from infra.runfolder import read_results
+from toyworld import declared
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each command is a script of this repository (train.py, eval.py), run in a new process forked from
 # a server that has imported these libraries once (multiprocessing's forkserver): a new interpreter
@@ -28,6 +32,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # no state a command could leave to the next: each command is its own process, forked from the
 # server, never from another command.
 PRELOAD = ["torch", "transformers", "peft", "transformers.models.llama.modeling_llama"]
+
+
+# ---------------------------------------------------------------- the study's runs, by name
+
+def run_dir(out: str, name: str, seed: int, run_seed: int | None = None) -> str:
+    """A run's folder: NAME-sSEED for the study's own run of a configuration on a seed, and
+    NAME-sSEED-runR for its run on run seed R."""
+    rerun = f"-run{run_seed}" if run_seed is not None else ""
+    return os.path.join(out, f"{name}-s{seed}{rerun}")
+
+
+def run_seeds(name: str, seed: int) -> list[int | None]:
+    """A configuration's runs on `seed`, by run seed: None for the study's own (the run seed is the
+    seed), then seed + k x RUN_SEED_STEP, as many as declared.runs_a_seed says. Example: voting-ip
+    on seed 3 -> None, 1003, 2003, 3003, 4003, 5003."""
+    runs = declared.runs_a_seed(name)
+    return [None] + [seed + k * declared.RUN_SEED_STEP for k in range(1, runs)]
+
+
+def every_run(names: list[str], seeds: list[int]) -> list[tuple[str, int, int | None]]:
+    """Every run of these configurations as (name, seed, run seed), seed by seed."""
+    return [(n, s, r) for s in seeds for n in names for r in run_seeds(n, s)]
+
+
+def run_name(name: str, seed: int, run_seed: int | None = None) -> str:
+    """A run's name, its folder's: voting-ip-s3, voting-ip-s3-run1003."""
+    return os.path.basename(run_dir("", name, seed, run_seed))
+
+
+def finished(out: str, name: str, seed: int, steps: int, run_seed: int | None = None) -> bool:
+    path = os.path.join(run_dir(out, name, seed, run_seed), "metrics.jsonl")
+    return any(m["step"] == steps for m in read_results(path, ("step",), warn=False))
+
 
 
 def run_log(command: list[str]) -> str:

@@ -40,34 +40,9 @@ import sys
 
 from infra.runfolder import copy_run, read_results
 from toyworld import declared, findings, toy, toy_model, verdicts
-from toyworld.jobs import Clock, commits, kind_of, record_commit, run_all, run_log
+from toyworld.jobs import Clock, every_run, finished, kind_of, run_all, run_dir, run_log, run_seeds
 
 # ---------------------------------------------------------------- the commands
-
-def run_dir(out: str, name: str, seed: int, run_seed: int | None = None) -> str:
-    """A run's folder: NAME-sSEED for the study's own run of a configuration on a seed, and
-    NAME-sSEED-runR for its run on run seed R."""
-    rerun = f"-run{run_seed}" if run_seed is not None else ""
-    return os.path.join(out, f"{name}-s{seed}{rerun}")
-
-
-def run_seeds(name: str, seed: int) -> list[int | None]:
-    """A configuration's runs on `seed`, by run seed: None for the study's own (the run seed is the
-    seed), then seed + k x RUN_SEED_STEP, as many as declared.runs_a_seed says. Example: voting-ip
-    on seed 3 -> None, 1003, 2003, 3003, 4003, 5003."""
-    runs = declared.runs_a_seed(name)
-    return [None] + [seed + k * declared.RUN_SEED_STEP for k in range(1, runs)]
-
-
-def every_run(names: list[str], seeds: list[int]) -> list[tuple[str, int, int | None]]:
-    """Every run of these configurations as (name, seed, run seed), seed by seed."""
-    return [(n, s, r) for s in seeds for n in names for r in run_seeds(n, s)]
-
-
-def run_name(name: str, seed: int, run_seed: int | None = None) -> str:
-    """A run's name, its folder's: voting-ip-s3, voting-ip-s3-run1003."""
-    return os.path.basename(run_dir("", name, seed, run_seed))
-
 
 def flags_of(name: str, lr: str) -> list[str]:
     """A configuration's flags: the sweep's own rate, or the grid's rate (a third of it for the
@@ -101,7 +76,8 @@ def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str]
     configuration in the grid (voting-sp, evalopt-sp, orchworkers-sp): the transfer modes on each
     run seed the single agent has, base on the study's own run only (eval.py samples with its own
     seed, so base gives the same numbers on every run)."""
-    folder, sa = run_dir(out, name, seed, run_seed), run_dir(out, "single", seed, run_seed)
+    folder = run_dir(out, name, seed, run_seed)
+    sa = run_dir(out, "single", seed, run_seed)
     workflow_first = next(n for n in names if declared.GRID[n][1] == declared.GRID[name][1]) == name
     done = {r["mode"] for r in read_results(os.path.join(folder, "eval.jsonl"), ("mode",),
                                             warn=False)}
@@ -144,11 +120,6 @@ def sweep_twin(name: str, lr: str) -> str | None:
 def run_chain(*commands: list[str]) -> list[tuple[list[str], str]]:
     """A run's commands, each with the log next to its folder."""
     return [(command, run_log(command)) for command in commands]
-
-
-def finished(out: str, name: str, seed: int, steps: int, run_seed: int | None = None) -> bool:
-    path = os.path.join(run_dir(out, name, seed, run_seed), "metrics.jsonl")
-    return any(m["step"] == steps for m in read_results(path, ("step",), warn=False))
 
 
 # ---------------------------------------------------------------- the phases
@@ -222,7 +193,8 @@ def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int,
                        samples: int, jobs: int, clock: Clock | None, dry_run: bool) -> None:
     """Every configuration's runs on every seed (seed by seed, so that a stopped study has whole
     seeds to show), then eval.py on the grid's runs."""
-    for source, target in [(run_dir(out, twin, s), run_dir(out, n, s)) for s in seeds for n in names
+    for source, target in [(run_dir(out, twin, s), run_dir(out, n, s))
+                           for s in seeds for n in names
                            if (twin := sweep_twin(n, lr)) and finished(out, twin, s, steps)]:
         if not os.path.exists(target):
             copy_run(source, target)
@@ -240,27 +212,6 @@ def train_and_evaluate(out: str, names: list[str], seeds: list[int], steps: int,
     if clock and grid:  # nor a mode already in its run's eval.jsonl
         clock.plan("eval", sum(map(len, evals)) - evals_per_seed(grid) * len(seeds))
     run_all(evals, dry_run, jobs, clock)
-
-
-def report(results: str, names: list[str], seeds: list[int], steps: int, lr: str, minutes: float,
-           figures: list[str]) -> dict:
-    """study.json's content: each finding judged (toyworld/findings.py) on the compact results,
-    sweep, settings."""
-    multi_agent = [n for n in names if n in declared.GRID and n != "single"]
-    judged = ([findings.judge_finding(results, seeds, f) for f in declared.FINDINGS]
-              if multi_agent else [])
-    sweep = findings.sweep_choice(results, seeds, declared.SWEEP, declared.SWEEP_RULE)
-    return {"toy_version": toy.VERSION, "names": names, "seeds": seeds, "steps": steps, "lr": lr,
-            "train": declared.TRAIN, "minutes": minutes, "figures": figures, "sweep": sweep,
-            "findings": judged}
-
-
-def write_study(out: str, results: str, study: dict, doc: str | None,
-                readme: str | None = None) -> None:
-    for folder in (out, results):
-        with open(os.path.join(folder, "study.json"), "w") as f:
-            json.dump(study, f, indent=1)
-    verdicts.write_pages(results, study, doc, readme)
 
 
 def replicate(args, clock: Clock, results: str) -> None:
@@ -281,13 +232,10 @@ def replicate(args, clock: Clock, results: str) -> None:
                        clock, args.dry_run)
     if args.dry_run:
         return
-    findings.keep_results(args.out, [run_name(*r) for r in every_run(list(declared.GRID), seeds)],
-                          results, "replication.jsonl")
-    rows = findings.replication(results, seeds, study["findings"], declared.FINDINGS)
-    study["replication"] = {"seeds": seeds, "set_aside": set_aside, "commits": commits(args.out),
-                            **seed_records(args.out, seeds, set_aside), "rows": rows,
-                            "minutes": clock.minutes()}
-    write_study(args.out, results, study, args.doc, args.readme)
+    from toyworld.fold import fold
+    study["replication"] = {"seeds": seeds, "set_aside": set_aside, "minutes": clock.minutes(),
+                            **seed_records(args.out, seeds, set_aside)}
+    fold(args.out, results, study, args.figures or args.out, args.doc, args.readme)
     print(f"replication: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 
 
@@ -354,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--replicate: {args.out} holds no study.json; run the study first")
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
+        from toyworld.jobs import record_commit  # the code that runs, named in study.json
         print(f"the study's code: commit {record_commit(args.out)}", flush=True)
     clock = Clock(args.jobs)
     if args.replicate:
@@ -376,21 +325,11 @@ def main(argv: list[str] | None = None) -> None:
                        args.dry_run)
     if args.dry_run:
         return
-    runs = [run_name(n, s, r) for n, s, r in every_run([*declared.SWEEP, *grid], seeds)
-            if finished(args.out, n, s, args.steps, r)]
-    findings.keep_results(args.out, runs, results)
-    from toyworld.figures import plot_study
-    os.makedirs(args.figures or args.out, exist_ok=True)
-    figures = plot_study(results, seeds, args.figures or args.out)
-    # a page per run, next to it (eval.py report): what each role wrote
-    from infra.report import write_report
-    reports = [write_report([os.path.join(args.out, run)],
-                            os.path.join(args.out, run) + ".html")["path"] for run in runs]
-    study = report(results, [*declared.SWEEP, *grid], seeds, args.steps, lr, clock.minutes(),
-                   figures)
-    study.update(reports=reports, set_aside=set_aside, commits=commits(args.out),
-                 **seed_records(args.out, seeds, set_aside))
-    write_study(args.out, results, study, args.doc, args.readme)
+    from toyworld.fold import fold  # the compact results, study.json, figures, pages
+    study = {"names": [*declared.SWEEP, *grid], "seeds": seeds, "steps": args.steps, "lr": lr,
+             "minutes": clock.minutes(), "set_aside": set_aside,
+             **seed_records(args.out, seeds, set_aside)}
+    fold(args.out, results, study, args.figures or args.out, args.doc, args.readme)
     print(f"study: {clock.minutes():.1f} minutes; study.json in {args.out} and {results}")
 
 
