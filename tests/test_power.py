@@ -89,3 +89,31 @@ def test_the_decline_configurations_runs_a_seed_are_what_the_power_analysis_aske
               for label, (seed_sd, run_sd) in declared.DECLINE_POWER_INPUTS.items()}
     assert needed == {"IP - SP": None, "IP - merged": 4, "IP - third": 3, "IP - I1": 6, "IP - I6": 5}
     assert declared.DECLINE_RUNS == max(r for r in needed.values() if r)
+
+
+def test_a_comparison_with_fewer_than_two_seeds_has_no_power_numbers():
+    """A study still running may judge a comparison on one seed: no spread, so every number is nan (a table
+    prints it), not a KeyError from t975(-1) or t975(0)."""
+    for n in (0, 1):
+        found = power.comparison_power({"se": 0.0, "n": n, "mean": 0.1, "rule": "greater", "threshold": 0.05})
+        assert math.isnan(found["sd"]) and math.isnan(found["smallest_detected"]) and math.isnan(found["false_pass"])
+        assert found["seeds_needed"] is None
+
+
+def test_the_runs_cell_says_why_no_number_of_runs_detects_the_threshold():
+    """runs_needed's None has two causes the runs table tells apart: the seeds' own spread alone (SD 0.2 between
+    seeds, 0.06 of runs) misses a difference of 0.05 whatever the runs, but with no spread between seeds and runs of
+    SD 0.5 more than 20 runs would (0.5 / sqrt(20) = 0.11 a seed still hides 0.05); at SD 0.045 of runs, 3 do
+    (test_seeds_and_runs_needed_by_hand)."""
+    from toyworld import tables
+    base = {"threshold": 0.05, "n": 5, "rule": "greater", "mean": 0.05}
+    wide = {**base, "run_sd": 0.06}
+    assert tables.runs_needed_cell(wide, power.comparison_power({**wide, "se": 0.2 / 5 ** 0.5, "runs": 3}),
+                                   0.2, 3) == "none: the seeds differ too much"
+    noisy = {**base, "run_sd": 0.5}
+    seed_sd = 0.5 / 3 ** 0.5  # the runs' share alone: nothing between seeds
+    assert tables.runs_needed_cell(noisy, power.comparison_power({**noisy, "se": seed_sd / 5 ** 0.5, "runs": 3}),
+                                   seed_sd, 3) == "over 20"
+    tight = {**base, "run_sd": 0.045}
+    assert tables.runs_needed_cell(tight, power.comparison_power({**tight, "se": 0.02 / 5 ** 0.5, "runs": 3}),
+                                   0.02, 3) == "3"

@@ -715,8 +715,7 @@ def test_a_seeds_value_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_
         curve("a-s1", [0.7, 0.7, 0.7, 0.5, 0.5, 0.5]) + curve("b-s1", flat * 2)
     rerun_rows = curve("a-s0-run1000", [0.6, 0.6, 0.6, 0.5, 0.5, 0.5]) + curve("b-s0-run1000", flat * 2) + \
         curve("a-s0-run2000", [0.7, 0.7, 0.7, 0.5, 0.5, 0.5]) + curve("b-s0-run2000", [0.6, 0.6, 0.6] + flat)
-    write_pack(str(tmp_path / "study.jsonl"), study_rows)
-    write_pack(str(tmp_path / "reruns.jsonl"), rerun_rows)
+    write_pack(str(tmp_path / "study.jsonl"), study_rows + rerun_rows)
     out = str(tmp_path)
     assert findings.runs_of(out, "a", 0) == ["", "-run1000", "-run2000"] and findings.runs_of(out, "a", 1) == [""]
     runs = findings.run_values(out, 0, ("a", "decline", "success"))

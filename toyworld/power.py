@@ -130,6 +130,9 @@ def comparison_power(c: dict) -> dict:
     runs a seed to detect the rule's threshold. Example (the worked example): {"sd": 0.10, ...,
     "false_pass": 0.24} for `greater` 0.05 at two seeds and no difference."""
     sd, n, zero = c["se"] * math.sqrt(c["n"]), c["n"], null(c["rule"], c["threshold"])
+    if n < 2:  # no spread to read (a study still running)
+        return {"sd": math.nan, "smallest_detected": math.nan, "seeds_needed": None,
+                "false_pass": math.nan}
     found = {"sd": sd, "smallest_detected": smallest_detected(sd, n),
              "seeds_needed": seeds_needed(sd, c["mean"] - zero) if c["mean"] != zero else None}
     if c["rule"] in ("greater", "matches"):

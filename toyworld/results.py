@@ -3,10 +3,10 @@ loader that the tables, the figures and the tests read runs through.
 
 What it is for: a clone holds what docs/findings.md quotes in a handful of files, not a folder per
 run. A results folder (the page's: docs/findings/results/) holds `study.jsonl` (the sweep and the
-grid on the study's seeds), `replication.jsonl` (the grid on the replication's seeds),
-`reruns.jsonl` (the decline comparisons' runs on other run seeds: toyworld/reruns.py) and
-`study.json` (the verdicts). Each line of a compact file is one record of one run's file, as that
-file holds it (findings.RESULTS: rounded to 4 decimals), so a line diffs as a line:
+grid on the study's seeds, every run of every run seed), `replication.jsonl` (the grid on the
+replication's seeds) and `study.json` (the verdicts). Each line of a compact file is one record of
+one run's file, as that file holds it (findings.RESULTS: rounded to 4 decimals), so a line diffs
+as a line:
 
     {"run": "voting-sp-s0", "file": "metrics.jsonl", "record": {"step": 0, "val/success": 0.25}}
     {"run": "voting-sp-s0", "file": "eval.jsonl", "record": {"mode": "trained", "metrics": {}}}
@@ -28,8 +28,8 @@ import os
 
 from infra.runfolder import read_results
 
-# A results folder's compact files: the study's, the replication's, the reruns' (toyworld/reruns.py)
-PACKS = ("study.jsonl", "replication.jsonl", "reruns.jsonl")
+# A results folder's compact files: the study's and the replication's
+PACKS = ("study.jsonl", "replication.jsonl")
 
 
 @functools.lru_cache(maxsize=8)

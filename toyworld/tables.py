@@ -209,7 +209,7 @@ def runs_table(judged: list[dict]) -> str:
             "seeds to detect the mean |", "|---|---|---|---|---|---|---|---|---|"]
     for c in (c for f in judged for c in f["comparisons"] if c["rule"] != "near"):
         found, seed_sd, k = power.comparison_power(c), c["se"] * math.sqrt(c["n"]), c.get("runs", 1)
-        runs = found.get("runs_needed", "n/a") or "none: the seeds differ too much"
+        runs = runs_needed_cell(c, found, seed_sd, k)
         between = (fmt(power.between_seeds(seed_sd, c["run_sd"], k), 3, signed=False)
                    if k > 1 else "n/a")
         label, per_seed = c["label"].replace("|", "\\|"), " ".join(fmt(x, 2) for x in c["per_seed"])
@@ -219,6 +219,18 @@ def runs_table(judged: list[dict]) -> str:
             f"{runs} | "
             f"{found['seeds_needed'] or 'over 30'} |")
     return "\n".join(rows)
+
+
+def runs_needed_cell(c: dict, found: dict, seed_sd: float, runs: int) -> str:
+    """power.runs_needed as a cell: the runs a seed, or why none up to its most (20) do: the seeds'
+    own spread alone misses the threshold, or more runs than that would be needed."""
+    if "runs_needed" not in found:
+        return "n/a"
+    if found["runs_needed"]:
+        return str(found["runs_needed"])
+    between = power.between_seeds(seed_sd, c["run_sd"], runs)
+    alone = power.detect_rate(between, c["threshold"], c["n"]) if between > 0 else 1.0
+    return "none: the seeds differ too much" if alone < power.POWER else "over 20"
 
 
 def collapse_table(study: dict[str, tuple[int, list[str]]],
