@@ -109,11 +109,11 @@ def test_the_runs_cell_says_why_no_number_of_runs_detects_the_threshold():
     base = {"threshold": 0.05, "n": 5, "rule": "greater", "mean": 0.05}
     wide = {**base, "run_sd": 0.06}
     assert tables.runs_needed_cell(wide, power.comparison_power({**wide, "se": 0.2 / 5 ** 0.5, "runs": 3}),
-                                   0.2, 3) == "none: the seeds differ too much"
+                                   power.between_seeds(0.2, 0.06, 3)) == "none: the seeds differ too much"
     noisy = {**base, "run_sd": 0.5}
     seed_sd = 0.5 / 3 ** 0.5  # the runs' share alone: nothing between seeds
     assert tables.runs_needed_cell(noisy, power.comparison_power({**noisy, "se": seed_sd / 5 ** 0.5, "runs": 3}),
-                                   seed_sd, 3) == "over 20"
+                                   power.between_seeds(seed_sd, 0.5, 3)) == "over 20"
     tight = {**base, "run_sd": 0.045}
     assert tables.runs_needed_cell(tight, power.comparison_power({**tight, "se": 0.02 / 5 ** 0.5, "runs": 3}),
-                                   0.02, 3) == "3"
+                                   power.between_seeds(0.02, 0.045, 3)) == "3"

@@ -43,6 +43,7 @@ from toyworld.findings import t975
 SIMULATIONS = 40_000  # a rate's standard error at most 0.0025 (at 50%)
 SEED = 0
 POWER = 0.8
+MOST_RUNS = 20  # runs_needed looks no further
 
 
 @functools.lru_cache(maxsize=32)
@@ -108,7 +109,7 @@ def between_seeds(seed_sd: float, run_sd: float, runs: int) -> float:
 
 
 def runs_needed(seed_sd: float, run_sd: float, runs: int, difference: float, n: int = 5,
-                most: int = 20, power: float = POWER) -> int | None:
+                most: int = MOST_RUNS, power: float = POWER) -> int | None:
     """The fewest runs a seed whose means, over `n` seeds, detect a true `difference` `power` of
     the time, from a comparison whose seeds' means of `runs` runs spread `seed_sd` and whose runs
     spread `run_sd` within a seed; None past `most` (the seeds' own spread is too large)."""

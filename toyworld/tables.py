@@ -209,9 +209,9 @@ def runs_table(judged: list[dict]) -> str:
             "seeds to detect the mean |", "|---|---|---|---|---|---|---|---|---|"]
     for c in (c for f in judged for c in f["comparisons"] if c["rule"] != "near"):
         found, seed_sd, k = power.comparison_power(c), c["se"] * math.sqrt(c["n"]), c.get("runs", 1)
-        runs = runs_needed_cell(c, found, seed_sd, k)
-        between = (fmt(power.between_seeds(seed_sd, c["run_sd"], k), 3, signed=False)
-                   if k > 1 else "n/a")
+        spread = power.between_seeds(seed_sd, c["run_sd"], k) if k > 1 else math.nan
+        runs = runs_needed_cell(c, found, spread)
+        between = fmt(spread, 3, signed=False) if k > 1 else "n/a"
         label, per_seed = c["label"].replace("|", "\\|"), " ".join(fmt(x, 2) for x in c["per_seed"])
         rows.append(
             f"| {label} | {per_seed} | {fmt(c['mean'])} | {k} | "
@@ -221,16 +221,16 @@ def runs_table(judged: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def runs_needed_cell(c: dict, found: dict, seed_sd: float, runs: int) -> str:
-    """power.runs_needed as a cell: the runs a seed, or why none up to its most (20) do: the seeds'
-    own spread alone misses the threshold, or more runs than that would be needed."""
+def runs_needed_cell(c: dict, found: dict, between: float) -> str:
+    """power.runs_needed as a cell: the runs a seed, or why none up to its most (MOST_RUNS) do: the
+    seeds' own spread `between` (power.between_seeds) alone misses the threshold, or more runs
+    than that would be needed."""
     if "runs_needed" not in found:
         return "n/a"
     if found["runs_needed"]:
         return str(found["runs_needed"])
-    between = power.between_seeds(seed_sd, c["run_sd"], runs)
     alone = power.detect_rate(between, c["threshold"], c["n"]) if between > 0 else 1.0
-    return "none: the seeds differ too much" if alone < power.POWER else "over 20"
+    return "none: the seeds differ too much" if alone < power.POWER else f"over {power.MOST_RUNS}"
 
 
 def collapse_table(study: dict[str, tuple[int, list[str]]],
