@@ -225,8 +225,8 @@ def test_each_rule_gives_its_verdict(rule, diffs, verdict):
     assert findings.verdict(rule, 0.05, findings.summarise(diffs)) == verdict
 
 
-def write_run(out, name, seed, points, evals=()):
-    folder = out / f"{name}-s{seed}"
+def write_run(out, name, seed, points, evals=(), run_seed=None):
+    folder = out / (f"{name}-s{seed}" + (f"-run{run_seed}" if run_seed is not None else ""))
     folder.mkdir(parents=True)
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * i, "val/success": v}) + "\n"
                                                   for i, v in enumerate(points)))
@@ -487,22 +487,27 @@ def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_ta
 
 def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hold(tmp_path):
     """Per comparison, how many replication seeds have the study's sign and pass the rule's threshold alone:
-    end differences of +0.30, +0.02 and -0.10 against a study mean of +0.2 are 2 of 3 in sign, 1 of 3 past
-    `greater`'s 0.05."""
+    each seed's two runs end +d and +d + 0.02 above SP's, so its value is d + 0.01: +0.31, +0.03 and -0.09
+    against a study mean of +0.2 are 2 of 3 in sign, 1 of 3 past `greater`'s 0.05. Beside them the runs' spread:
+    each seed's two run differences sit 0.01 from their mean, so the run SD is sqrt(2 x 0.01^2 / 1) = 0.014; the
+    seed SD of +0.31, +0.03, -0.09 is 0.205 (by hand: deviations +0.2267, -0.0533, -0.1733, squares summed
+    0.0843, over 2, square root)."""
     for seed, d in {5: 0.30, 6: 0.02, 7: -0.10}.items():
-        write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + d, 0.5 + d, 0.5 + d])
-        write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5])
+        for run_seed, e in ((None, d), (1000 + seed, d + 0.02)):
+            write_run(tmp_path, "voting-ip", seed, [0.4, 0.5 + e, 0.5 + e, 0.5 + e], run_seed=run_seed)
+            write_run(tmp_path, "voting-sp", seed, [0.4, 0.5, 0.5, 0.5], run_seed=run_seed)
     spec = {"id": "4", "claim": "", "comparisons": [
         declared.c("end: IP - SP", ("voting-ip", "end", "success"), ("voting-sp", "end", "success"))]}
     judged = findings.judge_finding(str(tmp_path), [5], spec)  # as study.json keeps it: `a` the per-seed values
     judged["comparisons"][0].update(mean=0.2, verdict="shown")
     (row,) = findings.replication(str(tmp_path), [5, 6, 7], [judged], [spec])
-    assert row["per_seed"] == pytest.approx([0.30, 0.02, -0.10])
+    assert row["per_seed"] == pytest.approx([0.31, 0.03, -0.09])
     assert (row["same_sign"], row["passes"], row["seeds"], row["study"]) == (2, 1, 3, "shown")
+    assert (row["runs"], row["run_sd"]) == (2, pytest.approx(math.sqrt(2 * 0.01 ** 2)))  # exact to rounding
     table = tables.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]}, [judged])
-    # each seed by the rule alone (greater 0.05): +0.30 shown, +0.02 not shown, -0.10 the opposite; 1 agrees
-    assert ("| 4 | end: IP - SP | greater 0.05 | +0.200, shown | +0.30 +0.02 -0.10 | shown, not shown, the opposite "
-            "| 1 of 3 | 1 of 3 |") in table
+    # each seed by the rule alone (greater 0.05): +0.31 shown, +0.03 not shown, -0.09 the opposite; 1 agrees
+    assert ("| 4 | end: IP - SP | greater 0.05 | +0.200, shown | +0.31 +0.03 -0.09 | 2: 0.014 / 0.205 | shown, "
+            "not shown, the opposite | 1 of 3 | 1 of 3 |") in table
 
 
 def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims_direction(tmp_path):
@@ -517,7 +522,9 @@ def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims
     judged["comparisons"][0].update(mean=-0.06, verdict="the opposite")
     rows = findings.replication(str(tmp_path), [6, 10, 11], [judged], [spec])
     table = tables.replication_table({"seeds": [6, 10, 11], "set_aside": [], "rows": rows}, [judged])
-    assert "| +0.09 -0.06 0.00 | shown, the opposite, not shown | 1 of 3 | 1 of 3 |" in table
+    # one run a seed: no run SD; the seeds' SD of +0.09, -0.06, +0.00003 is 0.075
+    assert "| +0.09 -0.06 0.00 | 1: n/a / 0.075 | shown, the opposite, not shown | 1 of 3 | 1 of 3 |" in table
+    assert rows[0]["run_sd"] is None  # null in study.json, not NaN
 
 
 @pytest.mark.parametrize("diffs, verdict", [

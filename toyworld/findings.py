@@ -282,7 +282,8 @@ def replication(results: str, seeds: list[int], judged: list[dict],
                 specs: list[dict]) -> list[dict]:
     """Comparison by comparison, whether each replication seed repeats the study's verdict: its
     difference has the sign of the study's mean, and passes the rule's threshold on its own
-    (greater: >= t; matches: >= -t; near: within t of the target). `judged`: the study's findings
+    (greater: >= t; matches: >= -t; near: within t of the target), with the runs a seed and their
+    spread (run_spread) beside the held-out seeds' own. `judged`: the study's findings
     (judge_finding: a comparison's `a` and `b` are its per-seed values there); `specs`: the same
     findings as declared (toyworld/declared.py's FINDINGS)."""
     declared = {(f["id"], c["label"]): c for f in specs
@@ -301,7 +302,10 @@ def replication(results: str, seeds: list[int], judged: list[dict],
                 sign = [math.copysign(1, x) == math.copysign(1, c["mean"]) for x in per_seed]
             rows.append({"finding": finding["id"], "label": c["label"], "rule": c["rule"],
                          "study": c["verdict"], "study_mean": c["mean"], "per_seed": per_seed,
-                         "same_sign": sum(sign), "passes": sum(passes), "seeds": len(seeds)})
+                         "same_sign": sum(sign), "passes": sum(passes), "seeds": len(seeds),
+                         "n": again["n"], "se": again["se"], "runs": again["runs"],
+                         # one run a seed has no run-to-run spread: null, which JSON can hold
+                         "run_sd": None if math.isnan(again["run_sd"]) else again["run_sd"]})
     return rows
 
 

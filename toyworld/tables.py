@@ -179,21 +179,23 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
     """The replication's rows (`rows`, default rep's), each held-out seed judged by its comparison's
     rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold):
     whether it agrees with the study's verdict, and, apart, whether it goes the claim's way
-    (shown)."""
+    (shown); beside the per-seed values, the runs a seed and the run-to-run against the
+    seed-to-seed SD (`runs_cell`; rows without them, from before they were kept: n/a)."""
     declared = {(f["id"], c["label"]): c for f in judged
                 for c in f["preconditions"] + f["comparisons"]}
     lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
              f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
-             "| finding | comparison | rule | study: mean, verdict | per seed | each seed by the "
-             "rule | agrees with the study | goes the claim's way (shown) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| finding | comparison | rule | study: mean, verdict | per seed | runs a seed: run SD "
+             "/ seed SD | each seed by the rule | agrees with the study | goes the claim's way "
+             "(shown) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows if rows is not None else rep["rows"]:
         c = declared[(r["finding"], r["label"])]
         each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
         label, n = r["label"].replace("|", "\\|"), len(each)
         lines.append(
             f"| {r['finding']} | {label} | {r['rule']} {c['threshold']} | {fmt(r['study_mean'])}, "
-            f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {', '.join(each)} | "
+            f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {runs_cell(r)} | "
+            f"{', '.join(each)} | "
             f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
     return "\n".join(lines)
 
