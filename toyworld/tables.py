@@ -180,14 +180,14 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
     rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold):
     whether it agrees with the study's verdict, and, apart, whether it goes the claim's way
     (shown); beside the per-seed values, the runs a seed and the run-to-run against the
-    seed-to-seed SD (`runs_cell`; rows without them, from before they were kept: n/a)."""
+    seed-to-seed SD (`runs_cell`)."""
     declared = {(f["id"], c["label"]): c for f in judged
                 for c in f["preconditions"] + f["comparisons"]}
     lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
              f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
-             "| finding | comparison | rule | study: mean, verdict | per seed | runs a seed: run SD "
-             "/ seed SD | each seed by the rule | agrees with the study | goes the claim's way "
-             "(shown) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| finding | comparison | rule | study: mean, verdict | per seed | "
+             "runs a seed: run SD / seed SD | each seed by the rule | agrees with the study | "
+             "goes the claim's way (shown) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows if rows is not None else rep["rows"]:
         c = declared[(r["finding"], r["label"])]
         each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
