@@ -165,7 +165,8 @@ STATED = {
                         "it took {study_fresh_clone_minutes} minutes",
                         "the one-commit study took about {study_one_commit_minutes} minutes"],
     "docs/findings.md": ["about {build_minutes} minutes each on 2 cores",
-                         "About {study_one_commit_minutes} minutes in all"],
+                         "About {study_one_commit_minutes} minutes in all",
+                         "about {replication_one_commit_minutes} minutes of wall clock"],
 }
 
 
@@ -251,6 +252,9 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
         assert [len(findings.runs_of(results, name, seed)) for seed in seeds] == [declared.runs_a_seed(name)] * 5
     replication = committed["replication"]
     assert replication["seeds"] == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
+    assert replication["commits"] == ["4ff703f"]  # the replication from the study's commit too
+    for name in declared.GRID:  # and its runs a seed, declared before it ran
+        assert [len(findings.runs_of(results, name, seed)) for seed in [6, 10]] == [declared.runs_a_seed(name)] * 2
     rows = findings.replication(results, replication["seeds"], committed["findings"], declared.FINDINGS)
     assert same(replication["rows"], rows) and len(rows) == 20
     page, readme = os.path.join(ROOT, "docs", "findings.md"), os.path.join(ROOT, "README.md")
