@@ -251,11 +251,12 @@ def test_every_table_of_the_findings_page_is_the_committed_study(tmp_path):
     for name in declared.GRID:  # the runs a seed declared before the study ran, every one in the results
         assert [len(findings.runs_of(results, name, seed)) for seed in seeds] == [declared.runs_a_seed(name)] * 5
     replication = committed["replication"]
-    assert replication["seeds"] == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
+    held_out = replication["seeds"]
+    assert held_out == [6, 10] and [r["seed"] for r in replication["set_aside"]] == [7, 8, 9]
     assert replication["commits"] == ["4ff703f"]  # the replication from the study's commit too
     for name in declared.GRID:  # and its runs a seed, declared before it ran
-        assert [len(findings.runs_of(results, name, seed)) for seed in [6, 10]] == [declared.runs_a_seed(name)] * 2
-    rows = findings.replication(results, replication["seeds"], committed["findings"], declared.FINDINGS)
+        assert [len(findings.runs_of(results, name, seed)) for seed in held_out] == [declared.runs_a_seed(name)] * 2
+    rows = findings.replication(results, held_out, committed["findings"], declared.FINDINGS)
     assert same(replication["rows"], rows) and len(rows) == 20
     page, readme = os.path.join(ROOT, "docs", "findings.md"), os.path.join(ROOT, "README.md")
     shutil.copy(page, tmp_path / "findings.md")
