@@ -322,12 +322,13 @@ def test_the_findings_prose_quotes_the_committed_results():
     import json
     import statistics
 
+    from infra import detection, paired
     from toyworld import findings, power, tables, verdicts
     results = os.path.join(ROOT, "docs", "findings", "results")
     committed = json.load(open(os.path.join(results, "study.json")))
     seeds = committed["seeds"]
     judged = {(f["id"], c["label"]): c for f in committed["findings"] for c in f["preconditions"] + f["comparisons"]}
-    mean = lambda name, q, key="success": findings.mean_of(  # noqa: E731
+    mean = lambda name, q, key="success": paired.mean_of(  # noqa: E731
         [findings.value(results, s, (name, q, key)) for s in seeds])
     interval = lambda c: f"{c['mean']:+.3f} [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}]"  # noqa: E731
     merged, i1, i6 = judged[("4", "decline: IP - IP merged")], *(
@@ -346,7 +347,7 @@ def test_the_findings_prose_quotes_the_committed_results():
         f"IP against merged IP: {interval(merged)}", f"IP - I1 is {interval(i1)}", f"IP - I6 is {interval(i6)}",
         f"Voting's test accuracy falls from {statistics.mean(swapped['a']):.2f} to {statistics.mean(swapped['b']):.2f}",
         f"are {' '.join(f'{x:+.3f}' for x in merged['per_seed'])}: mean {merged['mean']:+.3f}",
-        f"at least one would pass with nothing there {power.any_passes(rates):.1%} of the time",
+        f"at least one would pass with nothing there {detection.any_passes(rates):.1%} of the time",
         f"The smallest true difference they detect 80% of the time is {found['smallest_detected']:.3f}",
         f"Voting SP collapses in {len(collapsed[1])} of its {collapsed[0]} runs",
     ]

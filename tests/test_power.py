@@ -1,13 +1,14 @@
 """What the study's seeds and runs can tell (toyworld/power.py): each rule's false-pass rate, the t-interval's
 detection rate, the smallest true difference detected, and the seeds and runs a verdict would need, against cases
-worked by hand. The rates are simulated (toyworld.power.SIMULATIONS = 40,000 draws, seeded): a rate near p has a
+worked by hand. The rates are simulated (toyworld.detection.SIMULATIONS = 40,000 draws, seeded): a rate near p has a
 standard error of sqrt(p (1 - p) / 40,000) <= 0.0025, so a tolerance of 0.01 is four of them."""
 import math
 
 import numpy as np
 import pytest
 
-from toyworld import declared, findings, power
+from infra import detection, paired
+from toyworld import declared, power
 
 
 def phi(x: float) -> float:
@@ -18,7 +19,7 @@ def test_the_worked_example_two_seeds_greater_by_hand():
     """Two seeds, `greater` 0.05, a spread of 0.10 a seed, no true difference: a mean of 0.05 or more (which puts
     one seed above zero at least) has chance 1 - Phi(0.05 / (0.10 / sqrt 2)) = 1 - Phi(0.7071) = 0.2398."""
     assert 1 - phi(0.05 / (0.10 / math.sqrt(2))) == pytest.approx(0.2398, abs=1e-4)
-    assert power.pass_rate("greater", 0.05, 0.10, 0.0, n=2) == pytest.approx(0.2398, abs=0.01)
+    assert detection.pass_rate("greater", 0.05, 0.10, 0.0, n=2) == pytest.approx(0.2398, abs=0.01)
 
 
 def test_matches_at_its_margin_passes_as_often_as_the_signs_allow_whatever_the_spread():
@@ -26,16 +27,16 @@ def test_matches_at_its_margin_passes_as_often_as_the_signs_allow_whatever_the_s
     mean, so the rate does not depend on the spread. Two seeds: the mean at or above -t, 1/2. Five seeds: the
     mean above and 4 of 5 draws above it, about 18% (the simulation at two spreads agrees with itself to the
     draw)."""
-    assert power.pass_rate("matches", 0.05, 0.1, -0.05, n=2) == pytest.approx(0.5, abs=0.01)
-    five = power.pass_rate("matches", 0.05, 0.1, -0.05)
-    assert five == power.pass_rate("matches", 0.05, 0.3, -0.05) and five == pytest.approx(0.18, abs=0.01)
+    assert detection.pass_rate("matches", 0.05, 0.1, -0.05, n=2) == pytest.approx(0.5, abs=0.01)
+    five = detection.pass_rate("matches", 0.05, 0.1, -0.05)
+    assert five == detection.pass_rate("matches", 0.05, 0.3, -0.05) and five == pytest.approx(0.18, abs=0.01)
 
 
 def test_the_interval_excludes_zero_on_the_right_side_2_5_percent_of_the_time_with_nothing_there():
     """With no true difference the t statistic of n seeds has Student's t with n - 1 degrees of freedom, so the
     interval's low end is above zero with chance 0.025 exactly, at 2 seeds and at 5."""
     for n in (2, 5):
-        assert power.detect_rate(0.1, 0.0, n) == pytest.approx(0.025, abs=0.003)
+        assert detection.detect_rate(0.1, 0.0, n) == pytest.approx(0.025, abs=0.003)
 
 
 def test_the_smallest_difference_five_seeds_detect_is_about_1_35_times_the_intervals_half_width():
@@ -44,12 +45,12 @@ def test_the_smallest_difference_five_seeds_detect_is_about_1_35_times_the_inter
     times the half-width of an interval at that spread, 2.776 sd / 2.236 = 1.24 sd, which is detected only about
     half the time (0.56: the sample's SD varies around sd)."""
     sd = 0.05
-    found = power.smallest_detected(sd)
+    found = detection.smallest_detected(sd)
     assert found / sd == pytest.approx(1.68, abs=0.03)
-    assert power.detect_rate(sd, found) == pytest.approx(0.8, abs=0.002)
-    half = findings.t975(4) * sd / math.sqrt(5)
+    assert detection.detect_rate(sd, found) == pytest.approx(0.8, abs=0.002)
+    half = detection.t975(4) * sd / math.sqrt(5)
     assert found / half == pytest.approx(1.35, abs=0.03)
-    assert power.detect_rate(sd, half) == pytest.approx(0.56, abs=0.01)
+    assert detection.detect_rate(sd, half) == pytest.approx(0.56, abs=0.01)
 
 
 def test_seeds_and_runs_needed_by_hand():
@@ -58,34 +59,34 @@ def test_seeds_and_runs_needed_by_hand():
     runs spread 0.045 has no spread of its own between seeds (0.02^2 - 0.045^2 / 3 < 0), so its means of r runs
     over 5 seeds spread 0.045 / sqrt r; 80% detection of 0.05 needs 0.045 / sqrt r <= 0.05 / 1.68, r >= 2.3: 3
     runs (2 runs detect it 75% of the time, 3 runs 89%)."""
-    assert power.seeds_needed(1.0, 1.0) == 10
-    assert power.between_seeds(0.02, 0.045, 3) == 0.0
-    assert power.between_seeds(0.05, 0.06, 3) == pytest.approx(math.sqrt(0.05 ** 2 - 0.06 ** 2 / 3))
-    assert power.runs_needed(0.02, 0.045, 3, 0.05) == 3
-    assert power.detect_rate(0.045 / math.sqrt(2), 0.05) == pytest.approx(0.75, abs=0.01)
-    assert power.runs_needed(0.2, 0.06, 3, 0.05) is None  # the seeds' own spread is too large
+    assert detection.seeds_needed(1.0, 1.0) == 10
+    assert detection.between_seeds(0.02, 0.045, 3) == 0.0
+    assert detection.between_seeds(0.05, 0.06, 3) == pytest.approx(math.sqrt(0.05 ** 2 - 0.06 ** 2 / 3))
+    assert detection.runs_needed(0.02, 0.045, 3, 0.05) == 3
+    assert detection.detect_rate(0.045 / math.sqrt(2), 0.05) == pytest.approx(0.75, abs=0.01)
+    assert detection.runs_needed(0.2, 0.06, 3, 0.05) is None  # the seeds' own spread is too large
 
 
 def test_the_simulated_rules_are_findings_verdicts():
-    """rule_passes is findings.verdict's "shown", row by row, on differences with ties at the threshold."""
+    """rule_passes is paired.verdict's "shown", row by row, on differences with ties at the threshold."""
     rng = np.random.default_rng(1)
     d = np.round(rng.normal(0.02, 0.08, size=(400, 5)), 2)
     for rule in ("greater", "matches"):
-        simulated = power.rule_passes(rule, 0.05, d)
-        judged = [findings.verdict(rule, 0.05, findings.summarise(list(row))) == "shown" for row in d]
+        simulated = detection.rule_passes(rule, 0.05, d)
+        judged = [paired.verdict(rule, 0.05, paired.summarise(list(row))) == "shown" for row in d]
         assert simulated.tolist() == judged and 20 < sum(judged) < 380
 
 
 def test_at_least_one_of_several_rules_passing():
     """Independent rules at 5% and 10%: 1 - 0.95 x 0.9 = 0.145."""
-    assert power.any_passes([0.05, 0.10]) == pytest.approx(0.145)
+    assert detection.any_passes([0.05, 0.10]) == pytest.approx(0.145)
 
 
 def test_the_decline_configurations_runs_a_seed_are_what_the_power_analysis_asked_for():
     """declared.DECLINE_RUNS (6), declared before the study's third run from the committed 3-run results of
     2026-12-05: runs_needed at each decline comparison's seed-to-seed and run-to-run SD, for 80% detection of
     the rules' 0.05 over five seeds, is 4, 3, 6 and 5, and none for IP - SP; 6 is the most."""
-    needed = {label: power.runs_needed(seed_sd, run_sd, 3, 0.05)
+    needed = {label: detection.runs_needed(seed_sd, run_sd, 3, 0.05)
               for label, (seed_sd, run_sd) in declared.DECLINE_POWER_INPUTS.items()}
     assert needed == {"IP - SP": None, "IP - merged": 4, "IP - third": 3, "IP - I1": 6, "IP - I6": 5}
     assert declared.DECLINE_RUNS == max(r for r in needed.values() if r)
@@ -109,11 +110,11 @@ def test_the_runs_cell_says_why_no_number_of_runs_detects_the_threshold():
     base = {"threshold": 0.05, "n": 5, "rule": "greater", "mean": 0.05}
     wide = {**base, "run_sd": 0.06}
     assert tables.runs_needed_cell(wide, power.comparison_power({**wide, "se": 0.2 / 5 ** 0.5, "runs": 3}),
-                                   power.between_seeds(0.2, 0.06, 3)) == "none: the seeds differ too much"
+                                   detection.between_seeds(0.2, 0.06, 3)) == "none: the seeds differ too much"
     noisy = {**base, "run_sd": 0.5}
     seed_sd = 0.5 / 3 ** 0.5  # the runs' share alone: nothing between seeds
     assert tables.runs_needed_cell(noisy, power.comparison_power({**noisy, "se": seed_sd / 5 ** 0.5, "runs": 3}),
-                                   power.between_seeds(seed_sd, 0.5, 3)) == "over 20"
+                                   detection.between_seeds(seed_sd, 0.5, 3)) == "over 20"
     tight = {**base, "run_sd": 0.045}
     assert tables.runs_needed_cell(tight, power.comparison_power({**tight, "se": 0.02 / 5 ** 0.5, "runs": 3}),
-                                   power.between_seeds(0.02, 0.045, 3)) == "3"
+                                   detection.between_seeds(0.02, 0.045, 3)) == "3"

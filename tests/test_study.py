@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from infra import paired
 from toyworld import declared, findings, jobs, study, tables
 
 
@@ -181,13 +182,13 @@ def test_the_clock_estimates_the_time_left_from_what_each_kind_took():
 
 def test_windows_read_the_best_and_the_last_three_points():
     values = [0.2, 0.9, 0.3, 0.6, 0.6, 0.3, 0.0, 0.3]  # the single best point (0.9) is not the peak
-    assert findings.window_peak(values) == pytest.approx(0.6)   # (0.9 + 0.3 + 0.6) / 3 and (0.3 + 0.6 + 0.6) / 3
-    assert findings.window_end(values) == pytest.approx(0.2)    # (0.3 + 0.0 + 0.3) / 3
-    assert math.isnan(findings.window_peak([0.5, 0.5]))
+    assert paired.window_peak(values) == pytest.approx(0.6)   # (0.9 + 0.3 + 0.6) / 3 and (0.3 + 0.6 + 0.6) / 3
+    assert paired.window_end(values) == pytest.approx(0.2)    # (0.3 + 0.0 + 0.3) / 3
+    assert math.isnan(paired.window_peak([0.5, 0.5]))
 
 
 def test_paired_differences_by_hand():
-    s = findings.summarise([0.1, 0.2, 0.3, -0.1, 0.0])
+    s = paired.summarise([0.1, 0.2, 0.3, -0.1, 0.0])
     assert s["mean"] == pytest.approx(0.1)
     assert s["se"] == pytest.approx(math.sqrt(0.1 / 4 / 5))  # squares about the mean: 0+0.01+0.04+0.04+0.01
     assert (s["positive"], s["negative"]) == (3, 1)
@@ -202,14 +203,14 @@ def test_paired_differences_by_hand():
 def test_seeds_needed_and_the_interval_that_says_the_verdict_by_hand():
     """seeds_needed: the fewest seeds whose t-interval excludes zero at a mean and spread; excludes_zero reads a
     verdict against its interval (matches: against minus the margin)."""
-    assert findings.seeds_needed(0.06, 0.05) == 6  # n = 5: 2.776 x 0.05 / 2.236 = 0.062; n = 6: 0.0525
-    assert findings.seeds_needed(0.001, 0.5) is None
+    assert paired.seeds_to_exclude_zero(0.06, 0.05) == 6  # n = 5: 2.776 x 0.05 / 2.236 = 0.062; n = 6: 0.0525
+    assert paired.seeds_to_exclude_zero(0.001, 0.5) is None
     shown = {"rule": "greater", "verdict": "shown", "threshold": 0.05}
-    assert findings.excludes_zero({**shown, "ci": [0.01, 0.2]}) and not findings.excludes_zero(
+    assert paired.excludes_zero({**shown, "ci": [0.01, 0.2]}) and not paired.excludes_zero(
         {**shown, "ci": [-0.01, 0.2]})
-    assert findings.excludes_zero({**shown, "verdict": "the opposite", "ci": [-0.28, -0.01]})
+    assert paired.excludes_zero({**shown, "verdict": "the opposite", "ci": [-0.28, -0.01]})
     matches = {"rule": "matches", "verdict": "shown", "threshold": 0.05}
-    assert findings.excludes_zero({**matches, "ci": [-0.04, 0.2]}) and not findings.excludes_zero(
+    assert paired.excludes_zero({**matches, "ci": [-0.04, 0.2]}) and not paired.excludes_zero(
         {**matches, "ci": [-0.06, 0.2]})
 
 
@@ -222,7 +223,7 @@ def test_seeds_needed_and_the_interval_that_says_the_verdict_by_hand():
     ("matches", [-0.1, 0.0, 0.05, -0.1, -0.02], "not shown"),      # mean -0.034, but 2 of 5 beyond -0.05
 ])
 def test_each_rule_gives_its_verdict(rule, diffs, verdict):
-    assert findings.verdict(rule, 0.05, findings.summarise(diffs)) == verdict
+    assert paired.verdict(rule, 0.05, paired.summarise(diffs)) == verdict
 
 
 def write_run(out, name, seed, points, evals=(), run_seed=None):
@@ -285,7 +286,7 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
                     + "<!-- table:finding-I1/I6 -->\n<!-- /table:finding-I1/I6 -->\n")  # not written yet: empty
     sweep = {"rule": "r", "choice": "1e-3", "rates": {"1e-3": {"base": [0.5, 0.4], "peak": [0.9, 0.8],
                                                               "end": [0.85, 0.7], "holds": 1}}}
-    compared = [dict(declared.c(label, ("x", "end", "y")), **findings.summarise(diffs), a=diffs, b=[0.0, 0.0],
+    compared = [dict(declared.c(label, ("x", "end", "y")), **paired.summarise(diffs), a=diffs, b=[0.0, 0.0],
                      verdict=verdict)
                 for label, diffs, verdict in (("P(a | b)", [0.1, 0.1], "shown"), ("I6", [-0.1, -0.1], "the opposite"))]
     judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [],
@@ -530,12 +531,12 @@ def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims
 @pytest.mark.parametrize("diffs, verdict", [
     ([0.0, -0.13, 0.0, -0.09, -0.16], "the opposite"),  # Eval-Opt IP - SA-RL: ties are no seed for A
     ([0.02, -0.13, 0.01, -0.09, -0.16], "not shown"),   # two seeds ahead by 0.005 or more
-    ([0.004, -0.13, 0.0, -0.09, -0.16], "the opposite"),  # +0.004 is a tie (findings.TIE)
+    ([0.004, -0.13, 0.0, -0.09, -0.16], "the opposite"),  # +0.004 is a tie (paired.TIE)
     ([-0.01, -0.02, 0.0, -0.01, -0.02], "not shown"),   # the mean, -0.012, is not past -0.05
 ])
 def test_the_contradiction_rule_counts_a_tie_for_neither_side(diffs, verdict):
-    assert findings.verdict("contradicts", 0.05, findings.summarise(diffs)) == verdict
-    assert findings.verdict("greater", 0.05, findings.summarise([0.0, -0.13, 0.0, -0.09, -0.16])) == "not shown"
+    assert paired.verdict("contradicts", 0.05, paired.summarise(diffs)) == verdict
+    assert paired.verdict("greater", 0.05, paired.summarise([0.0, -0.13, 0.0, -0.09, -0.16])) == "not shown"
 
 
 @pytest.mark.parametrize("rule, x, verdict", [
@@ -544,7 +545,7 @@ def test_the_contradiction_rule_counts_a_tie_for_neither_side(diffs, verdict):
     ("contradicts", 0.06, "shown"), ("near", 0.79, "shown"), ("near", 0.81, "not shown"),
 ])
 def test_one_seed_is_judged_by_its_rules_threshold_alone(rule, x, verdict):
-    assert findings.seed_verdict(rule, 0.05, x, target=0.75 if rule == "near" else None) == verdict
+    assert paired.seed_verdict(rule, 0.05, x, target=0.75 if rule == "near" else None) == verdict
 
 
 def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree():
@@ -555,7 +556,7 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
     from toyworld import verdicts
 
     def compared(label, per_seed, verdict, rule="greater"):
-        return dict(declared.c(label, ("x", "end", "y"), rule=rule), **findings.summarise(per_seed), verdict=verdict)
+        return dict(declared.c(label, ("x", "end", "y"), rule=rule), **paired.summarise(per_seed), verdict=verdict)
     exception = [0.0, -0.13, 0.0, -0.09, -0.16]
     study_json = {"seeds": [0, 1, 2, 3, 5], "findings": [
         {"id": "1", "verdict": "not testable here", "preconditions": [],
@@ -730,8 +731,8 @@ def test_a_seeds_value_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_
     assert findings.value(out, 0, ("a", "decline", "success")) == pytest.approx(0.2)
     assert findings.value(out, 0, ("a", "peak", "success")) == pytest.approx(0.7)
     # a side with one run (eval.py's base: the same on every run) paired with each run of the other
-    assert findings.run_differences({"": 0.5, "-run1000": 0.7}, {"": 0.4}) == pytest.approx([0.1, 0.3])
-    assert findings.run_differences({"": 0.5, "-run1000": 0.7, "-run2000": 0.6},
+    assert paired.run_differences({"": 0.5, "-run1000": 0.7}, {"": 0.4}) == pytest.approx([0.1, 0.3])
+    assert paired.run_differences({"": 0.5, "-run1000": 0.7, "-run2000": 0.6},
                                     {"": 0.4, "-run2000": 0.1}) == pytest.approx([0.1, 0.5])
     c = findings.compare(out, [0, 1], declared.c("decline: a - b", ("a", "decline", "success"),
                                                  ("b", "decline", "success")))
@@ -740,13 +741,13 @@ def test_a_seeds_value_is_the_mean_of_its_runs_and_their_spread_is_reported(tmp_
 
 
 def test_a_run_collapses_when_its_end_falls_below_half_its_peak_and_keeps_its_last_calls(tmp_path):
-    """declared.COLLAPSE (0.5, written after the data): a run whose end (the mean of its last 3 validation points)
+    """paired.COLLAPSE (0.5, written after the data): a run whose end (the mean of its last 3 validation points)
     is below half its peak (the best mean of 3 in a row) collapses, and the compact results keep its last step's
     calls. By hand: 0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1: peak 0.9, end 0.2 < 0.45; with 0.5, 0.5, 0.5 at the end
     instead, 0.5 >= 0.45."""
-    assert findings.collapsed([0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1])
-    assert not findings.collapsed([0.5, 0.9, 0.9, 0.9, 0.5, 0.5, 0.5])
-    assert not findings.collapsed([0.9, 0.1])  # fewer points than a window: no peak, no end
+    assert paired.collapsed([0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1])
+    assert not paired.collapsed([0.5, 0.9, 0.9, 0.9, 0.5, 0.5, 0.5])
+    assert not paired.collapsed([0.9, 0.1])  # fewer points than a window: no peak, no end
     for run, curve in (("voting-ip-s1", [0.5, 0.9, 0.9, 0.9, 0.3, 0.2, 0.1]),
                        ("voting-ip-s1-run1001", [0.5, 0.9, 0.9, 0.9, 0.5, 0.5, 0.5])):
         (tmp_path / run / "samples").mkdir(parents=True)

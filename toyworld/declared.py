@@ -27,7 +27,7 @@ CANDIDATES = 20
 RUNS = 3
 RUN_SEED_STEP = 1000
 # The decline comparisons' configurations (finding 4, I1, I6) run DECLINE_RUNS times a seed: the
-# most that toyworld.power.runs_needed asked for, on 2026-12-06, to detect a true decline
+# most that runs_needed (infra/detection.py) asked for, on 2026-12-06, to detect a true decline
 # difference of the rules' 0.05 80% of the time over five seeds, from the committed 3-run results
 # of 2026-12-05 (study.json's), each comparison's seed-to-seed SD of its seeds' means and its
 # run-to-run SD in DECLINE_POWER_INPUTS: IP - merged 4, IP - a third of the rate 3, I1 6, I6 5;
@@ -38,11 +38,10 @@ DECLINE_POWER_INPUTS = {"IP - SP": (0.138, 0.152), "IP - merged": (0.016, 0.059)
 DECLINE_NAMES = ("voting-ip", "voting-sp", "voting-ip-merged", "voting-ip-third-lr",
                  "voting-ip-i1", "voting-ip-i6")
 DECLINE_RUNS = 6
-# A run collapses when its validation end (findings.py's window mean) falls below COLLAPSE of its
-# peak. Written on 2026-12-06 after the data (a Voting-SP run of seed 0 on run seed 5000, outside
-# every committed result, ended at 0.00 from a peak near 0.9), before the study's third run: a
-# count of runs per configuration, a post-hoc result
-COLLAPSE = 0.5
+# A run collapses when its validation end (a window mean) falls below half of its peak: COLLAPSE,
+# infra/paired.py. Written on 2026-12-06 after the data (a Voting-SP run of seed 0 on run seed 5000,
+# outside every committed result, ended at 0.00 from a peak near 0.9), before the study's third
+# run: a count of runs per configuration, a post-hoc result
 STEPS = 150
 # The regime, fixed before any run of the grid: the toy world's own (calibration.REGIME: 2 tasks x a
 # group of 8, temperature 1, 32 new tokens, the setting calibration measures at), 115 training

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from toyworld.findings import mean_of, runs_of
+from infra.paired import mean_of
+from toyworld.findings import runs_of
 from toyworld.results import records
 
 WORKFLOW_PANELS = [("Voting", "voting"), ("Eval-Opt", "evalopt"), ("Orch-Workers", "orchworkers")]

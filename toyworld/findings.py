@@ -1,20 +1,14 @@
 """The toy-world study's statistics: its runs' compact results (`keep_results`), per-seed numbers
-read from them, paired differences, and the verdict of each predeclared comparison
-(toyworld/declared.py's FINDINGS), written as the tables of docs/findings.md.
+read from them, and the verdict of each predeclared comparison (toyworld/declared.py's FINDINGS),
+written as the tables of docs/findings.md.
 
-What it does: reads each configuration's runs (one per seed) into per-seed values, of validation
-curves as window means (the peak: the best mean of 3 consecutive validation points; the end: the
-mean of the last 3; so neither is the maximum of noisy points), of eval.py's accuracy on the
-held-out test problems, and of training metrics averaged over the last steps; pairs two quantities
-seed by seed; and applies a comparison's rule:
-- `greater` (A beats B by at least t): shown when the mean paired difference is >= t and all seeds
-  but one agree in sign; the opposite when it is <= -t and all seeds but one have B ahead; otherwise
-  not shown;
-- `matches` (A at least as good as B, give or take t; one-sided): shown when the mean difference is
-  >= -t and in all seeds but one A is behind by at most t (ahead by any amount counts); the opposite
-  when the mean is <= -t and B is ahead in all seeds but one; otherwise not shown;
-- `near` (A equal to a value within t): shown or not shown.
-A finding is not testable here when one of its preconditions is not shown. What it is not: the
+What it does: reads each configuration's runs into per-seed values (a seed's value is the mean of
+its runs), of validation curves as window means (infra/paired.py's QUANTITIES: the peak, the best
+mean of 3 consecutive validation points; the end, the mean of the last 3; so neither is the
+maximum of noisy points), of eval.py's accuracy on the held-out test problems, and of training
+metrics averaged over the last steps; pairs two quantities seed by seed; and applies a
+comparison's rule (`greater`, `matches`, `near`: infra/paired.py's verdict, which says each). A
+finding is not testable here when one of its preconditions is not shown. What it is not: the
 method, or a place to change a threshold after a comparison has been seen.
 """
 from __future__ import annotations
@@ -22,23 +16,19 @@ from __future__ import annotations
 import math
 import os
 
+from infra.paired import (
+    collapsed,
+    curve_values,
+    mean_of,
+    run_spread,
+    summarise,
+    verdict,
+)
 from infra.runfolder import read_results
-from toyworld.declared import COLLAPSE, DECLINE_RUNS, RUN_SEED_STEP, RUNS
+from toyworld.declared import DECLINE_RUNS, RUN_SEED_STEP, RUNS
 from toyworld.results import records, write_pack
 
-# A difference smaller than this in size is a tie: the tables print it as 0.00, and it counts as a
-# sign for neither side (a decline of +0.00003, from metrics kept to 4 decimals, is no seed "up").
-# Written after the data (2026-12-04); the predeclared rules count exact signs and keep them.
-TIE = 0.005
-WINDOW = 3          # validation points in a peak or end window
-TRAIN_LAST = 20     # training steps a training metric is averaged over at the end
-# Student's t, two-sided 95% (0.975 quantile), by degrees of freedom: a mean's interval over n
-# paired seeds is mean +- T975[n - 1] x SE, which covers at n = 5 as it says (a percentile
-# bootstrap over 5 seeds, the study's first interval, covers well under 95%)
-T975 = dict(enumerate([12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-                       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-                       2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042], 1))
-
+TRAIN_LAST = 20  # training steps a training metric is averaged over at the end
 # What the compact results keep of a run (docs/findings/results/study.jsonl: toyworld/results.py):
 # its validation curves and these training curves, to 4 decimals, and its evaluations: what the
 # tables, figures and prose read.
@@ -62,15 +52,6 @@ def runs_of(out: str, name: str, seed: int) -> list[str]:
     seed + k x RUN_SEED_STEP (toyworld/declared.py) that the results hold."""
     others = [f"-run{seed + k * RUN_SEED_STEP}" for k in range(1, max(RUNS, DECLINE_RUNS))]
     return [""] + [r for r in others if records(out, f"{name}-s{seed}{r}", "metrics.jsonl")]
-
-
-def window_peak(values: list[float]) -> float:
-    return max(sum(values[i:i + WINDOW]) / WINDOW for i in range(len(values) - WINDOW + 1)) \
-        if len(values) >= WINDOW else float("nan")
-
-
-def window_end(values: list[float]) -> float:
-    return sum(values[-WINDOW:]) / WINDOW if len(values) >= WINDOW else float("nan")
 
 
 def eval_value(out: str, name: str, seed: int, mode: str, key: str = "accuracy",
@@ -112,15 +93,7 @@ def run_value(out: str, seed: int, spec: tuple, run: str = "") -> float:
         return sum(last) / len(last) if last else float("nan")
     if quantity == "base":
         return values[0] if points[0][0] == 0 else float("nan")
-    numbers = {"peak": window_peak(values), "end": window_end(values)}
-    numbers.update(decline=numbers["peak"] - numbers["end"], change=numbers["end"] - values[0])
-    return numbers[quantity]
-
-
-def collapsed(values: list[float]) -> bool:
-    """Whether a run's validation curve collapses: its end (window mean) below COLLAPSE of its peak
-    (toyworld/declared.py, written after the data)."""
-    return len(values) >= WINDOW and window_end(values) < COLLAPSE * window_peak(values)
+    return curve_values(values)[quantity]
 
 
 def collapses(out: str, names: list[str], seeds: list[int]) -> dict[str, tuple[int, list[str]]]:
@@ -132,91 +105,6 @@ def collapses(out: str, names: list[str], seeds: list[int]) -> dict[str, tuple[i
                         if m.get("val/success") is not None] for run in runs}
         found[name] = (len(runs), [run for run, curve in curves.items() if collapsed(curve)])
     return found
-
-
-def mean_of(values: list[float]) -> float:
-    """The mean over the seeds that have a value (nan when none has)."""
-    found = [x for x in values if not math.isnan(x)]
-    return sum(found) / len(found) if found else float("nan")
-
-
-def t975(df: int) -> float:
-    """T975 at `df` degrees of freedom (past 30, 30's: slightly wider, never narrower)."""
-    return T975[min(df, 30)]
-
-
-def summarise(diffs: list[float]) -> dict:
-    """Mean, standard error, the t-interval (95%) over seeds, the signs of per-seed values, and
-    what the seeds can tell: `detectable`, the smallest mean difference whose interval would
-    exclude zero at the spread seen (the interval's half-width), and `seeds_needed`, the seeds at
-    that spread whose interval would exclude zero at this mean."""
-    d = [x for x in diffs if not math.isnan(x)]
-    n = len(d)
-    if n < 2:
-        nan = float("nan")
-        return {"n": n, "mean": mean_of(d), "se": nan, "ci": [nan, nan], "detectable": nan,
-                "seeds_needed": None, "positive": sum(x > 0 for x in d),
-                "negative": sum(x < 0 for x in d), "per_seed": diffs}
-    mean = mean_of(d)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    half = t975(n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "se": sd / math.sqrt(n), "ci": [mean - half, mean + half],
-            "detectable": half, "seeds_needed": seeds_needed(mean, sd),
-            "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d),
-            "per_seed": diffs}
-
-
-def seeds_needed(mean: float, sd: float, most: int = 31) -> int | None:
-    """The fewest seeds (2 or more) at spread `sd` whose t-interval around `mean` excludes zero;
-    None past `most`. Example: mean 0.06, sd 0.05 -> 6 (t 2.571 x 0.05 / sqrt 6 = 0.052)."""
-    for n in range(2, most + 1):
-        if t975(n - 1) * sd / math.sqrt(n) < abs(mean):
-            return n
-    return None
-
-
-def excludes_zero(c: dict) -> bool:
-    """Whether a comparison's interval says what its verdict says: for `matches`, above minus its
-    margin (shown) or below it (the opposite); otherwise wholly on the verdict's side of zero."""
-    low, high = c["ci"]
-    if c["rule"] == "matches":
-        return low > -c["threshold"] if c["verdict"] == "shown" else high < -c["threshold"]
-    return low > 0 if c["verdict"] == "shown" else high < 0
-
-
-def verdict(rule: str, threshold: float, s: dict, target: float | None = None) -> str:
-    """The rule of one comparison (see the header) applied to its summary `s`."""
-    n, mean, per_seed = s["n"], s["mean"], [x for x in s["per_seed"] if not math.isnan(x)]
-    if n < 2:
-        return "not testable here"
-    agree = n - 1  # all seeds but one
-    if rule == "near":
-        return "shown" if abs(mean - target) <= threshold else "not shown"
-    if rule == "greater" and mean >= threshold and s["positive"] >= agree:
-        return "shown"
-    if rule == "matches" and mean >= -threshold and sum(x >= -threshold for x in per_seed) >= agree:
-        return "shown"
-    # written after the data (2026-12-04): a seed tied at zero is no seed for A
-    if rule == "contradicts":
-        ahead = sum(x >= TIE for x in per_seed)
-        return "the opposite" if mean <= -threshold and ahead <= n - agree else "not shown"
-    if mean <= -threshold and s["negative"] >= agree:
-        return "the opposite"
-    return "not shown"
-
-
-def seed_verdict(rule: str, threshold: float, x: float, target: float | None = None) -> str:
-    """A comparison's rule on one seed's difference `x`: its threshold alone (one seed has no others
-    to agree; so `contradicts` reads as `greater`: shown when the seed goes the claim's way by t,
-    the opposite by -t)."""
-    if math.isnan(x):
-        return "n/a"
-    if rule == "near":
-        return "shown" if abs(x - target) <= threshold else "not shown"
-    if ((rule in ("greater", "contradicts") and x >= threshold)
-            or (rule == "matches" and x >= -threshold)):
-        return "shown"
-    return "the opposite" if x <= -threshold else "not shown"
 
 
 def compare(out: str, seeds: list[int], comparison: dict) -> dict:
@@ -231,30 +119,6 @@ def compare(out: str, seeds: list[int], comparison: dict) -> dict:
     s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s,
                                        comparison.get("target")), **run_spread(a_runs, b_runs))
     return s
-
-
-def run_differences(a: dict[str, float], b: dict[str, float]) -> list[float]:
-    """One seed's differences run by run: A's and B's runs paired by run seed; a side with one run
-    (base, or A alone: the same on every run) paired with each of the other side's."""
-    if len(b) == 1:
-        return [x - next(iter(b.values())) for x in a.values()]
-    if len(a) == 1:
-        return [next(iter(a.values())) - y for y in b.values()]
-    return [x - b[run] for run, x in a.items() if run in b]
-
-
-def run_spread(a_runs: list[dict], b_runs: list[dict]) -> dict:
-    """A comparison's runs (per seed, A's and B's by run): per seed the differences of its runs
-    (`run_differences`), the runs a seed's mean reads on each side (the fewest over the seeds), and
-    the run-to-run standard deviation of one run's difference, pooled over the seeds (their
-    variances averaged: each seed's runs differ from their own mean, so the seeds' spread is not in
-    it; nan with fewer than 2 runs a seed), to set beside the seed-to-seed SD of the seeds' means
-    (SE x sqrt n)."""
-    per_run = [run_differences(a, b) for a, b in zip(a_runs, b_runs)]
-    spread = [sum((x - mean_of(r)) ** 2 for x in r) / (len(r) - 1) for r in per_run if len(r) > 1]
-    return {"runs": min((min(len(a), len(b)) if len(b) > 1 else len(a))
-                        for a, b in zip(a_runs, b_runs)), "per_run": per_run,
-            "run_sd": math.sqrt(sum(spread) / len(spread)) if spread else float("nan")}
 
 
 def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:

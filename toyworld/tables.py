@@ -13,8 +13,9 @@ import math
 import os
 import re
 
+from infra import detection
+from infra.paired import TIE, excludes_zero, mean_of, seed_verdict
 from toyworld import power
-from toyworld.findings import TIE, excludes_zero, mean_of, seed_verdict
 
 
 def fmt_seed(x: float) -> str:
@@ -203,15 +204,15 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
 def runs_table(judged: list[dict]) -> str:
     """Each predeclared comparison's runs: per seed the mean of its runs, the run-to-run SD of one
     run's difference against the seed-to-seed SD of the means, the spread between seeds that more
-    runs cannot remove (power.between_seeds), and from those the runs a seed that would detect the
-    rule's threshold 80% of the time at these seeds, and the seeds that would detect the mean seen
-    (toyworld/power.py)."""
+    runs cannot remove (detection.between_seeds), and from those the runs a seed that would detect
+    the rule's threshold 80% of the time at these seeds, and the seeds that would detect the mean
+    seen (toyworld/power.py)."""
     rows = ["| comparison | per seed (mean of its runs) | mean | runs a seed | run-to-run SD | "
             "seed-to-seed SD | between seeds, runs aside | runs a seed to detect the threshold | "
             "seeds to detect the mean |", "|---|---|---|---|---|---|---|---|---|"]
     for c in (c for f in judged for c in f["comparisons"] if c["rule"] != "near"):
         found, seed_sd, k = power.comparison_power(c), c["se"] * math.sqrt(c["n"]), c.get("runs", 1)
-        spread = power.between_seeds(seed_sd, c["run_sd"], k) if k > 1 else math.nan
+        spread = detection.between_seeds(seed_sd, c["run_sd"], k) if k > 1 else math.nan
         runs = runs_needed_cell(c, found, spread)
         between = fmt(spread, 3, signed=False) if k > 1 else "n/a"
         label, per_seed = c["label"].replace("|", "\\|"), " ".join(fmt(x, 2) for x in c["per_seed"])
@@ -224,15 +225,17 @@ def runs_table(judged: list[dict]) -> str:
 
 
 def runs_needed_cell(c: dict, found: dict, between: float) -> str:
-    """power.runs_needed as a cell: the runs a seed, or why none up to its most (MOST_RUNS) do: the
-    seeds' own spread `between` (power.between_seeds) alone misses the threshold, or more runs
-    than that would be needed."""
+    """detection.runs_needed as a cell: the runs a seed, or why none up to its most (MOST_RUNS) do:
+    the seeds' own spread `between` (detection.between_seeds) alone misses the threshold, or more
+    runs than that would be needed."""
     if "runs_needed" not in found:
         return "n/a"
     if found["runs_needed"]:
         return str(found["runs_needed"])
-    alone = power.detect_rate(between, c["threshold"], c["n"]) if between > 0 else 1.0
-    return "none: the seeds differ too much" if alone < power.POWER else f"over {power.MOST_RUNS}"
+    alone = detection.detect_rate(between, c["threshold"], c["n"]) if between > 0 else 1.0
+    if alone < detection.POWER:
+        return "none: the seeds differ too much"
+    return f"over {detection.MOST_RUNS}"
 
 
 def collapse_table(study: dict[str, tuple[int, list[str]]],

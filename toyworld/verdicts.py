@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from infra import paired
 from infra.runfolder import usage_error
 from toyworld import declared, findings, power, tables
 
@@ -106,7 +107,7 @@ def after_the_data(results: str, study: dict) -> dict:
 
 
 def ties(values: list[float]) -> int:
-    return sum(abs(x) < findings.TIE for x in values)
+    return sum(abs(x) < paired.TIE for x in values)
 
 
 def mean_cell(c: dict) -> str:
@@ -119,7 +120,7 @@ def agree_cell(c: dict, row: dict | None) -> str:
     verdict by the rule on one seed (both written after the data)."""
     if row is None:
         return "n/a"
-    each = [findings.seed_verdict(c["rule"], c["threshold"], x, c.get("target"))
+    each = [paired.seed_verdict(c["rule"], c["threshold"], x, c.get("target"))
             for x in row["per_seed"]]
     seeds = " ".join(map(tables.fmt_seed, row["per_seed"]))
     return f"{seeds}, agree {each.count(c['verdict'])} of {len(each)}"
@@ -132,7 +133,7 @@ def disagreements(compared: dict, rows: dict, tests: dict) -> list[str]:
     lines = []
     for key, c in compared.items():
         seeds = c["per_seed"] + (rows[key]["per_seed"] if key in rows else [])
-        side = [x for x in seeds if abs(x) >= findings.TIE]
+        side = [x for x in seeds if abs(x) >= paired.TIE]
         below = all(x < 0 for x in side) and c["mean"] <= -c["threshold"]
         above = all(x > 0 for x in side) and c["mean"] >= c["threshold"]
         if c["verdict"] == "not shown" and c["rule"] != "near" and (below or above):
@@ -224,8 +225,8 @@ def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str
                           compared)
     return "\n".join(lines + [
         "", f"{WRITTEN} (after the study and the replication): `contradicts` gives the opposite "
-        f"when the mean is at most -t and A is ahead (by {findings.TIE} or more) in at most one "
-        f"seed; a difference under {findings.TIE} in size is a tie, printed 0.00; a held-out seed "
+        f"when the mean is at most -t and A is ahead (by {paired.TIE} or more) in at most one "
+        f"seed; a difference under {paired.TIE} in size is a tie, printed 0.00; a held-out seed "
         "agrees when the rule applied to it alone (its threshold: one seed has no others to "
         f"agree) gives the study's verdict. By that reading, of the {len(agreeing)} predeclared "
         f"comparisons decided shown or the opposite, {counts} of the held-out seeds agree.",
