@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/reproduce", help="the new run goes into OUT/RUN")
     args = p.parse_args(argv)
     try:
-        name, seed, run_seed = parse_run(args.run)
+        parse_run(args.run)
     except ValueError as e:
         p.error(str(e))
     committed = records(args.results, args.run, "metrics.jsonl")
@@ -79,19 +79,30 @@ def main(argv: list[str] | None = None) -> None:
     folder = os.path.join(out, args.run)
     if os.path.exists(folder):
         p.error(f"{folder} exists; remove it or give another --out")
-    command = train_command(out, name, seed, steps, study["lr"], run_seed)
-    print(" ".join(command[1:]), flush=True)
-    os.makedirs(out, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the study's: one thread a run
-    with open(folder + ".log", "w") as log:
-        status = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if status.returncode:
-        sys.exit(f"error: the run failed (exit {status.returncode}); see {folder}.log")
-    compared, differ = differences(committed, kept_metrics(folder), steps)
+    compared, differ = train_again(args.run, committed, out, steps, study["lr"])
     print(f"{args.run}: {compared - len(differ):,} of {compared:,} values agree (steps 0-{steps})")
     if differ:
         print(f"first differs at {differ[0]}")
         sys.exit(1)
+
+
+def train_again(run: str, committed: list[dict], out: str, steps: int, lr: str,
+                root: str = ROOT) -> tuple[int, list[str]]:
+    """The committed run `run` (its records `committed`) trained again by the checkout `root` into
+    OUT/RUN, as the study ran it on one thread, and `differences` against its records; exits with
+    a line when the run fails."""
+    name, seed, run_seed = parse_run(run)
+    command = train_command(out, name, seed, steps, lr, run_seed)
+    command[1] = os.path.join(root, command[1])
+    print(" ".join(command[1:]), flush=True)
+    os.makedirs(out, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the study's: one thread a run
+    folder = os.path.join(out, run)
+    with open(folder + ".log", "w") as log:
+        status = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if status.returncode:
+        sys.exit(f"error: the run failed (exit {status.returncode}); see {folder}.log")
+    return differences(committed, kept_metrics(folder), steps)
 
 
 if __name__ == "__main__":

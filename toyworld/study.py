@@ -57,14 +57,21 @@ def flags_of(name: str, lr: str) -> list[str]:
 
 def train_command(out: str, name: str, seed: int, steps: int, lr: str,
                   run_seed: int | None = None) -> list[str]:
-    """A new run, or the resumption of a stopped one (its folder holds a run already); with
-    `run_seed`, a rerun on that run seed (`train.py --run-seed`)."""
-    folder = run_dir(out, name, seed, run_seed)
+    """The study's run of `name` on `seed` (and `run_seed`): `run_command` into its folder."""
+    return run_command(run_dir(out, name, seed, run_seed), flags_of(name, lr), seed, steps,
+                       run_seed)
+
+
+def run_command(folder: str, flags: list[str], seed: int, steps: int, run_seed: int | None = None,
+                script: str = "train.py") -> list[str]:
+    """A new toy run in the study's regime (declared.TRAIN) with `flags`, or the resumption of a
+    stopped one (its folder holds a run already); with `run_seed`, a rerun on that run seed
+    (`train.py --run-seed`); `script`: another checkout's train.py (toyworld/ablate.py)."""
     if os.path.exists(os.path.join(folder, "args.json")):
-        return [sys.executable, "train.py", "--resume", folder, "--steps", str(steps)]
+        return [sys.executable, script, "--resume", folder, "--steps", str(steps)]
     rerun = ["--run-seed", str(run_seed)] if run_seed is not None else []
-    return [sys.executable, "train.py", *declared.TRAIN, *flags_of(name, lr), "--seed", str(seed),
-            *rerun, "--steps", str(steps), "--run-dir", folder]
+    return [sys.executable, script, *declared.TRAIN, *flags, "--seed", str(seed), *rerun,
+            "--steps", str(steps), "--run-dir", folder]
 
 
 def eval_commands(out: str, name: str, seed: int, samples: int, names: list[str],
