@@ -1,8 +1,8 @@
-"""A fork's ablation judged as the study judges: two arms of toy-world runs, a baseline and a change,
-paired by seed with several runs a seed, and for each quantity of the validation curve (end, peak,
-decline, change over base) the paired difference with its t-interval, the run and seed SDs, what
-the size detects with collapsing runs drawn at the rate they show, the runs or seeds that would
-decide it, each arm's collapses and the verdict at a threshold stated before anything ran
+"""A fork's ablation judged as the study judges: two arms of toy-world runs, a baseline and a
+change, paired by seed with several runs a seed, and for each quantity of the validation curve
+(end, peak, decline, change over base) the paired difference with its t-interval, the run and seed
+SDs, what the size detects with collapsing runs drawn at the rate they show, the runs or seeds that
+would decide it, each arm's collapses and the verdict at a threshold stated before anything ran
 (infra/paired.py and infra/detection.py: the statistics of docs/findings.md).
 
 What it is for: docs/ablations.md's question, "does my change move the curve?", answered with an
