@@ -38,6 +38,7 @@ import tempfile
 import time
 
 from infra import detection, paired
+from infra.flags import Parser
 from infra.runfolder import read_results, usage_error
 from toyworld import declared, reading, toy, toy_model
 from toyworld.ablation_size import (
@@ -54,7 +55,7 @@ from toyworld.ablation_size import (
     reproduced,
     reusable_runs,
 )
-from toyworld.jobs import ROOT, Clock, code_commit, run_all
+from toyworld.jobs import Clock, code_commit, run_all
 from toyworld.study import run_chain, run_command
 
 # the flags an arm may not set: the ablation's own (seeds, runs, steps, folders) and the toy model
@@ -96,7 +97,7 @@ def check_arm(args, flags: list[str], side: str) -> None:
             "--run-dir", folder]
     said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
             train.settings_from_flags(train.flags.parse_args(train.build_parser(), argv,
                                                              ROLES))
     except SystemExit:
@@ -157,11 +158,11 @@ def run_seeds(seed: int, first: int, runs: int) -> list[tuple[str, int | None]]:
 def arm_chains(args, folder: str, side: str, flags: list[str], first: int, script: str,
                skip: int = 0) -> list:
     """The train.py commands of an arm's runs not finished yet (its first `skip` a seed are
-    reused), each run's folder OUT/NAME/SIDE/sSEED-kK."""
+    reused), each run's folder OUT/NAME/SIDE-sSEED-kK."""
     chains = []
     for seed in args.seeds:
         for key, run_seed in run_seeds(seed, first, args.runs)[skip:]:
-            run_folder = os.path.join(folder, side, f"s{seed}-k{key}")
+            run_folder = os.path.join(folder, f"{side}-s{seed}-k{key}")
             if not finished(run_folder, args.steps):
                 chains.append(run_chain(run_command(run_folder, full_flags(args, flags), seed,
                                                     args.steps, run_seed, script)))
@@ -181,7 +182,7 @@ def curves(args, folder: str, side: str, reused: str | None, skip: int) -> paire
         runs = dict(list(committed_arm(reused, [seed]).get(seed, {}).items())[:skip]) \
             if reused else {}
         for key, _ in run_seeds(seed, 0, args.runs)[skip:]:
-            path = os.path.join(folder, side, f"s{seed}-k{key}", "metrics.jsonl")
+            path = os.path.join(folder, f"{side}-s{seed}-k{key}", "metrics.jsonl")
             runs[key] = [m["val/success"] for m in read_results(path, ("step",), warn=False)
                          if m.get("val/success") is not None]
         arm[seed] = runs
@@ -197,13 +198,13 @@ def plot_arms(arms: dict[str, paired.Arm], steps: list[int], path: str, title: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for (side, arm), color in zip(arms.items(), ("tab:gray", "tab:blue")):
+    for (side, arm), color, style in zip(arms.items(), ("tab:gray", "tab:blue"), ("--", "-")):
         by_seed = [[paired.mean_of([c[i] for c in runs.values() if len(c) > i])
                     for i in range(len(steps))] for runs in arm.values()]
         mean = [paired.mean_of(list(point)) for point in zip(*by_seed)]
         ax.fill_between(steps, [min(p) for p in zip(*by_seed)], [max(p) for p in zip(*by_seed)],
                         color=color, alpha=0.2, linewidth=0)
-        ax.plot(steps, mean, color=color, label=f"{side} (mean of {len(arm)} seeds; band: their "
+        ax.plot(steps, mean, style, color=color, label=f"{side} (mean of {len(arm)} seeds; band: their "
                                                 "range)")
     ax.set(xlabel="step", ylabel="validation accuracy", title=title, ylim=(0, 1))
     ax.legend(loc="lower right", fontsize=8)
@@ -220,7 +221,7 @@ def judge(args, folder: str, record: dict, reused: str | None, skip: int) -> dic
     result = paired.compare_arms(arms["change"], arms["baseline"], args.threshold)
     lines = paired.describe(result, ("change", "baseline"))
     print("\n".join(lines), flush=True)
-    first = os.path.join(folder, "change", f"s{args.seeds[0]}-k0", "metrics.jsonl")
+    first = os.path.join(folder, f"change-s{args.seeds[0]}-k0", "metrics.jsonl")
     steps = [m["step"] for m in read_results(first, ("step",), warn=False)
              if m.get("val/success") is not None]
     plot_arms(arms, steps, os.path.join(folder, "curves.png"), record["name"])
@@ -234,9 +235,8 @@ def judge(args, folder: str, record: dict, reused: str | None, skip: int) -> dic
 
 # ---------------------------------------------------------------- the command
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> Parser:
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help="the ablation's name: its folder OUT/NAME")
     p.add_argument("--workflow", required=True, help="the workflow both arms run (an arm's own "
                    "--workflow wins)")
@@ -261,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def check(args, p: argparse.ArgumentParser) -> None:
+def check(args, p: Parser) -> None:
     """Every one-line refusal, before anything is written."""
     with open(os.path.join(RESULTS, "study.json")) as f:
         study = json.load(f)
@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print("baseline: runs here" if not args.baseline_checkout else
               f"baseline: runs from {args.baseline_checkout}", flush=True)
-    script = os.path.join(args.baseline_checkout or ROOT, "train.py")
+    script = os.path.join(args.baseline_checkout, "train.py") if args.baseline_checkout \
+        else "train.py"
     chains = [*arm_chains(args, folder, "baseline", args.baseline_flags, 0, script, skip),
               *arm_chains(args, folder, "change", args.change_flags, args.change_run_seeds,
                           "train.py")]

@@ -76,7 +76,7 @@ def run_log(command: list[str]) -> str:
 def kind_of(command: list[str]) -> str:
     """build (eval.py calibrate --build-only), calibrate (eval.py calibrate), train (train.py), eval
     (eval.py) or other."""
-    script = command[1] if len(command) > 1 else ""
+    script = os.path.basename(command[1]) if len(command) > 1 else ""  # another checkout's too
     if script == "eval.py" and "calibrate" in command:
         return "build" if "--build-only" in command else "calibrate"
     return {"train.py": "train", "eval.py": "eval"}.get(script, "other")
