@@ -1,14 +1,16 @@
-"""eval.py's commands besides evaluating a run: plot, table, report and calibrate, their flags and
-what each runs.
+"""eval.py's commands besides evaluating a run: plot, table, report, compare and calibrate, their
+flags and what each runs.
 
 What it is for: eval.py adds these commands to its command line (`add_commands`) and hands a parsed
 one to `run`, so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py:
 the five modes, pass@k, per-role statistics) or the figures, tables and pages themselves (plots.py,
-results.py, report.py; calibrate is the toy world's, toyworld/toy_hooks.py).
+results.py, report.py; compare's statistics, infra/paired.py; calibrate is the toy world's,
+toyworld/toy_hooks.py).
 
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
     python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
     python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html  # curves, samples
+    python eval.py compare --a runs/clip-s* --b runs/base-s* --threshold 0.05  # paired by seed
     python eval.py calibrate --seed 0                                # the toy model at base
 """
 from __future__ import annotations
@@ -16,11 +18,19 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from infra import paired
 from infra.flags import number
 from infra.plots import plot_runs
 from infra.report import write_report
 from infra.results import results_command
-from infra.runfolder import WriteError, check_writable, usage_error, writing
+from infra.runfolder import (
+    WriteError,
+    check_writable,
+    read_results,
+    read_run_args,
+    usage_error,
+    writing,
+)
 from toyworld import toy_hooks
 
 
@@ -54,6 +64,15 @@ def add_commands(commands) -> None:
     table = commands.add_parser("table", help="the runs' eval.jsonl records as one markdown table")
     table.add_argument("results", nargs="+",
                        help="run folders (reads RUN/eval.jsonl) or results JSONL files")
+    compare = commands.add_parser("compare", help="two sets of runs paired by seed: each "
+                                  "quantity's difference, its t-interval, spreads, power, verdict")
+    compare.add_argument("--a", nargs="+", required=True, help="run folders of arm A (the change)")
+    compare.add_argument("--b", nargs="+", required=True,
+                         help="run folders of arm B (the baseline)")
+    compare.add_argument("--threshold", type=number(float, 0, low_open=True), required=True,
+                         help="the difference that counts (A higher by it: shown)")
+    compare.add_argument("--key", default="success",
+                         help="the validation metric compared (val/KEY; default: success)")
 
 
 def run(args, roles: dict[str, list[str]], play: Callable, toy_engine: Callable):
@@ -61,6 +80,8 @@ def run(args, roles: dict[str, list[str]], play: Callable, toy_engine: Callable)
     `play` and `toy_engine` the toy world's rollout and engine (calibrate)."""
     if args.command == "table":
         return results_command(args.results)
+    if args.command == "compare":
+        return compare_command(args.a, args.b, args.threshold, args.key)
     if args.command == "calibrate":
         return toy_hooks.calibrate_command(args, play, toy_engine)
     if args.command == "report":
@@ -82,3 +103,36 @@ def plot_command(runs: list[str], out: str | None, roles: dict[str, list[str]]) 
         usage_error(f"{error}")
     print("\n".join(f"wrote {path}" for _, path in figures.values()))
     return figures
+
+
+def compare_command(a: list[str], b: list[str], threshold: float, key: str) -> dict:
+    """`eval.py compare`: two sets of run folders, each run's seed and run seed from its
+    args.json, paired by seed (within a seed, runs in the order of their run seeds), compared as
+    infra/paired.py compares arms; printed, and returned."""
+    arms = [arm_of(folders, key, flag) for folders, flag in ((a, "--a"), (b, "--b"))]
+    if len(set(arms[0]) & set(arms[1])) < 2:
+        usage_error(f"--a and --b share {len(set(arms[0]) & set(arms[1]))} seed(s) "
+                    f"(A: {sorted(arms[0])}, B: {sorted(arms[1])}); a paired interval needs 2")
+    result = paired.compare_arms(arms[0], arms[1], threshold)
+    print("\n".join(paired.describe(result)))
+    return result
+
+
+def arm_of(folders: list[str], key: str, flag: str) -> paired.Arm:
+    """Run folders as an arm: seed -> "0", "1", ... (its runs by run seed) -> validation curve of
+    val/`key` (RUN.log files beside them skipped); a folder that is not a run, or a run with fewer
+    than 3 validation points, is one line."""
+    by_seed: dict[int, list[tuple[int, list[float]]]] = {}
+    # a run's log lies beside its folder (RUN.log): a glob such as runs/abl/clip-s* names both
+    for folder in [f for f in folders if not (f.endswith(".log") and os.path.isfile(f))]:
+        run_args = read_run_args(folder, f"{flag} {folder}", ("seed",))
+        curve = [m[f"val/{key}"] for m in read_results(os.path.join(folder, "metrics.jsonl"))
+                 if m.get(f"val/{key}") is not None]
+        if len(curve) < paired.WINDOW:
+            usage_error(f"{flag} {folder}: {len(curve)} validation points of val/{key} (a peak "
+                        f"and an end need {paired.WINDOW})")
+        run_seed = run_args.get("run_seed")
+        seed = run_args["seed"]
+        by_seed.setdefault(seed, []).append((seed if run_seed is None else run_seed, curve))
+    return {seed: {str(i): curve for i, (_, curve) in enumerate(sorted(runs, key=lambda r: r[0]))}
+            for seed, runs in by_seed.items()}
