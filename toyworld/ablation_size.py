@@ -43,16 +43,14 @@ def full_flags(args, flags: list[str]) -> list[str]:
 
 
 def committed_name(args, flags: list[str]) -> str | None:
-    """The study's configuration whose runs are an arm's (the same train.py flags), or None."""
-    mine = full_flags(args, flags)
-    as_pairs = lambda words: sorted(zip(words[::2], words[1::2]))  # noqa: E731
-    for name in declared.GRID:
-        theirs = flags_of(name, args.lr)
-        if "--policy" not in theirs:  # the single agent: one policy whatever is named
-            theirs = [*theirs, "--policy", effective(mine, "--policy", args.policy)]
-        if len(mine) % 2 == 0 and as_pairs(mine) == as_pairs(theirs):
-            return name
-    return None
+    """The study's configuration whose runs an arm's are: the same settings, as train.py's parser
+    reads both (the last of a repeated flag wins); None when none is."""
+    import train
+    parser = train.build_parser()
+    mine = vars(parser.parse_args([*declared.TRAIN, *full_flags(args, flags)]))
+    return next((name for name in declared.GRID
+                 if vars(parser.parse_args([*declared.TRAIN, *flags_of(name, args.lr)])) == mine),
+                None)
 
 
 def committed_arm(name: str, seeds: list[int]) -> paired.Arm:

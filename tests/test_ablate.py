@@ -1,0 +1,201 @@
+"""A fork's ablation judged as the study judges: `eval.py compare` on made-up runs worked out by hand (the
+t-interval, the run and seed SDs, the verdict), the runs model of infra/detection.py (collapses drawn) against
+cases worked by hand, and toyworld/ablate.py's one-line refusals, its size and a tiny ablation end to end.
+
+    python -m pytest -q tests/test_ablate.py
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import eval as E
+from infra import detection, paired
+from infra.detection import RunModel
+
+# ---------------------------------------------------------------- eval.py compare, by hand
+
+# end accuracy of each run: seed -> (run k0, run k1); each curve is [0, x, x, x], so end = peak = x, decline 0
+A_ENDS = {0: (0.8, 0.6), 1: (0.9, 0.7), 2: (0.5, 0.7)}
+B_ENDS = {0: (0.5, 0.5), 1: (0.6, 0.4), 2: (0.6, 0.4)}
+
+
+def write_runs(folder, ends, prefix):
+    """Run folders as train.py writes them (args.json's seed and run seed, metrics.jsonl's validation points),
+    a log beside each as the ablation leaves it."""
+    paths = []
+    for seed, values in ends.items():
+        for k, x in enumerate(values):
+            run = folder / f"{prefix}-s{seed}-k{k}"
+            run.mkdir(parents=True)
+            (run / "args.json").write_text(json.dumps({"seed": seed, "run_seed": seed + 1000 * k if k else None}))
+            (run / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": 10 * i, "val/success": v}) + "\n" for i, v in enumerate([0.0, x, x, x])))
+            (folder / f"{prefix}-s{seed}-k{k}.log").write_text("a log, not a run\n")
+            paths += [str(run), str(run) + ".log"]
+    return paths
+
+
+def test_compare_pairs_by_seed_and_gives_the_interval_and_both_sds_worked_by_hand(tmp_path, capsys):
+    """Per seed, the means' difference: 0.7 - 0.5 = 0.2, 0.8 - 0.5 = 0.3, 0.6 - 0.5 = 0.1; mean 0.2, SD
+    sqrt((0 + 0.01 + 0.01) / 2) = 0.1 (the seed SD), t-interval 0.2 +- 4.303 x 0.1 / sqrt 3 = 0.2 +- 0.2484. Run by
+    run (paired by run seed): 0.3, 0.1 | 0.3, 0.3 | -0.1, 0.3, within-seed variances 0.02, 0, 0.08, pooled
+    0.0333: run SD 0.1826. At 0.05: mean 0.2 >= 0.05 with 3 of 3 seeds up, shown; the interval crosses zero, so by
+    the rule only."""
+    a = write_runs(tmp_path, A_ENDS, "a")
+    b = write_runs(tmp_path, B_ENDS, "b")
+    result = E.main(["compare", "--a", *a, "--b", *b, "--threshold", "0.05"])
+    end = result["end"]
+    assert end["per_seed"] == pytest.approx([0.2, 0.3, 0.1])
+    assert end["mean"] == pytest.approx(0.2) and end["seed_sd"] == pytest.approx(0.1)
+    assert end["ci"] == pytest.approx([0.2 - 4.303 * 0.1 / math.sqrt(3), 0.2 + 4.303 * 0.1 / math.sqrt(3)])
+    assert end["run_sd"] == pytest.approx(math.sqrt(0.1 / 3)) and end["runs"] == 2
+    assert end["verdict_words"] == "shown by the rule only"
+    assert result["decline"]["mean"] == pytest.approx(0.0) and result["decline"]["verdict"] == "not shown"
+    shown = capsys.readouterr().out
+    assert "end (the mean of the last 3 validation points): +0.200 [-0.048, +0.448]" in shown
+    assert "run SD 0.183 (one run's difference within a seed), seed SD 0.100" in shown
+
+
+def test_compare_refuses_in_one_line(tmp_path, capsys):
+    """Fewer than two shared seeds, a folder that is not a run, a run with too few validation points: exit 2."""
+    a = write_runs(tmp_path, {0: (0.8,)}, "a")
+    b = write_runs(tmp_path, {0: (0.5,), 1: (0.5,)}, "b")
+    cases = [(a, "share 1 seed(s)"), ([str(tmp_path / "nothing")], "not a run folder")]
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "args.json").write_text(json.dumps({"seed": 0}))
+    (short / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success": 0.5}) + "\n")
+    cases.append(([str(short)], "1 validation points"))
+    for arm, said in cases:
+        with pytest.raises(SystemExit) as e:
+            E.main(["compare", "--a", *arm, "--b", *b, "--threshold", "0.05"])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and said in err, err
+
+
+# ---------------------------------------------------------------- the runs model, by hand
+
+def test_a_runs_model_without_collapses_is_the_normal_one():
+    """between^2 + run^2 / runs = sd^2: the smallest difference five seeds of 4 runs detect is the normal model's
+    at sd = sqrt(0.03^2 + 0.08^2 / 4) = 0.05 (both 1.68 sd, test_power.py; to the simulation's error: 40,000
+    draws put a rate near 80% within 0.002, a difference within about 0.002 / 6 sd at that slope)."""
+    found = detection.smallest_in(detection.seed_noise(RunModel(0.03, 0.08), 5, 4))
+    assert found == pytest.approx(detection.smallest_detected(0.05), rel=0.01)
+
+
+def test_collapses_drawn_at_their_rate_pass_a_rule_as_often_as_counted_by_hand():
+    """No spread but collapses: one run a seed, each arm's run collapsing with chance p = 0.1 and then moving by
+    J = 0.5. A seed's difference is +J (A alone collapses: q = p (1 - p) = 0.09), -J (B alone: q) or 0 (neither or
+    both: r = 0.82). Two seeds, `greater` 0.2: it passes when the mean is >= 0.2 and one seed at least is up: (J,
+    J) or (J, 0) in either order, q^2 + 2 q r = 0.0081 + 0.1476 = 0.1557 (draws: SE 0.0018, so 0.006 is over
+    three)."""
+    noise = detection.seed_noise(RunModel(0.0, 0.0, 0.1, (0.5,)), 2, 1)
+    q, r = 0.1 * 0.9, 0.9 * 0.9 + 0.1 * 0.1
+    assert detection.pass_share("greater", 0.2, noise, 0.0) == pytest.approx(q * q + 2 * q * r, abs=0.006)
+    assert sorted(np.unique(noise)) == pytest.approx([-0.5, 0.0, 0.5])
+
+
+def test_the_runs_model_is_read_from_runs_by_hand():
+    """Two seeds of three runs; A's run "2" on seed 1 collapses (its end 0.1 against its seed's others 0.8 and
+    0.8: a jump of -0.7). Clean run differences: seed 0 0.1, 0.0, 0.2 (variance 0.01), seed 1 0.0, 0.2 (0.02):
+    run SD sqrt(0.015); the seeds' clean means differ 0.1 and 0.1, no spread between them; rate 1 of 12 runs."""
+    a = [{"0": 0.8, "1": 0.7, "2": 0.9}, {"0": 0.8, "1": 0.8, "2": 0.1}]
+    b = [{"0": 0.7, "1": 0.7, "2": 0.7}, {"0": 0.8, "1": 0.6, "2": 0.7}]
+    model = paired.run_model(a, b, [set(), {"2"}], [set(), set()])
+    assert model.run == pytest.approx(math.sqrt(0.015)) and model.between == 0.0
+    assert model.rate == pytest.approx(1 / 12) and model.jumps == pytest.approx((-0.7,))
+
+
+
+# ---------------------------------------------------------------- toyworld/ablate.py
+
+@pytest.fixture
+def ablate(monkeypatch):
+    from toyworld import ablate
+    monkeypatch.setattr(ablate, "code_commit", lambda root=None: "abc1234")  # a clean checkout, whatever this is
+    return ablate
+
+
+@pytest.mark.parametrize("words, said", [
+    (["--workflow", "voting"], "required: --threshold"),
+    (["--workflow", "voting", "--threshold", "0.05"], "the two arms are the same runs"),
+    (["--workflow", "voting", "--threshold", "0.05", "--change", "--lr 3e-4", "--baseline", "--lr 1e-3"],
+     "--lr is set in both arms"),
+    (["--workflow", "voting", "--threshold", "0.05", "--change", "--seed 3"], "--seed is the ablation's to set"),
+    (["--workflow", "voting", "--threshold", "0.05", "--change", "--no-such-flag 1"],
+     "--change '--no-such-flag 1': unrecognized arguments"),
+    (["--workflow", "voting", "--threshold", "0.05", "--change", "--clip-high -1"], "must be > 0"),
+    (["--workflow", "voting", "--threshold", "0.05", "--change", "--kl-coef generator=0.1", "--seeds", "0,17"],
+     "seed 17 has no toy model"),
+    (["--workflow", "voting", "--threshold", "0", "--change", "--clip-high 0.3"], "--threshold must be > 0"),
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(ablate, words, said, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        ablate.main(["bad", *words, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_workflow_the_toy_world_cannot_run_is_one_line(ablate, monkeypatch, tmp_path, capsys):
+    """A fork's workflow whose role the toy world was never taught (here `critic`)."""
+    import workflows
+    monkeypatch.setitem(workflows.ROLES, "critique", ["generator", "critic"])
+    monkeypatch.setitem(workflows.WORKFLOWS, "critique", workflows.WORKFLOWS["single"])
+    with pytest.raises(SystemExit) as e:
+        ablate.main(["bad", "--workflow", "voting", "--threshold", "0.05", "--change", "--workflow critique",
+                     "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "its role critic is none of the toy world's" in err, err
+
+
+def test_an_arm_is_the_committed_configuration_its_flags_make():
+    """committed_name: the plain Voting IP arm is the study's voting-ip, one with --merge-instance-steps its
+    voting-ip-merged, one whose own --policy sp wins voting-sp; a flag the study never set is none of them."""
+    from types import SimpleNamespace
+
+    from toyworld.ablation_size import committed_name
+    args = SimpleNamespace(workflow="voting", policy="ip", lr="1e-3")
+    assert committed_name(args, []) == "voting-ip"
+    assert committed_name(args, ["--merge-instance-steps"]) == "voting-ip-merged"
+    assert committed_name(args, ["--policy", "sp"]) == "voting-sp"
+    assert committed_name(SimpleNamespace(workflow="single", policy="sp", lr="1e-3"), []) == "single"
+    assert committed_name(args, ["--clip-high", "0.3"]) is None
+
+
+def test_the_committed_spread_of_two_arms_by_hand():
+    """aa_model: one seed's clean ends 0.8, 0.6 (deviations +-0.1), another's 0.7, 0.7, 0.7 and a collapse at 0.2
+    (a jump of -0.5): pooled within-seed variance (0.02 + 0) / (1 + 2) = 0.00667, a run's difference sqrt 2 times
+    its SD, 0.1155; 1 collapse in 6 runs."""
+    from toyworld.ablation_size import aa_model
+    flat = lambda x: [0.5, x, x, x]  # noqa: E731
+    arm = {0: {"0": flat(0.8), "1": flat(0.6)},
+           1: {"0": flat(0.7), "1": flat(0.7), "2": flat(0.7), "3": [0.5, 0.9, 0.9, 0.9, 0.2, 0.2, 0.2]}}
+    model = aa_model(arm)
+    assert model.run == pytest.approx(math.sqrt(2 * 0.02 / 3)) and model.between == 0.0
+    assert model.rate == pytest.approx(1 / 6) and model.jumps == pytest.approx((0.2 - 0.7,))
+
+
+def test_a_tiny_ablation_runs_judges_and_keeps_its_declaration(ablate, tmp_path, capsys):
+    """Two seeds, one run a seed, 30 steps of the single agent: the size printed before any run, each arm's runs
+    through the study's job machinery, the four quantities judged and written with the curves and the figure
+    into ablation.json; the same command again trains nothing, and another threshold is refused (the
+    declaration is fixed before the runs)."""
+    words = ["tiny", "--workflow", "single", "--change", "--clip-high 0.3", "--threshold", "0.05", "--seeds",
+             "0,1", "--runs", "1", "--steps", "30", "--jobs", "1", "--out", str(tmp_path)]
+    ablate.main(words)
+    shown = capsys.readouterr().out
+    assert "size: 2 seeds x 1 runs a seed (as asked) x 30 steps" in shown
+    assert shown.index("this size detects") < shown.index("trained")  # said before it runs
+    record = json.loads((tmp_path / "tiny" / "ablation.json").read_text())
+    assert record["declared"]["threshold"] == 0.05 and record["date"]
+    assert set(record["curves"]) == {"baseline", "change"} and record["steps"] == [0, 10, 20, 30]
+    assert {q: record["result"][q]["n"] for q in paired.QUANTITIES} == {q: 2 for q in paired.QUANTITIES}
+    assert (tmp_path / "tiny" / "curves.png").stat().st_size > 0
+    ablate.main(words)  # resumed: every run finished, judged again
+    assert "trained" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        ablate.main([*words[:6], "0.1", *words[7:]])
+    assert e.value.code == 2 and "declared on" in capsys.readouterr().err
