@@ -57,6 +57,7 @@ from toyworld.ablation_size import (
 )
 from toyworld.jobs import Clock, code_commit, run_all
 from toyworld.study import run_chain, run_command
+from workflows import ROLES
 
 # the flags an arm may not set: the ablation's own (seeds, runs, steps, folders) and the toy model
 OWN_FLAGS = ("--seed", "--run-seed", "--steps", "--run-dir", "--resume", "--overwrite", "--model",
@@ -85,9 +86,8 @@ def named(flags: list[str]) -> set[str]:
 def check_arm(args, flags: list[str], side: str) -> None:
     """One line for a flag train.py does not take or a value it refuses, a workflow the toy world
     cannot run; nothing is loaded or written (train.py's own checks, in this process)."""
-    import train
+    import train  # (here: it imports torch, which --help and a refusal above need not wait for)
     workflow = effective(flags, "--workflow", args.workflow)
-    from workflows import ROLES
     unknown = [r for r in ROLES.get(workflow, []) if r not in reading.OWN_FORMAT]
     if unknown:
         usage_error(f"--{side}: the toy world cannot run --workflow {workflow}: its role "
@@ -114,6 +114,15 @@ def declaration(args) -> dict:
             "runs": args.runs, "steps": args.steps, "lr": args.lr,
             "change_run_seeds": args.change_run_seeds, "quick": args.quick,
             "baseline_checkout": args.baseline_checkout}
+
+
+def read_declaration(folder: str) -> dict | None:
+    """A resumed ablation's declaration (OUT/NAME/ablation.json), or None for a new one."""
+    path = os.path.join(folder, "ablation.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["declared"]
 
 
 def declare(args, folder: str) -> dict:
@@ -220,6 +229,9 @@ def judge(args, folder: str, record: dict, reused: str | None, skip: int) -> dic
             "change": curves(args, folder, "change", None, 0)}
     result = paired.compare_arms(arms["change"], arms["baseline"], args.threshold)
     lines = paired.describe(result, ("change", "baseline"))
+    if args.quick:
+        lines.insert(0, "quick: a first look, one run a seed (no run-to-run SD; docs/ablations.md "
+                        "says what it can and cannot tell)")
     print("\n".join(lines), flush=True)
     first = os.path.join(folder, f"change-s{args.seeds[0]}-k0", "metrics.jsonl")
     steps = [m["step"] for m in read_results(first, ("step",), warn=False)
@@ -270,9 +282,13 @@ def check(args, p: Parser) -> None:
         args.seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else study["seeds"]
     except ValueError:
         p.error(f"--seeds {args.seeds}: expected comma-separated integers")
-    if args.threshold <= 0 or len(args.seeds) < 2 or args.steps < 30 or (args.runs or 1) < 1:
-        p.error("--threshold must be > 0, --seeds at least 2, --steps at least 30 (three "
-                "validation points), --runs at least 1")
+    for bad, line in ((args.threshold <= 0, "--threshold must be > 0"),
+                      (len(args.seeds) < 2, "--seeds: a paired interval needs 2 seeds at least"),
+                      (args.steps < 30, "--steps: at least 30 (three validation points)"),
+                      ((args.runs or 1) < 1, "--runs: at least 1"), (args.jobs < 1, "--jobs: at "
+                                                                          "least 1")):
+        if bad:
+            p.error(line)
     args.baseline_flags = arm_flags(args.baseline, "baseline")
     args.change_flags = arm_flags(args.change, "change")
     if both := sorted(named(args.baseline_flags) & named(args.change_flags)):
@@ -316,17 +332,21 @@ def main(argv: list[str] | None = None) -> None:
     reused, reusable = reusable_runs(args)
     base = committed_name(args, args.baseline_flags) or committed_name(args, [])
     model = aa_model(committed_arm(base, committed_seeds())) if base else None
-    args.runs, why = default_runs(args, model, reusable)
+    saved = read_declaration(folder)
+    if args.runs is None and saved:  # a resumed ablation keeps the size it declared
+        args.runs, why = saved["runs"], "as declared"
+    else:
+        args.runs, why = default_runs(args, model, reusable)
     print("\n".join(plan_lines(args, model, base, why, reusable)), flush=True)
     record = declare(args, folder)  # dated, before any run
     skip = 0
     if reused and "baseline" not in record:
         agrees, said = reproduced(args, folder, reused)
-        record["baseline"] = {"reused": reused if agrees else None, "reproduction": said}
-        write_json(os.path.join(folder, "ablation.json"), record)
         if not agrees and code_commit().endswith("+changes") and not args.baseline_checkout:
             usage_error(f"{said}: this checkout's changes move the baseline's numbers; run the "
                         "baseline from a checkout without them: --baseline-checkout DIR")
+        record["baseline"] = {"reused": reused if agrees else None, "reproduction": said}
+        write_json(os.path.join(folder, "ablation.json"), record)
     if record.get("baseline", {}).get("reused"):
         skip = min(args.runs, reusable)
         print(f"baseline: the committed study's {reused} runs ({skip} a seed), reused: "
