@@ -213,8 +213,8 @@ def plot_arms(arms: dict[str, paired.Arm], steps: list[int], path: str, title: s
         mean = [paired.mean_of(list(point)) for point in zip(*by_seed)]
         ax.fill_between(steps, [min(p) for p in zip(*by_seed)], [max(p) for p in zip(*by_seed)],
                         color=color, alpha=0.2, linewidth=0)
-        ax.plot(steps, mean, style, color=color, label=f"{side} (mean of {len(arm)} seeds; band: their "
-                                                "range)")
+        label = f"{side} (mean of {len(arm)} seeds; band: their range)"
+        ax.plot(steps, mean, style, color=color, label=label)
     ax.set(xlabel="step", ylabel="validation accuracy", title=title, ylim=(0, 1))
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
