@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             agrees, said = reproduced(args, folder, reused)
         except KeyboardInterrupt:  # as run_all stops below: the same command goes on from here
-            raise SystemExit("stopped during the reproduction; the same command starts it again") from None
+            stopped = "stopped during the reproduction; the same command starts it again"
+            raise SystemExit(stopped) from None
         if not agrees and code_commit().endswith("+changes") and not args.baseline_checkout:
             usage_error(f"{said}: this checkout's changes move the baseline's numbers; run the "
                         "baseline from a checkout without them: --baseline-checkout DIR")
