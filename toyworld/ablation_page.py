@@ -23,8 +23,8 @@ from toyworld.ablation_size import QUANTITY, aa_model, committed_arm, committed_
 from toyworld.jobs import ROOT
 
 JUDGED = os.path.join(ROOT, "docs", "ablations")  # NAME.json and NAME.png of each judged ablation
-EYE_SEEDS = [0, 1, 2]
-WORDS = {"end": "end accuracy", "decline": "decline"}  # the loop the page used to give: three seeds, one run each, read by eye
+EYE_SEEDS = [0, 1, 2]  # the loop the page used to give: three seeds, one run each, read by eye
+WORDS = {"end": "end accuracy", "decline": "decline"}
 
 
 def judged(name: str) -> dict:
@@ -82,7 +82,7 @@ def write_page(page: str) -> None:
     for name, block in blocks().items():
         marker = re.compile(rf"(<!-- ablation:{re.escape(name)} -->\n).*?(\n<!-- /ablation -->)",
                             re.S)
-        text = marker.sub(lambda m: m[1] + block + m[2], text)
+        text = marker.sub(lambda m, block=block: m[1] + block + m[2], text)
     with open(page, "w") as f:
         f.write(text)
 
