@@ -11,8 +11,8 @@ workflow, split and sampling settings come from the run folder's args.json; `--d
 evaluates another set in the run's task format (AIME 2025 for math, DeepCoder's test split for
 code). A paper cell's run is evaluated with the paper's evaluation lengths. To drop an SA adapter
 into a workflow you have not trained, make an untrained run folder for it first (`python train.py
---workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its other commands
-(plot, table, report, calibrate) are infra/commands.py.
+--workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its flags and its
+other commands (plot, table, report, calibrate) are infra/commands.py.
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
     python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
@@ -51,7 +51,7 @@ import tasks
 import workflows
 from infra import checkpoints, commands, distributed, memory, vllm_engine
 from infra.cells import PAPER_LENGTHS, cell_name
-from infra.flags import HelpFormatter, Parser, number, settings_from
+from infra.flags import HelpFormatter, Parser, settings_from
 from infra.models import version_note
 from infra.runfolder import (
     NAME_KEYS,
@@ -362,58 +362,8 @@ def build_parser() -> Parser:
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     commands.add_commands(p.add_subparsers(dest="command",
                                            title="commands (default: evaluate --run-dir)"))
-    add_evaluate_flags(p)
+    commands.add_evaluate_flags(p, MODES)
     return p
-
-
-def add_evaluate_flags(p: Parser) -> None:
-    g = p.add_argument_group("evaluate")
-    g.add_argument("--run-dir", "--run", dest="run", default=None,
-                   help="run folder written by train.py; under torchrun write --run-dir "
-                   "(torchrun takes --run for its own --run-path)")
-    g.add_argument("--mode", default="trained", choices=MODES,
-                   help="base: adapters off; trained: the run's adapters as in training; "
-                   "sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
-                   "generators and workers only; swapped: an IP run's adapters with two roles' "
-                   "exchanged (--swap), beside trained")
-    g.add_argument("--sa-run", default=None,
-                   help="SA modes: a single-agent run folder (same model and task)")
-    g.add_argument("--swap", default=None, metavar="ROLE,ROLE",
-                   help="swapped: the two role types whose adapters change places (default: SWAPS)")
-    g.add_argument("--step", type=int, default=None,
-                   help="checkpoint step (SA modes: of --sa-run); default: latest")
-    g.add_argument("--every-checkpoint", action="store_true",
-                   help="evaluate every saved checkpoint")
-    g.add_argument("--data", default=None,
-                   help="evaluate on this file instead of the run's validation split, in the "
-                   "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test "
-                   "split)")
-    g.add_argument("--split", default="val", choices=["val", "test"],
-                   help="synthetic math: the run's validation problems, or as many others drawn "
-                   "after its training ones (disjoint from both)")
-    count = number(int, 1)
-    g.add_argument("--samples", "--n", dest="samples", type=count, default=1,
-                   help="samples per task: accuracy is their mean, pass@k for k = 1, 2, 4... <= "
-                   "n; under torchrun write --samples")
-    g.add_argument("--temperature", type=number(float, 0), default=None,
-                   help="default: the run's sampling temperature")
-    g.add_argument("--max-new-tokens", type=count, default=None,
-                   help="default: a paper cell's evaluation length (math 8192, code 5120), else "
-                   "the run's")
-    g.add_argument("--max-prompt-tokens", type=count, default=None,
-                   help="default: a paper cell's evaluation limit, else the run's")
-    g.add_argument("--seed", type=int, default=0,
-                   help="sampling seed, the same for every checkpoint")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
-                   help="auto: vllm on CUDA when it imports, else hf (transformers generate)")
-    g.add_argument("--vllm-gpu-memory", type=number(float, 0, 1, low_open=True), default=0.85,
-                   help="vllm: fraction of GPU memory it takes (the model and its adapters stay on "
-                   "the CPU)")
-    g.add_argument("--dump", action="store_true",
-                   help="one JSON file per episode under RUN/trajectories/")
-    g.add_argument("--out", default=None,
-                   help="JSONL to append results to (default: RUN/eval.jsonl)")
 
 
 def check_eval_args(args: argparse.Namespace) -> None:
