@@ -20,11 +20,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "ablations.md")
 
 
+def blocks() -> list[str]:
+    """Every diff block of the page, in order."""
+    with open(PAGE) as f:
+        return re.findall(r"```diff\n(.*?)```", f.read(), re.S)
+
+
 def recipe(path: str) -> str:
     """The page's diff block that changes ``path`` (exactly one)."""
-    with open(PAGE) as f:
-        blocks = re.findall(r"```diff\n(.*?)```", f.read(), re.S)
-    found = [b for b in blocks if f"+++ b/{path}\n" in b]
+    found = [b for b in blocks() if f"+++ b/{path}\n" in b]
     assert len(found) == 1, f"docs/ablations.md has {len(found)} diff blocks for {path}"
     return found[0]
 
@@ -43,6 +47,27 @@ def patched(path: str, tmp_path, name: str):
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+# ---------------------------------------------------------------- all three, on the repository itself
+
+def test_the_layering_holds_with_every_recipe_applied(tmp_path):
+    """A fork applies the page's recipes to the repository itself, and may apply all three: with every diff block
+    applied at once to a copy, tests/test_layering.py's checks pass there (each concept file within its cap, the
+    six within theirs), so the house's limits leave room for its own recipes."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "docs", "bench", "runs", "__pycache__"))
+    for i, block in enumerate(blocks()):
+        (tmp_path / f"recipe{i}.diff").write_text(block)
+        applied = subprocess.run(["git", "apply", str(tmp_path / f"recipe{i}.diff")], cwd=copy,
+                                 capture_output=True, text=True)
+        assert applied.returncode == 0, f"diff block {i + 1} does not apply: {applied.stderr}"
+    checked = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                              "tests/test_layering.py"], cwd=copy, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert checked.returncode == 0, checked.stdout[-3000:]
 
 
 # ---------------------------------------------------------------- 1. a new update knob
