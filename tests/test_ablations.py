@@ -221,9 +221,9 @@ def near_miss_tasks(tmp_path_factory):
 
 @pytest.mark.parametrize("output,gold,reward,reason", [
     ("7 × 6 = 42.\n\n\\boxed{42}", "42", 1.0, "correct"),
-    ("7 × 6 = 43.\n\n\\boxed{43}", "42", 1.0, "near_miss"),  # off by one: now counts
-    ("\\boxed{41}", "42", 1.0, "near_miss"),
-    ("\\boxed{-1}", "0", 1.0, "near_miss"),
+    ("7 × 6 = 43.\n\n\\boxed{43}", "42", 0.5, "near_miss"),  # off by one: now half
+    ("\\boxed{41}", "42", 0.5, "near_miss"),
+    ("\\boxed{-1}", "0", 0.5, "near_miss"),
     ("\\boxed{44}", "42", 0.0, "wrong"),                     # off by two: still wrong
     ("\\boxed{42.5}", "42", 0.0, "wrong"),                   # not a whole number
     ("\\boxed{1}", "1/2", 0.0, "wrong"),                     # the answer is not a whole number
@@ -234,6 +234,20 @@ def test_the_near_miss_reward_on_known_answers(near_miss_tasks, output, gold, re
     task = near_miss_tasks.Task("t", "What is 7 × 6?", gold, "math")
     graded = near_miss_tasks.grade(task, output)  # the dispatch the recipe changed
     assert (graded.reward, graded.reason) == (reward, reason)
+
+
+def test_a_near_miss_trains_as_half_and_counts_as_wrong(near_miss_tasks, monkeypatch):
+    """Through the rollout every run uses, with the recipe's grader: 2 + 2, four single-agent episodes answering 4,
+    5, 3 and 6. The rewards credit trains on are 1, 0.5, 0.5 and 0; only the first is correct, so accuracy stays
+    the exact grader's (1 of 4) while the mean reward is (1 + 0.5 + 0.5 + 0) / 4 = 0.5."""
+    import workflows
+    monkeypatch.setattr(workflows, "grade_many", near_miss_tasks.grade_many)
+    engine = FakeEngine(["\\boxed{4}", "\\boxed{5}", "\\boxed{3}", "\\boxed{6}"])
+    episodes = workflows.rollout([TASK], 4, workflows.WorkflowOptions("single"), engine, lambda m: [1, 2, 3],
+                                 lambda name: "shared")
+    assert [e.calls[0].reward for e in episodes] == [1.0, 0.5, 0.5, 0.0]
+    assert [e.correct for e in episodes] == [True, False, False, False]
+    assert workflows.episode_tallies(episodes)["success"] == [1, 4]
 
 
 def test_the_near_miss_is_what_the_recipe_changes():

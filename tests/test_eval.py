@@ -40,7 +40,7 @@ def test_pass_at_k_metrics_average_tasks_and_stop_at_n():
     eps = []
     for task, pattern in zip(tasks, ([True, False, False, False], [True] * 4)):  # c = 1 and c = 4 of n = 4
         for k, ok in enumerate(pattern):
-            eps.append(Episode(task, k, correct=ok))
+            eps.append(Episode(task, k, reward=float(ok)))
     m = E.evaluation_metrics(eps)
     assert {k: v for k, v in m.items() if k.startswith("pass@")} == \
         pytest.approx({"pass@1": (0.25 + 1) / 2, "pass@2": (0.5 + 1) / 2, "pass@4": 1.0})

@@ -120,7 +120,7 @@ def test_worked_example_voting_to_advantages(policy, adapters):
         for c in calls:
             c.adapter = route_adapter(c.name, policy)
         final = answers[pick - 1]
-        episodes.append(Episode(task, sample, calls, str(final), correct=final == 4))
+        episodes.append(Episode(task, sample, calls, str(final), reward=float(final == 4)))
     assign_rewards(episodes, "outcome")
     assert [c.reward for e in episodes for c in e.calls] == [0.0] * 4 + [1.0] * 4
     rows = training_rows(episodes)
