@@ -73,9 +73,6 @@ MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer", "swapped")
 SA_MODES = ("sa-transfer", "sa-generator-transfer")  # they load a single-agent run's adapter
 SA_ADAPTER = "sa"  # the name that adapter takes here (it shows in dumps)
 SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: the SA adapter; the rest: base
-# swapped's role types (unless --swap): if a role's adapter is its own, swapping it costs accuracy
-SWAPS = {"voting": ("generator", "aggregator"), "evalopt": ("generator", "evaluator"),
-         "orchworkers": ("worker", "synthesizer")}
 
 
 # What evaluation reads of a run's args.json (an older train.py's run may lack some)
@@ -296,11 +293,14 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
 
 
 def swap_pair(run_args: dict, swap: str | None) -> tuple[str, str]:
-    """The two role types `--mode swapped` exchanges (`--swap A,B`, else SWAPS), or one line."""
+    """The two role types `--mode swapped` exchanges (if a role's adapter is its own, swapping it
+    costs accuracy): `--swap A,B`, else the workflow's last two in ROLES (Voting's generator and
+    aggregator, Eval-Opt's generator and evaluator, Orch-Workers' worker and synthesizer); or one
+    line."""
     workflow, roles = run_args["workflow"], ROLES[run_args["workflow"]]
     if run_args["policy"] != "ip" or len(roles) < 2:
         usage_error(f"--mode swapped needs a multi-agent IP run, not {cell_name(run_args)}")
-    pair = tuple(swap.split(",")) if swap else SWAPS[workflow]
+    pair = tuple(swap.split(",")) if swap else tuple(roles[-2:])
     if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(roles):
         usage_error(f"--swap {swap}: expected two of {workflow}'s role types: {', '.join(roles)}")
     return pair

@@ -41,7 +41,8 @@ def add_evaluate_flags(p, modes: tuple[str, ...]) -> None:
     g.add_argument("--sa-run", default=None,
                    help="SA modes: a single-agent run folder (same model and task)")
     g.add_argument("--swap", default=None, metavar="ROLE,ROLE",
-                   help="swapped: the two role types whose adapters change places (default: SWAPS)")
+                   help="swapped: the two role types whose adapters change places (default: "
+                   "the workflow's last two)")
     g.add_argument("--step", type=int, default=None,
                    help="checkpoint step (SA modes: of --sa-run); default: latest")
     g.add_argument("--every-checkpoint", action="store_true",

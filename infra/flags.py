@@ -198,7 +198,7 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.list_cells:
-        print(cells.list_cells())
+        print(cells.list_cells(roles))
         raise SystemExit(0)
     given = given_flags(parser, argv)  # what the command line names: it wins over a cell
     if args.resume:
