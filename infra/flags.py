@@ -301,8 +301,9 @@ def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[s
     """Flags that contradict each other or the workflow stop here, with one line, before anything
     loads; the role=value flags are read against the workflow's roles. (The method's own rules, such
     as SP-only and IP-only settings, are train.py's `settings_from_flags`.)"""
-    if args.model == "toy" and (problem := toy_hooks.role_problem(args.workflow, roles[args.workflow])):
-        usage_error(problem)  # before anything loads: validation would stop on the role
+    problem = args.model == "toy" and toy_hooks.role_problem(args.workflow, roles[args.workflow])
+    if problem:  # before anything loads: validation would stop on the role
+        usage_error(problem)
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in roles[args.workflow])
     read_role_flags(args, parser, roles[args.workflow])
