@@ -11,8 +11,8 @@ workflow, split and sampling settings come from the run folder's args.json; `--d
 evaluates another set in the run's task format (AIME 2025 for math, DeepCoder's test split for
 code). A paper cell's run is evaluated with the paper's evaluation lengths. To drop an SA adapter
 into a workflow you have not trained, make an untrained run folder for it first (`python train.py
---workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its flags and its
-other commands (plot, table, report, calibrate) are infra/commands.py.
+--workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its flags, their
+checks and its other commands (plot, table, report, calibrate) are infra/commands.py.
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
     python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -57,7 +55,6 @@ from infra.runfolder import (
     NAME_KEYS,
     WriteError,
     append_record,
-    check_writable,
     dataset_name,
     dump_trajectories,
     read_run_args,
@@ -366,37 +363,11 @@ def build_parser() -> Parser:
     return p
 
 
-def check_eval_args(args: argparse.Namespace) -> None:
-    """One line for each bad value, before any model loads."""
-    if not args.run:
-        usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
-    run_args = read_run_args(args.run, keys=EVAL_RUN_KEYS)  # not a run folder: one line
-    if args.out:
-        check_writable(args.out, "--out", folder=False)
-    if args.mode in SA_MODES and args.sa_run:
-        read_run_args(args.sa_run, f"--sa-run {args.sa_run}", EVAL_RUN_KEYS)
-    known = re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device)
-    if not known or (args.device.startswith("cuda") and not torch.cuda.is_available()):
-        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA "
-                    "device")
-    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    if args.engine == "auto":
-        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
-    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
-        usage_error(problem)
-    if args.split == "test" and (args.data or run_args["task"] != "math"):
-        usage_error("--split test: synthetic math runs only, without --data")
-    if args.swap and args.mode != "swapped":
-        usage_error("--swap is for --mode swapped")
-    if args.every_checkpoint and args.mode == "base":
-        usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
-
-
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command:  # plot, table, report, calibrate
         return commands.run(args, ROLES, play_every_problem, toy_engine)
-    check_eval_args(args)
+    commands.check_evaluate_flags(args, EVAL_RUN_KEYS, SA_MODES)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
     memory.configure_allocator(args.engine, args.device)  # before CUDA starts (infra/memory.py)
     # one device per process (torchrun: a rank's, with its share of the tasks), before the model

@@ -1,14 +1,13 @@
-"""eval.py's command line: the flags of evaluating a run, and the commands besides it (plot, table,
-report and calibrate), their flags and what each runs.
+"""eval.py's command line: the flags of evaluating a run and their checks, and the commands besides
+it (plot, table, report and calibrate), their flags and what each runs.
 
-What it is for: eval.py makes its parser from these (`add_evaluate_flags`, `add_commands`) and hands
-a parsed command to `run`, so that eval.py holds the evaluation alone. What it is not: the
-evaluation (eval.py: the five modes, pass@k, per-role statistics; its checks of the flags,
-`check_eval_args`) or the figures, tables and pages themselves (plots.py, results.py, report.py;
+What it is for: eval.py makes its parser from these (`add_evaluate_flags`, `add_commands`), checks
+its flags here (`check_evaluate_flags`) and hands a parsed command to `run`, so that eval.py holds
+the evaluation alone. What it is not: the evaluation (eval.py: the five modes, pass@k, per-role
+statistics) or the figures, tables and pages themselves (plots.py, results.py, report.py;
 calibrate is the toy world's, toyworld/toy_hooks.py).
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # evaluate a run (eval.py)
-
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
     python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
     python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html  # curves, samples
@@ -16,14 +15,19 @@ calibrate is the toy world's, toyworld/toy_hooks.py).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from typing import Callable
 
+import torch
+
+from infra import vllm_engine
 from infra.flags import number
 from infra.plots import plot_runs
 from infra.report import write_report
 from infra.results import results_command
-from infra.runfolder import WriteError, check_writable, usage_error, writing
+from infra.runfolder import WriteError, check_writable, read_run_args, usage_error, writing
 from toyworld import toy_hooks
 
 
@@ -77,6 +81,33 @@ def add_evaluate_flags(p, modes: tuple[str, ...]) -> None:
                    help="one JSON file per episode under RUN/trajectories/")
     g.add_argument("--out", default=None,
                    help="JSONL to append results to (default: RUN/eval.jsonl)")
+
+
+def check_evaluate_flags(args, run_keys: tuple[str, ...], sa_modes: tuple[str, ...]) -> None:
+    """One line for each bad value of evaluating a run, before any model loads (`run_keys`: what
+    eval.py reads of a run's args.json; `sa_modes`: the modes that read --sa-run)."""
+    if not args.run:
+        usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
+    run_args = read_run_args(args.run, keys=run_keys)  # not a run folder: one line
+    if args.out:
+        check_writable(args.out, "--out", folder=False)
+    if args.mode in sa_modes and args.sa_run:
+        read_run_args(args.sa_run, f"--sa-run {args.sa_run}", run_keys)
+    known = re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device)
+    if not known or (args.device.startswith("cuda") and not torch.cuda.is_available()):
+        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA "
+                    "device")
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    if args.engine == "auto":
+        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
+    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
+        usage_error(problem)
+    if args.split == "test" and (args.data or run_args["task"] != "math"):
+        usage_error("--split test: synthetic math runs only, without --data")
+    if args.swap and args.mode != "swapped":
+        usage_error("--swap is for --mode swapped")
+    if args.every_checkpoint and args.mode == "base":
+        usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
 
 
 def add_commands(commands) -> None:
