@@ -11,8 +11,8 @@ workflow, split and sampling settings come from the run folder's args.json; `--d
 evaluates another set in the run's task format (AIME 2025 for math, DeepCoder's test split for
 code). A paper cell's run is evaluated with the paper's evaluation lengths. To drop an SA adapter
 into a workflow you have not trained, make an untrained run folder for it first (`python train.py
---workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its other commands
-(plot, table, report, calibrate) are infra/commands.py.
+--workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its flags, their
+checks and its other commands (plot, table, report, calibrate) are infra/commands.py.
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
     python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -51,13 +49,12 @@ import tasks
 import workflows
 from infra import checkpoints, commands, distributed, memory, vllm_engine
 from infra.cells import PAPER_LENGTHS, cell_name
-from infra.flags import HelpFormatter, Parser, number, settings_from
+from infra.flags import HelpFormatter, Parser, settings_from
 from infra.models import version_note
 from infra.runfolder import (
     NAME_KEYS,
     WriteError,
     append_record,
-    check_writable,
     dataset_name,
     dump_trajectories,
     read_run_args,
@@ -73,9 +70,6 @@ MODES = ("base", "trained", "sa-transfer", "sa-generator-transfer", "swapped")
 SA_MODES = ("sa-transfer", "sa-generator-transfer")  # they load a single-agent run's adapter
 SA_ADAPTER = "sa"  # the name that adapter takes here (it shows in dumps)
 SOLVING_ROLES = ("generator", "worker")  # sa-generator-transfer: the SA adapter; the rest: base
-# swapped's role types (unless --swap): if a role's adapter is its own, swapping it costs accuracy
-SWAPS = {"voting": ("generator", "aggregator"), "evalopt": ("generator", "evaluator"),
-         "orchworkers": ("worker", "synthesizer")}
 
 
 # What evaluation reads of a run's args.json (an older train.py's run may lack some)
@@ -296,11 +290,14 @@ def evaluate_steps(run_dir: str, mode: str, steps: list[int], args: argparse.Nam
 
 
 def swap_pair(run_args: dict, swap: str | None) -> tuple[str, str]:
-    """The two role types `--mode swapped` exchanges (`--swap A,B`, else SWAPS), or one line."""
+    """The two role types `--mode swapped` exchanges (if a role's adapter is its own, swapping it
+    costs accuracy): `--swap A,B`, else the workflow's last two in ROLES (Voting's generator and
+    aggregator, Eval-Opt's generator and evaluator, Orch-Workers' worker and synthesizer); or one
+    line."""
     workflow, roles = run_args["workflow"], ROLES[run_args["workflow"]]
     if run_args["policy"] != "ip" or len(roles) < 2:
         usage_error(f"--mode swapped needs a multi-agent IP run, not {cell_name(run_args)}")
-    pair = tuple(swap.split(",")) if swap else SWAPS[workflow]
+    pair = tuple(swap.split(",")) if swap else tuple(roles[-2:])
     if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(roles):
         usage_error(f"--swap {swap}: expected two of {workflow}'s role types: {', '.join(roles)}")
     return pair
@@ -362,91 +359,15 @@ def build_parser() -> Parser:
     p = Parser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     commands.add_commands(p.add_subparsers(dest="command",
                                            title="commands (default: evaluate --run-dir)"))
-    add_evaluate_flags(p)
+    commands.add_evaluate_flags(p, MODES)
     return p
-
-
-def add_evaluate_flags(p: Parser) -> None:
-    g = p.add_argument_group("evaluate")
-    g.add_argument("--run-dir", "--run", dest="run", default=None,
-                   help="run folder written by train.py; under torchrun write --run-dir "
-                   "(torchrun takes --run for its own --run-path)")
-    g.add_argument("--mode", default="trained", choices=MODES,
-                   help="base: adapters off; trained: the run's adapters as in training; "
-                   "sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
-                   "generators and workers only; swapped: an IP run's adapters with two roles' "
-                   "exchanged (--swap), beside trained")
-    g.add_argument("--sa-run", default=None,
-                   help="SA modes: a single-agent run folder (same model and task)")
-    g.add_argument("--swap", default=None, metavar="ROLE,ROLE",
-                   help="swapped: the two role types whose adapters change places (default: SWAPS)")
-    g.add_argument("--step", type=int, default=None,
-                   help="checkpoint step (SA modes: of --sa-run); default: latest")
-    g.add_argument("--every-checkpoint", action="store_true",
-                   help="evaluate every saved checkpoint")
-    g.add_argument("--data", default=None,
-                   help="evaluate on this file instead of the run's validation split, in the "
-                   "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test "
-                   "split)")
-    g.add_argument("--split", default="val", choices=["val", "test"],
-                   help="synthetic math: the run's validation problems, or as many others drawn "
-                   "after its training ones (disjoint from both)")
-    count = number(int, 1)
-    g.add_argument("--samples", "--n", dest="samples", type=count, default=1,
-                   help="samples per task: accuracy is their mean, pass@k for k = 1, 2, 4... <= "
-                   "n; under torchrun write --samples")
-    g.add_argument("--temperature", type=number(float, 0), default=None,
-                   help="default: the run's sampling temperature")
-    g.add_argument("--max-new-tokens", type=count, default=None,
-                   help="default: a paper cell's evaluation length (math 8192, code 5120), else "
-                   "the run's")
-    g.add_argument("--max-prompt-tokens", type=count, default=None,
-                   help="default: a paper cell's evaluation limit, else the run's")
-    g.add_argument("--seed", type=int, default=0,
-                   help="sampling seed, the same for every checkpoint")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
-                   help="auto: vllm on CUDA when it imports, else hf (transformers generate)")
-    g.add_argument("--vllm-gpu-memory", type=number(float, 0, 1, low_open=True), default=0.85,
-                   help="vllm: fraction of GPU memory it takes (the model and its adapters stay on "
-                   "the CPU)")
-    g.add_argument("--dump", action="store_true",
-                   help="one JSON file per episode under RUN/trajectories/")
-    g.add_argument("--out", default=None,
-                   help="JSONL to append results to (default: RUN/eval.jsonl)")
-
-
-def check_eval_args(args: argparse.Namespace) -> None:
-    """One line for each bad value, before any model loads."""
-    if not args.run:
-        usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
-    run_args = read_run_args(args.run, keys=EVAL_RUN_KEYS)  # not a run folder: one line
-    if args.out:
-        check_writable(args.out, "--out", folder=False)
-    if args.mode in SA_MODES and args.sa_run:
-        read_run_args(args.sa_run, f"--sa-run {args.sa_run}", EVAL_RUN_KEYS)
-    known = re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device)
-    if not known or (args.device.startswith("cuda") and not torch.cuda.is_available()):
-        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA "
-                    "device")
-    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    if args.engine == "auto":
-        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
-    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
-        usage_error(problem)
-    if args.split == "test" and (args.data or run_args["task"] != "math"):
-        usage_error("--split test: synthetic math runs only, without --data")
-    if args.swap and args.mode != "swapped":
-        usage_error("--swap is for --mode swapped")
-    if args.every_checkpoint and args.mode == "base":
-        usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
 
 
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command:  # plot, table, report, calibrate
         return commands.run(args, ROLES, play_every_problem, toy_engine)
-    check_eval_args(args)
+    commands.check_evaluate_flags(args, EVAL_RUN_KEYS, SA_MODES)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)
     memory.configure_allocator(args.engine, args.device)  # before CUDA starts (infra/memory.py)
     # one device per process (torchrun: a rank's, with its share of the tasks), before the model

@@ -147,7 +147,7 @@ def micro_batch_loss(model, mb: MiniBatch, cut: list[int], cfg: UpdateSettings
     # B rows over T columns (their longest completion, right-aligned): [B, T] each
     logp, mask, entropy = completion_logprobs(
         model, [r.prompt_ids for r in micro], [r.completion_ids for r in micro], cfg.temperature,
-        with_entropy=True, share_prompts=cfg.share_prompts)
+        with_entropy=True, share_prompts=cfg.share_prompts, entropy_grad=cfg.entropy_coef > 0)
     # the rows' log-probs before this training step: stored on the mini-batch, or in the first
     # mini-batch (none stored: no optimizer step yet) the current ones, detached: ratio 1
     old_logp = right_aligned([mb.old_logprobs[i] for i in cut], logp) if mb.old_logprobs \
@@ -157,6 +157,8 @@ def micro_batch_loss(model, mb: MiniBatch, cut: list[int], cfg: UpdateSettings
     pg_loss, clipped = clipped_token_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high,
                                           cfg.dual_clip)
     token_loss = pg_loss
+    if cfg.entropy_coef:  # an entropy bonus: its entropy then carries its gradient
+        token_loss = token_loss - cfg.entropy_coef * entropy
     kl = kl_to_base(model, micro, logp, mask, cfg)  # I1: KL(role || base) per token, or None
     if kl is not None:  # beta * KL(role || base), for the roles --kl-coef names (beta 0 others)
         betas = logp.new_tensor([cfg.kl_coef.get(r.role, 0.0) for r in micro])
@@ -324,8 +326,9 @@ def store_old_logprobs(model, adapter: str, steps: list[MiniBatch], cfg: UpdateS
 
 
 def has_gradient(row: Row, cfg: UpdateSettings) -> bool:
-    """False when the row's loss is 0 * ratio: advantage 0 and no KL term for its role."""
-    return row.advantage != 0.0 or cfg.kl_coef.get(row.role, 0.0) > 0
+    """False when the row's loss is 0 * ratio: advantage 0, no KL term for its role and no entropy
+    bonus."""
+    return row.advantage != 0.0 or cfg.kl_coef.get(row.role, 0.0) > 0 or cfg.entropy_coef > 0
 
 
 def role_micro_batches(mb: MiniBatch, role: str, cfg: UpdateSettings) -> list[list[int]]:
@@ -526,6 +529,8 @@ class UpdateSettings:
         "optimizer step per adapter per training step, not one per mini-batch", paper=False)
     kl_coef: dict[str, float] = setting({}, "--kl-coef", "I1: role=beta,... adds beta * KL(role || "
                                         "base) (k3)", within="(0, inf)")
+    entropy_coef: float = setting(0.0, "--entropy-coef", "entropy bonus: the loss minus this x "
+        "each token's entropy (verl's entropy_coeff); 0: off", within="[0, inf)", paper=0)
     coherence: dict[str, float] = setting({}, "--coherence", "I6 (IP): role=lambda,... lambda in "
                                           "(0, 1]", within="(0, 1]", paper="<= 0.3")
     coherence_window: int = setting(128, "--coherence-window", "I6: EMA window, tau = 1 - 1/window",

@@ -308,24 +308,24 @@ LOGPROB_CHUNK = 1024
 
 
 def _head_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [N, H], targets [N] -> log p(target) [N] and entropy [N] (zeros unless asked), at
-    `temperature`."""
+    `temperature`; the entropy with its gradient only with `entropy_grad` (a loss term uses it)."""
     logits = lm_head(hidden)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [N, V], bf16 -> fp32
     logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None])[:, 0] - lse
     entropy = torch.zeros_like(lse)
-    if with_entropy:
-        with torch.no_grad():
+    if with_entropy:  # a diagnostic keeps no graph: backward's recompute holds no softmax [N, V]
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
 
 
 def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]],
                         temperature: float = 1.0, with_entropy: bool = False,
-                        share_prompts: bool = True
+                        share_prompts: bool = True, entropy_grad: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token given its prompt, under the active adapter, at the
     sampling temperature (ratios are taken against the distribution that produced the samples, as
@@ -336,7 +336,8 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     backward: a 151k vocabulary never has fp32 logits for a whole micro-batch. With
     `share_prompts` a prompt several rows share runs once (`shared_prompt_cache`; not under
     activation checkpointing, whose layers drop a passed cache). Returns (logp [B, T], mask [B, T],
-    entropy [B, T] or None), right-aligned: row i's completion is in its last len(c_i) columns.
+    entropy [B, T] or None), right-aligned: row i's completion is in its last len(c_i) columns. The
+    entropy carries its gradient only with `entropy_grad` (an entropy bonus: --entropy-coef).
     `mask` comes from lengths, never from pad ids (pad == EOS for SmolLM2).
     """
     device = next(model.parameters()).device
@@ -372,7 +373,7 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
     for s in range(0, len(rows), LOGPROB_CHUNK):
         r, c = rows[s:s + LOGPROB_CHUNK], cols[s:s + LOGPROB_CHUNK]
         args = (lm_head, hidden[r, c], targets[r, c], temperature if temperature > 0 else 1.0,
-                with_entropy)
+                with_entropy, entropy_grad)
         if torch.is_grad_enabled():
             parts.append(checkpoint(_head_logprobs, *args, use_reentrant=False))
         else:

@@ -45,7 +45,7 @@ class Task:
 
 @dataclass
 class Grade:
-    reward: float  # 1.0 correct, 0.0 otherwise
+    reward: float  # in [0, 1], 1.0 full marks (correct); the graders here give 1.0 or 0.0
     parsed: str | None  # stripped content of the last \boxed{}, None if there is none
     formatted: bool  # a non-empty \boxed{...} was found
     reason: str  # "correct" | "wrong" | "no_box" | "empty_box" | "timeout" | "unparseable"

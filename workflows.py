@@ -41,6 +41,7 @@ class Call:
     truncated: bool = False    # hit the generation length limit
     adapter: str = ""          # filled by the driver from the policy (SP/IP)
     reward: float = 0.0        # credit this call trains on
+    grade: float | None = None  # an answer's reward from the grader, in [0, 1] (`rollout`)
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format ...
     group: str = ""            # GRPO group when not (name, turn) (Eval-Opt: its attempts share one)
     is_answer: bool = False    # its text answers the task: `rollout` grades it once it is sampled
@@ -50,6 +51,14 @@ class Call:
     def role(self) -> str:
         return role_type(self.name)
 
+    @property
+    def own_reward(self) -> float | None:
+        """Its own reward, where it has one: its grade (an answer's; the aggregator's, its pick's),
+        else its correctness (the evaluator's verdict)."""
+        if self.grade is None and "correct" in self.metrics:
+            return float(self.metrics["correct"])
+        return self.grade
+
 
 @dataclass
 class Episode:
@@ -57,8 +66,12 @@ class Episode:
     sample: int                # which of the n samples of this task
     calls: list[Call] = field(default_factory=list)
     final_answer: str | None = None
-    correct: bool = False
+    reward: float = 0.0        # its final answer's grade, in [0, 1]: outcome credit
     metrics: dict = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:  # full marks: accuracy, success and pass@k count this
+        return self.reward >= 1
 
 
 # ---------------------------------------------------------------- workflows
@@ -70,7 +83,7 @@ def single_agent(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     """One `generator` call; its answer is the episode's answer."""
     call = Call("generator", 0, solver_messages(ep.task, opts), is_answer=True)
     yield [call]  # back sampled and, an answer, graded by `rollout`: its .text and .metrics
-    ep.final_answer, ep.correct = call.metrics["parsed"], call.metrics["correct"]
+    ep.final_answer, ep.reward = call.metrics["parsed"], call.grade
 
 
 def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
@@ -82,7 +95,8 @@ def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens], opts))
     yield [agg]
     pick, how = parse_selection(agg.text, len(gens))
-    ep.final_answer, ep.correct = gens[pick].metrics["parsed"], gens[pick].metrics["correct"]
+    ep.final_answer, ep.reward = gens[pick].metrics["parsed"], gens[pick].grade
+    agg.grade = ep.reward  # its own reward is its pick's
     agg.metrics.update(pick=pick, parse=how, formatted=how == "boxed", correct=ep.correct)
     ep.metrics.update(any_correct=any(c.metrics["correct"] for c in gens),
                       fallback=how if how != "boxed" else None)
@@ -115,7 +129,7 @@ def evaluator_optimizer(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
         attempt = Call("generator", it + 1, retry, group="generator", is_answer=True)
     attempts = [c for c in ep.calls if c.role == "generator"]
     judges = [c for c in ep.calls if c.role == "evaluator"]
-    ep.final_answer, ep.correct = attempts[-1].metrics["parsed"], attempts[-1].metrics["correct"]
+    ep.final_answer, ep.reward = attempts[-1].metrics["parsed"], attempts[-1].grade
     ep.metrics.update(iterations=len(attempts), first_correct=attempts[0].metrics["correct"],
                       unparseable_verdicts=sum(c.metrics["verdict"] is None for c in judges))
 
@@ -140,7 +154,7 @@ def orchestrator_workers(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     synthesis = synthesizer_messages(ep.task, [w.text for w in workers], strategies, opts)
     synth = Call("synthesizer", 0, synthesis, is_answer=True)
     yield [synth]
-    ep.final_answer, ep.correct = synth.metrics["parsed"], synth.metrics["correct"]
+    ep.final_answer, ep.reward = synth.metrics["parsed"], synth.grade
     ep.metrics.update(strategies=len(strategies), fallback=how if how != "strategy" else None)
 
 
@@ -199,7 +213,8 @@ def rollout(tasks: list[Task], n: int, opts: WorkflowOptions, engine,
         answers = [(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer]
         grades = grade_many([task for task, _ in answers], [c.text for _, c in answers])
         for (_, c), g in zip(answers, grades):
-            c.metrics.update(parsed=g.parsed, correct=g.reward > 0, formatted=g.formatted,
+            c.grade = g.reward  # what credit gives it; correct: full marks
+            c.metrics.update(parsed=g.parsed, correct=g.reward >= 1, formatted=g.formatted,
                              reason=g.reason)
         for ep, _, cs in pending:
             ep.calls += cs
@@ -225,34 +240,33 @@ def end_if_overlong(ep: Episode, workflow_run: WorkflowRun, calls: list[Call],
                     max_prompt_tokens: int | None) -> bool:
     """As the reference: a prompt over the limit is never truncated; it ends its episode before the
     call. The calls made so far are kept and trained on, each with its own reward
-    (`assign_rewards`); the episode counts as correct if one of them was (the reference: any kept
-    reward > 0). Counted as `prompt_overflow`."""
+    (`assign_rewards`); the episode's reward is the best of theirs, so it counts as correct if one
+    of them was (the reference: any kept reward > 0). Counted as `prompt_overflow`."""
     if not max_prompt_tokens or all(len(c.prompt_ids) <= max_prompt_tokens for c in calls):
         return False
     workflow_run.close()
     ep.metrics["prompt_overflow"] = True
-    ep.final_answer, ep.correct = None, any(c.metrics.get("correct", False) for c in ep.calls)
+    ep.final_answer, ep.reward = None, max((c.own_reward or 0.0 for c in ep.calls), default=0.0)
     return True
 
 
 # ---------------------------------------------------------------- credit
 
 def assign_rewards(episodes: list[Episode], credit: str) -> None:
-    """Set each call's reward. `outcome`: the episode's final correctness broadcast to every call
-    (paper default). `role`: each call its own correctness where it has one (`metrics['correct']`),
-    else the outcome. An episode ended by an over-long prompt has no final outcome: its calls keep
-    their own correctness (0 where none)."""
+    """Set each call's reward. `outcome`: the episode's reward, its final answer's grade, broadcast
+    to every call (paper default). `role`: each call its own reward where it has one
+    (`Call.own_reward`: an answer its grade, the aggregator its pick's, the evaluator its verdict's
+    correctness), else the outcome. An episode ended by an over-long prompt has no final outcome:
+    its calls keep their own rewards (0 where none)."""
+    if credit not in ("outcome", "role"):
+        raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
     for ep in episodes:
-        outcome = float(ep.correct)
         for c in ep.calls:
+            own = c.own_reward
             if ep.metrics.get("prompt_overflow"):
-                c.reward = float(c.metrics.get("correct", False))
-            elif credit == "outcome":
-                c.reward = outcome
-            elif credit == "role":
-                c.reward = float(c.metrics.get("correct", ep.correct))
+                c.reward = own or 0.0
             else:
-                raise ValueError(f"unknown credit {credit!r} (expected outcome or role)")
+                c.reward = ep.reward if credit == "outcome" or own is None else own
 
 
 # ---------------------------------------------------------------- prompts
@@ -506,8 +520,8 @@ class WorkflowOptions:
     workflow: str = setting("single", "--workflow", "its roles: " + "; ".join(
         f"{w} {'/'.join(r)}" for w, r in ROLES.items()), choices=sorted(WORKFLOWS),
         group="workflow (workflows.WorkflowOptions)")
-    credit: str = setting("outcome", "--credit", "outcome: the final result to every call (paper); "
-                          "role: each call its own correctness", choices=["outcome", "role"])
+    credit: str = setting("outcome", "--credit", "outcome: the final answer's reward to every call "
+                          "(paper); role: each call its own", choices=["outcome", "role"])
     prompts: str = setting("small", "--prompts", "paper: the reference's instructions in our "
         "words; small: brief ones and a solved example", choices=["small", "paper"], paper="paper")
     evalopt_context: str = setting("reference", "--evalopt-context", "Eval-Opt: one shared "

@@ -52,8 +52,6 @@ PAPER_HYPERPARAMETERS = dict(
     # verl's token budget per GPU (4B code: 40,960)
     micro_batch_size=512, max_tokens_per_micro_batch=51200,
     vllm_gpu_memory=0.4)  # the plan leaves more (bench/README.md); 0.4 until a GPU measures it
-# role types: one adapter each under IP
-IP_ADAPTERS = {"single": 1, "voting": 2, "evalopt": 2, "orchworkers": 3}
 
 
 def cell_defaults(cell: str) -> dict:
@@ -94,18 +92,17 @@ def preset_notes(toy_preset: dict) -> dict[str, list[str]]:
     return notes
 
 
-def warmup_training_steps(cell: dict) -> int:
+def warmup_training_steps(cell: dict, roles: dict[str, list[str]]) -> int:
     """Training steps until a cell's warm-up ends: verl-constant counts adapter updates (IP: one per
-    role type)."""
-    k = IP_ADAPTERS[cell["workflow"]] if cell["policy"] == "ip" and cell[
-        "lr_schedule"] == "verl-constant" else 1
-    return -(-cell["warmup_steps"] // k)
+    role type of the workflow, `roles`: workflows.ROLES, passed in by train.py)."""
+    ip = cell["policy"] == "ip" and cell["lr_schedule"] == "verl-constant"
+    return -(-cell["warmup_steps"] // (len(roles[cell["workflow"]]) if ip else 1))
 
 
-def list_cells() -> str:
+def list_cells(roles: dict[str, list[str]]) -> str:
     """The 48 cells of the grid, one line each: what `--cell NAME` sets (token limits as
-    prompt/response), the schedule and its warm-up in training steps, the validation set, and the
-    code reward's time limits."""
+    prompt/response), the schedule and its warm-up in training steps (`roles`: each workflow's
+    role types), the validation set, and the code reward's time limits."""
     row = "{:<26} {:<16} {:<54} {:<11} {:<11} {:<8} {:<29} {:<24} {}"
     lines = [row.format("cell", "model", "data", "train", "eval", "Eval-Opt",
                         "schedule, warm-up (steps)",
@@ -119,7 +116,7 @@ def list_cells() -> str:
                                 f"{c['data']} {c['data_config']}",
                                 f"{lengths[0]}/{lengths[1]}", f"{lengths[2]}/{lengths[3]}",
                                 c["max_iterations"] if workflow == "EvalOpt" else "-",
-                                f"{c['lr_schedule']} from 0, {warmup_training_steps(c)}",
+                                f"{c['lr_schedule']} from 0, {warmup_training_steps(c, roles)}",
                                 c["val_data"] or "DeepCoder test (1,000)",
                                 "3 s a test, min(4n+5, 120) s" if task == "Code" else "-"))
     return "\n".join(lines)

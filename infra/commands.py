@@ -1,12 +1,13 @@
-"""eval.py's commands besides evaluating a run: plot, table, report, compare and calibrate, their
-flags and what each runs.
+"""eval.py's command line: the flags of evaluating a run and their checks, and the commands besides
+it (plot, table, report, compare and calibrate), their flags and what each runs.
 
-What it is for: eval.py adds these commands to its command line (`add_commands`) and hands a parsed
-one to `run`, so that eval.py holds the evaluation alone. What it is not: the evaluation (eval.py:
-the five modes, pass@k, per-role statistics) or the figures, tables and pages themselves (plots.py,
-results.py, report.py; compare's statistics, infra/paired.py; calibrate is the toy world's,
-toyworld/toy_hooks.py).
+What it is for: eval.py makes its parser from these (`add_evaluate_flags`, `add_commands`), checks
+its flags here (`check_evaluate_flags`) and hands a parsed command to `run`, so that eval.py holds
+the evaluation alone. What it is not: the evaluation (eval.py: the five modes, pass@k, per-role
+statistics) or the figures, tables and pages themselves (plots.py, results.py, report.py;
+compare's statistics, infra/paired.py; calibrate is the toy world's, toyworld/toy_hooks.py).
 
+    python eval.py --run-dir runs/voting-ip --mode base --samples 4  # evaluate a run (eval.py)
     python eval.py plot runs/voting-ip runs/voting-sp [--out runs/plots]  # PNG curves
     python eval.py table runs/voting-ip runs/voting-sp               # their eval.jsonl, one table
     python eval.py report runs/voting-sp runs/voting-ip --out runs/voting.html  # curves, samples
@@ -15,10 +16,14 @@ toyworld/toy_hooks.py).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from typing import Callable
 
-from infra import paired
+import torch
+
+from infra import paired, vllm_engine
 from infra.flags import number
 from infra.plots import plot_runs
 from infra.report import write_report
@@ -32,6 +37,85 @@ from infra.runfolder import (
     writing,
 )
 from toyworld import toy_hooks
+
+
+def add_evaluate_flags(p, modes: tuple[str, ...]) -> None:
+    """eval.py's own flags, those of evaluating a run (`modes`: eval.MODES)."""
+    g = p.add_argument_group("evaluate")
+    g.add_argument("--run-dir", "--run", dest="run", default=None,
+                   help="run folder written by train.py; under torchrun write --run-dir "
+                   "(torchrun takes --run for its own --run-path)")
+    g.add_argument("--mode", default="trained", choices=modes,
+                   help="base: adapters off; trained: the run's adapters as in training; "
+                   "sa-transfer: --sa-run's adapter for every role; sa-generator-transfer: for the "
+                   "generators and workers only; swapped: an IP run's adapters with two roles' "
+                   "exchanged (--swap), beside trained")
+    g.add_argument("--sa-run", default=None,
+                   help="SA modes: a single-agent run folder (same model and task)")
+    g.add_argument("--swap", default=None, metavar="ROLE,ROLE",
+                   help="swapped: the two role types whose adapters change places (default: "
+                   "the workflow's last two)")
+    g.add_argument("--step", type=int, default=None,
+                   help="checkpoint step (SA modes: of --sa-run); default: latest")
+    g.add_argument("--every-checkpoint", action="store_true",
+                   help="evaluate every saved checkpoint")
+    g.add_argument("--data", default=None,
+                   help="evaluate on this file instead of the run's validation split, in the "
+                   "run's task format (math: AIME 2025; code: DeepCoder's primeintellect test "
+                   "split)")
+    g.add_argument("--split", default="val", choices=["val", "test"],
+                   help="synthetic math: the run's validation problems, or as many others drawn "
+                   "after its training ones (disjoint from both)")
+    count = number(int, 1)
+    g.add_argument("--samples", "--n", dest="samples", type=count, default=1,
+                   help="samples per task: accuracy is their mean, pass@k for k = 1, 2, 4... <= "
+                   "n; under torchrun write --samples")
+    g.add_argument("--temperature", type=number(float, 0), default=None,
+                   help="default: the run's sampling temperature")
+    g.add_argument("--max-new-tokens", type=count, default=None,
+                   help="default: a paper cell's evaluation length (math 8192, code 5120), else "
+                   "the run's")
+    g.add_argument("--max-prompt-tokens", type=count, default=None,
+                   help="default: a paper cell's evaluation limit, else the run's")
+    g.add_argument("--seed", type=int, default=0,
+                   help="sampling seed, the same for every checkpoint")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
+                   help="auto: vllm on CUDA when it imports, else hf (transformers generate)")
+    g.add_argument("--vllm-gpu-memory", type=number(float, 0, 1, low_open=True), default=0.85,
+                   help="vllm: fraction of GPU memory it takes (the model and its adapters stay on "
+                   "the CPU)")
+    g.add_argument("--dump", action="store_true",
+                   help="one JSON file per episode under RUN/trajectories/")
+    g.add_argument("--out", default=None,
+                   help="JSONL to append results to (default: RUN/eval.jsonl)")
+
+
+def check_evaluate_flags(args, run_keys: tuple[str, ...], sa_modes: tuple[str, ...]) -> None:
+    """One line for each bad value of evaluating a run, before any model loads (`run_keys`: what
+    eval.py reads of a run's args.json; `sa_modes`: the modes that read --sa-run)."""
+    if not args.run:
+        usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
+    run_args = read_run_args(args.run, keys=run_keys)  # not a run folder: one line
+    if args.out:
+        check_writable(args.out, "--out", folder=False)
+    if args.mode in sa_modes and args.sa_run:
+        read_run_args(args.sa_run, f"--sa-run {args.sa_run}", run_keys)
+    known = re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device)
+    if not known or (args.device.startswith("cuda") and not torch.cuda.is_available()):
+        usage_error(f"--device {args.device}: expected auto, cpu, or cuda with a visible CUDA "
+                    "device")
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    if args.engine == "auto":
+        args.engine = "vllm" if cuda and importlib.util.find_spec("vllm") else "hf"
+    if problem := vllm_engine.engine_problem(args.engine, args.device):  # not installed; cuda:N
+        usage_error(problem)
+    if args.split == "test" and (args.data or run_args["task"] != "math"):
+        usage_error("--split test: synthetic math runs only, without --data")
+    if args.swap and args.mode != "swapped":
+        usage_error("--swap is for --mode swapped")
+    if args.every_checkpoint and args.mode == "base":
+        usage_error("--every-checkpoint needs a mode with checkpoints (base has none)")
 
 
 def add_commands(commands) -> None:

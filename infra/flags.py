@@ -39,6 +39,7 @@ import os
 import re
 import shlex
 import sys
+import textwrap
 import time
 import types
 import typing
@@ -198,19 +199,16 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.list_cells:
-        print(cells.list_cells())
+        print(cells.list_cells(roles))
         raise SystemExit(0)
     given = given_flags(parser, argv)  # what the command line names: it wins over a cell
     if args.resume:
         args = resume_args(parser, args, given)
     else:
-        # its regime, a first run that learns
-        preset = dict(toy_hooks.PRESET) if args.model == "toy" else {}
-        if args.cell:
-            try:
-                preset.update(cells.cell_defaults(args.cell))
-            except ValueError as e:
-                usage_error(str(e))
+        try:
+            preset = {key: value for _, values in presets(args) for key, value in values.items()}
+        except ValueError as e:  # not a cell
+            usage_error(str(e))
         for key, value in preset.items():
             if key not in given:
                 setattr(args, key, value)
@@ -220,6 +218,16 @@ def parse_args(parser: Parser, argv: list[str] | None, roles: dict[str, list[str
         check_args(args, parser, roles)
     check_environment(args)
     return args
+
+
+def presets(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """The values a run's flags take in place of train.py's defaults, each preset named as the
+    command line names it, in the order they apply: `--model toy`'s regime and a first run that
+    learns (toy_hooks.PRESET), then `--cell`'s (cells.cell_defaults; ValueError: not a cell)."""
+    out = [("--model toy", dict(toy_hooks.PRESET))] if args.model == "toy" else []
+    if args.cell:
+        out.append((f"--cell {args.cell}", cells.cell_defaults(args.cell)))
+    return out
 
 
 def resume_args(parser: Parser, args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
@@ -301,6 +309,9 @@ def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[s
     """Flags that contradict each other or the workflow stop here, with one line, before anything
     loads; the role=value flags are read against the workflow's roles. (The method's own rules, such
     as SP-only and IP-only settings, are train.py's `settings_from_flags`.)"""
+    problem = args.model == "toy" and toy_hooks.role_problem(args.workflow, roles[args.workflow])
+    if problem:  # before anything loads: validation would stop on the role
+        usage_error(problem)
     if args.role_weights == "equal":
         args.role_weights = ",".join(f"{r}=1" for r in roles[args.workflow])
     read_role_flags(args, parser, roles[args.workflow])
@@ -322,14 +333,25 @@ def check_args(args: argparse.Namespace, parser: Parser, roles: dict[str, list[s
 # ---------------------------------------------------------------- the run's first lines
 
 
+def as_written(action: argparse.Action, value) -> str:
+    """A flag and its value as a command line writes them (`--lr 0.001`, `--no-share-prompts`)."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return flag if value else "--no-" + flag[2:]
+    if action.nargs == 0:  # a switch: it was given
+        return flag
+    if isinstance(value, dict):  # role=value flags
+        return f"{flag} {','.join(f'{k}={v}' for k, v in value.items())}"
+    return f"{flag} {shlex.quote(str(value))}"
+
+
 def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
     """The flags whose value is not the default, as a command line writes them, in --help's order.
-    A cell's values and `--model toy`'s regime count as defaults (`--cell` names them), as does what
-    train.py resolves itself (--engine auto); the run folder is not a flag here."""
+    A preset's values count as defaults (`preset_lines` names them), as does what train.py resolves
+    itself (--engine auto); the run folder is not a flag here."""
     defaults = {a.dest: a.default for a in parser._actions}
-    defaults.update(toy_hooks.PRESET if args.model == "toy" else {})
-    if args.cell:
-        defaults.update(cells.cell_defaults(args.cell))
+    for _, values in presets(args):
+        defaults.update(values)
     defaults.update(engine=args.engine, run_dir=args.run_dir, resume=args.resume,
                     overwrite=args.overwrite)
     empty = (None, {}, "")
@@ -338,23 +360,39 @@ def changed_flags(args: argparse.Namespace, parser: Parser) -> list[str]:
         value, default = getattr(args, action.dest, None), defaults.get(action.dest)
         if action.dest == "help" or value == default or (value in empty and default in empty):
             continue
-        flag = action.option_strings[0]
-        if isinstance(action, argparse.BooleanOptionalAction):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif action.nargs == 0:  # a switch: it was given
-            out.append(flag)
-        elif isinstance(value, dict):  # role=value flags
-            out.append(f"{flag} {','.join(f'{k}={v}' for k, v in value.items())}")
-        else:
-            out.append(f"{flag} {shlex.quote(str(value))}")
+        out.append(as_written(action, value))
     return out
 
 
+NBSP = "\N{NO-BREAK SPACE}"  # inside a flag and its value: the wrap breaks between flags only
+
+
+def preset_lines(args: argparse.Namespace, parser: Parser) -> list[str]:
+    """Per preset, the flags it set in place of a default, with the default, in --help's order
+    (`preset by --model toy: --lr 0.001 (default 0.0005), ...`), wrapped at 100 columns. A flag the
+    command line set, or one the preset leaves at its default, is not named."""
+    setter = {key: (name, value) for name, values in presets(args) for key, value in values.items()}
+    lines = []
+    for name, _ in presets(args):
+        named = []
+        for a in parser._actions:
+            preset_by, value = setter.get(a.dest, (None, None))
+            if preset_by == name and getattr(args, a.dest) == value != a.default:
+                was = ("on" if a.default else "off") if isinstance(a.default, bool) else a.default
+                named.append(f"{as_written(a, value)} (default {was})".replace(" ", NBSP))
+        text = f"preset by {name}: {', '.join(named)}"
+        wrapped = textwrap.wrap(text, 100, subsequent_indent="  ", break_long_words=False,
+                                break_on_hyphens=False)
+        lines += [line.replace(NBSP, " ") for line in wrapped] if named else []
+    return lines
+
+
 def run_header(args: argparse.Namespace, parser: Parser, device: str) -> str:
-    """The two lines a run opens with: what it is and where it writes, and the flags not at their
-    defaults (every setting is in RUN/args.json)."""
+    """The lines a run opens with: what it is and where it writes, the flags not at their defaults
+    (every setting is in RUN/args.json), and what a preset set in place of a default."""
     changed = " ".join(changed_flags(args, parser)) or "none"
-    return (f"run {cells.cell_name(vars(args))}: workflow {args.workflow}, policy {args.policy}, "
-            f"model {args.model}, device {device}, engine {args.engine}, folder {args.run_dir}\n"
-            f"flags not at their defaults: {changed} "
-            f"(every setting: {os.path.join(args.run_dir, 'args.json')})")
+    return "\n".join([
+        f"run {cells.cell_name(vars(args))}: workflow {args.workflow}, policy {args.policy}, "
+        f"model {args.model}, device {device}, engine {args.engine}, folder {args.run_dir}",
+        f"flags not at their defaults: {changed} "
+        f"(every setting: {os.path.join(args.run_dir, 'args.json')})", *preset_lines(args, parser)])

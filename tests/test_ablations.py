@@ -20,11 +20,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "ablations.md")
 
 
+def blocks() -> list[str]:
+    """Every diff block of the page, in order."""
+    with open(PAGE) as f:
+        return re.findall(r"```diff\n(.*?)```", f.read(), re.S)
+
+
 def recipe(path: str) -> str:
     """The page's diff block that changes ``path`` (exactly one)."""
-    with open(PAGE) as f:
-        blocks = re.findall(r"```diff\n(.*?)```", f.read(), re.S)
-    found = [b for b in blocks if f"+++ b/{path}\n" in b]
+    found = [b for b in blocks() if f"+++ b/{path}\n" in b]
     assert len(found) == 1, f"docs/ablations.md has {len(found)} diff blocks for {path}"
     return found[0]
 
@@ -43,6 +47,27 @@ def patched(path: str, tmp_path, name: str):
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+# ---------------------------------------------------------------- all three, on the repository itself
+
+def test_the_layering_holds_with_every_recipe_applied(tmp_path):
+    """A fork applies the page's recipes to the repository itself, and may apply all three: with every diff block
+    applied at once to a copy, tests/test_layering.py's checks pass there (each concept file within its cap, the
+    six within theirs), so the house's limits leave room for its own recipes."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "docs", "bench", "runs", "__pycache__"))
+    for i, block in enumerate(blocks()):
+        (tmp_path / f"recipe{i}.diff").write_text(block)
+        applied = subprocess.run(["git", "apply", str(tmp_path / f"recipe{i}.diff")], cwd=copy,
+                                 capture_output=True, text=True)
+        assert applied.returncode == 0, f"diff block {i + 1} does not apply: {applied.stderr}"
+    checked = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                              "tests/test_layering.py"], cwd=copy, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert checked.returncode == 0, checked.stdout[-3000:]
 
 
 # ---------------------------------------------------------------- 1. a new update knob
@@ -196,9 +221,9 @@ def near_miss_tasks(tmp_path_factory):
 
 @pytest.mark.parametrize("output,gold,reward,reason", [
     ("7 × 6 = 42.\n\n\\boxed{42}", "42", 1.0, "correct"),
-    ("7 × 6 = 43.\n\n\\boxed{43}", "42", 1.0, "near_miss"),  # off by one: now counts
-    ("\\boxed{41}", "42", 1.0, "near_miss"),
-    ("\\boxed{-1}", "0", 1.0, "near_miss"),
+    ("7 × 6 = 43.\n\n\\boxed{43}", "42", 0.5, "near_miss"),  # off by one: now half
+    ("\\boxed{41}", "42", 0.5, "near_miss"),
+    ("\\boxed{-1}", "0", 0.5, "near_miss"),
     ("\\boxed{44}", "42", 0.0, "wrong"),                     # off by two: still wrong
     ("\\boxed{42.5}", "42", 0.0, "wrong"),                   # not a whole number
     ("\\boxed{1}", "1/2", 0.0, "wrong"),                     # the answer is not a whole number
@@ -209,6 +234,20 @@ def test_the_near_miss_reward_on_known_answers(near_miss_tasks, output, gold, re
     task = near_miss_tasks.Task("t", "What is 7 × 6?", gold, "math")
     graded = near_miss_tasks.grade(task, output)  # the dispatch the recipe changed
     assert (graded.reward, graded.reason) == (reward, reason)
+
+
+def test_a_near_miss_trains_as_half_and_counts_as_wrong(near_miss_tasks, monkeypatch):
+    """Through the rollout every run uses, with the recipe's grader: 2 + 2, four single-agent episodes answering 4,
+    5, 3 and 6. The rewards credit trains on are 1, 0.5, 0.5 and 0; only the first is correct, so accuracy stays
+    the exact grader's (1 of 4) while the mean reward is (1 + 0.5 + 0.5 + 0) / 4 = 0.5."""
+    import workflows
+    monkeypatch.setattr(workflows, "grade_many", near_miss_tasks.grade_many)
+    engine = FakeEngine(["\\boxed{4}", "\\boxed{5}", "\\boxed{3}", "\\boxed{6}"])
+    episodes = workflows.rollout([TASK], 4, workflows.WorkflowOptions("single"), engine, lambda m: [1, 2, 3],
+                                 lambda name: "shared")
+    assert [e.calls[0].reward for e in episodes] == [1.0, 0.5, 0.5, 0.0]
+    assert [e.correct for e in episodes] == [True, False, False, False]
+    assert workflows.episode_tallies(episodes)["success"] == [1, 4]
 
 
 def test_the_near_miss_is_what_the_recipe_changes():

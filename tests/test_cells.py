@@ -64,10 +64,19 @@ def test_cell_sets_the_papers_settings(cell, lengths, task, budget, iterations):
     assert a.data == ("open-r1/DAPO-Math-17k-Processed" if task == "dapo" else "agentica-org/DeepCoder-Preview-Dataset")
 
 
-def test_ip_adapter_counts_are_the_workflows_role_types():
-    """infra/cells.py cannot import workflows.py (layering), so its adapter counts per workflow are written out;
-    they must stay the number of role types each workflow has."""
-    assert cells.IP_ADAPTERS == {w: len(roles) for w, roles in train.ROLES.items()}
+def test_an_ip_cells_warm_up_counts_the_adapters_of_its_workflows_roles(capsys, monkeypatch):
+    """verl-constant's 15 warm-up updates count adapter updates: under IP one a role type per training step, so
+    Voting-IP's warm-up ends after ceil(15 / 2) = 8 steps, Orch-Workers-IP's after ceil(15 / 3) = 5, an SP cell's
+    after 15. infra/cells.py cannot import workflows.py (layering): the roles come from train.py (workflows.ROLES),
+    so a role type added there reaches --list-cells with no second list to edit."""
+    steps = {name: cells.warmup_training_steps(cells.cell_defaults(name), train.ROLES)
+             for name in ("Voting-IP-1.7B-Math", "OrchWorkers-IP-4B-Code", "Voting-SP-1.7B-Math")}
+    assert steps == {"Voting-IP-1.7B-Math": 8, "OrchWorkers-IP-4B-Code": 5, "Voting-SP-1.7B-Math": 15}
+    monkeypatch.setitem(train.ROLES, "voting", ["generator", "aggregator", "critic"])  # a fork's third role type
+    with pytest.raises(SystemExit):
+        train_flags(["--list-cells"])
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("Voting-IP-1.7B-Math ")]
+    assert "verl-constant from 0, 5 " in line  # ceil(15 / 3)
 
 
 def test_a_cell_without_cuda_is_one_line_naming_the_cuda_build(capsys, monkeypatch):

@@ -40,7 +40,7 @@ def test_pass_at_k_metrics_average_tasks_and_stop_at_n():
     eps = []
     for task, pattern in zip(tasks, ([True, False, False, False], [True] * 4)):  # c = 1 and c = 4 of n = 4
         for k, ok in enumerate(pattern):
-            eps.append(Episode(task, k, correct=ok))
+            eps.append(Episode(task, k, reward=float(ok)))
     m = E.evaluation_metrics(eps)
     assert {k: v for k, v in m.items() if k.startswith("pass@")} == \
         pytest.approx({"pass@1": (0.25 + 1) / 2, "pass@2": (0.5 + 1) / 2, "pass@4": 1.0})
@@ -88,11 +88,12 @@ def test_modes_route_adapters(workflow, policy):
     routed = {}
     for mode in E.MODES if policy == "ip" else [m for m in E.MODES if m != "swapped"]:  # swapped: IP only
         engine = ScriptedEngine(SCRIPTS[workflow])
-        eps = play(workflow, 2, engine, E.mode_route(mode, policy, E.SWAPS[workflow]), policy)
+        swap = E.swap_pair({"workflow": workflow, "policy": "ip"}, None)  # the default pair
+        eps = play(workflow, 2, engine, E.mode_route(mode, policy, swap), policy)
         routed[mode] = {(c.role, c.adapter) for e in eps for c in e.calls}
         assert {a for _, a in routed[mode]} == {a for _, a in engine.calls}
     if policy == "ip":  # the pair's roles on each other's adapter, any third role (orchestrator) on its own
-        a, b = E.SWAPS[workflow]
+        a, b = E.swap_pair({"workflow": workflow, "policy": "ip"}, None)
         assert routed["swapped"] == {(r, {a: b, b: a}.get(r, r)) for r, _ in routed["trained"]}
     assert {a for _, a in routed["sa-transfer"]} == {"sa"}    # one adapter for every role of the workflow
     solving = {"generator", "worker"}                           # the SA adapter only where the task is solved
@@ -262,6 +263,32 @@ def test_swapped_mode_puts_each_role_on_the_others_adapter_beside_trained(runs, 
             E.main(["--run", *argv])
         err = capsys.readouterr().err
         assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_swapped_defaults_to_the_workflows_last_two_role_types(runs, monkeypatch, capsys):
+    """Without --swap, `--mode swapped` exchanges the last two role types of the run's workflow (workflows.ROLES),
+    which gives the three paper workflows their pairs; a workflow a fork adds to WORKFLOWS and ROLES only (here
+    `critique`, Voting's flow with its roles listed aggregator first) evaluates swapped with no other edit, and a
+    workflow with one role type is one line, exit 2."""
+    import workflows
+    ip = {"policy": "ip", "model": "tiny", "task": "math"}
+    assert {w: E.swap_pair({**ip, "workflow": w}, None) for w in ("voting", "evalopt", "orchworkers")} == \
+        {"voting": ("generator", "aggregator"), "evalopt": ("generator", "evaluator"),
+         "orchworkers": ("worker", "synthesizer")}
+    monkeypatch.setitem(workflows.WORKFLOWS, "critique", workflows.voting)
+    monkeypatch.setitem(workflows.ROLES, "critique", ["aggregator", "generator"])
+    monkeypatch.setitem(workflows.ROLES, "solo", ["generator"])
+    args_path = os.path.join(runs["voting_ip"], "args.json")
+    with open(args_path) as f:
+        saved = json.load(f)
+    with open(args_path, "w") as f:
+        json.dump({**saved, "workflow": "critique"}, f)
+    trained, swapped = E.main(["--run", runs["voting_ip"], "--mode", "swapped"])
+    assert (trained["workflow"], swapped["swap"]) == ("critique", ["aggregator", "generator"])
+    with pytest.raises(SystemExit) as e:
+        E.swap_pair({**ip, "workflow": "solo"}, None)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "needs a multi-agent IP run" in err and len(err.strip().splitlines()) == 1
 
 
 def test_plot_draws_one_line_per_run_plus_base(runs, tmp_path):

@@ -256,6 +256,36 @@ def test_the_toy_model_runs_its_calibrated_regime_unless_a_flag_says_otherwise()
     assert train_flags(["--model", "tiny"]).temperature == 0.7  # other models: train.py's defaults
 
 
+def preset_of(header: str) -> str:
+    """The header's preset lines (after its first two), unwrapped."""
+    return " ".join(line.strip() for line in header.splitlines()[2:])
+
+
+def test_a_preset_says_in_the_header_what_it_set_in_place_of_a_default():
+    """`--model toy` and `--cell` set flags in place of train.py's defaults; the run's header names each one, with
+    the default it replaced, in --help's order: a flag the command line gives is not the preset's (it is among the
+    flags not at their defaults), nor is one the preset leaves at the default (toy's workflow, single). Wrapped
+    at 100 columns."""
+    parser = train.build_parser()
+    header = flags.run_header(train_flags(["--model", "toy", "--workflow", "voting"]), parser, "cpu")
+    assert preset_of(header) == (
+        "preset by --model toy: --tasks-per-step 2 (default 8), --group-size 8 (default 4), --steps 20 (default "
+        "10), --max-new-tokens 32 (default 64), --temperature 1.0 (default 0.7), --lr 0.001 (default 0.0005)")
+    header = flags.run_header(train_flags(["--model", "toy", "--lr", "5e-4", "--steps", "5"]), parser, "cpu")
+    assert header.splitlines()[1].startswith("flags not at their defaults: --model toy --steps 5 --lr 0.0005 ")
+    assert preset_of(header) == ("preset by --model toy: --tasks-per-step 2 (default 8), --group-size 8 "
+                                 "(default 4), --max-new-tokens 32 (default 64), --temperature 1.0 (default 0.7)")
+    args = train_flags(["--cell", "Voting-IP-1.7B-Math", "--device", "cpu", "--engine", "hf", "--steps", "3"])
+    header = flags.run_header(args, parser, "cpu")
+    assert preset_of(header).startswith(
+        "preset by --cell Voting-IP-1.7B-Math: --model Qwen/Qwen3-1.7B (default smollm2), --dtype bfloat16 "
+        "(default float32), --chat-template rllm (default model), ")
+    assert "--lr 2e-05 (default 0.0005)" in header and "--grad-checkpointing (default off)" in header
+    assert "--steps" not in preset_of(header) and "--workflow voting (default single)" in preset_of(header)
+    assert max(map(len, header.splitlines()[2:])) <= 100
+    assert len(flags.run_header(train_flags(["--model", "tiny"]), parser, "cpu").splitlines()) == 2  # no preset
+
+
 def test_a_cells_values_count_as_its_defaults():
     """A cell run names the cell and what the command line changed; what train.py resolves itself
     (--engine auto) is not a change, nor is a flag left at None (--max-iterations: the paper's by task)."""

@@ -272,10 +272,11 @@ def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_
 
 
 def test_the_studys_swapped_pairs_are_eval_pys():
-    """infra/ never imports eval.py, so the study copies its SWAPS pairs; a change to one must reach the other."""
+    """infra/ never imports eval.py, so the study copies the pairs `--mode swapped` exchanges by default; a change
+    to one must reach the other."""
     import eval
     assert {name: pair for name, (_, pair) in declared.SWAPPED.items()} == \
-        {f"{workflow}-ip": pair for workflow, pair in eval.SWAPS.items()}
+        {f"{w}-ip": eval.swap_pair({"workflow": w, "policy": "ip"}, None) for w in ("voting", "evalopt", "orchworkers")}
 
 
 def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path):

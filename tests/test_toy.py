@@ -166,6 +166,45 @@ def test_a_careful_evaluator_checks_by_the_inverse_and_points_the_retry():
     assert moved == {"6 × 3 = 19.\n\n\\boxed{19}", "6 × 3 = 18.\n\n\\boxed{18}"}  # down by 1 or 2, as told
 
 
+def test_a_role_the_toy_world_does_not_know_is_one_line_before_anything_is_written(monkeypatch, tmp_path, capsys):
+    """A fork's workflow whose second call is a new role, `critic`, added to WORKFLOWS and ROLES only. `--model toy`
+    cannot read a critic's outputs (validation reads each role's format: reading.OWN_FORMAT), so train.py refuses it
+    in one line that names the role, the roles the toy world knows and what to do, exit 2, before anything is
+    written. (Before, the run loaded the toy model, wrote its folder and stopped at its first validation on
+    KeyError: 'critic'.) Another model runs the workflow as it is."""
+    from test_flags import TINY
+
+    import train
+    import workflows
+
+    def critique(ep, opts):
+        gen = workflows.Call("generator", 0, workflows.solver_messages(ep.task, opts), is_answer=True)
+        yield [gen]
+        ask = f"{workflows.problem_text(ep.task)}\n\nCritique this solution:\n{gen.text}"
+        yield [workflows.Call("critic", 0, [workflows.user(ask)])]
+        ep.final_answer, ep.reward = gen.metrics["parsed"], gen.grade
+    monkeypatch.setitem(workflows.WORKFLOWS, "critique", critique)
+    monkeypatch.setitem(workflows.ROLES, "critique", ["generator", "critic"])
+    parser = train.build_parser
+
+    def with_critique():  # --workflow's choices, which a fork's WORKFLOWS holds from the start
+        p = parser()
+        action = next(a for a in p._actions if a.dest == "workflow")
+        action.choices = [*action.choices, "critique"]
+        return p
+    monkeypatch.setattr(train, "build_parser", with_critique)
+    run_dir = tmp_path / "toy-run"
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "toy", "--workflow", "critique", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and not run_dir.exists()
+    assert err.startswith("error: --model toy: --workflow critique has the role critic, which the toy world does "
+                          "not know (it knows generator, worker, aggregator, evaluator, orchestrator, synthesizer);")
+    assert "another --model" in err and "toyworld/reading.py" in err
+    tiny_run = train.main([*TINY, "--workflow", "critique", "--steps", "1", "--run-dir", str(tmp_path / "tiny")])
+    assert os.path.exists(os.path.join(tiny_run, "checkpoints"))
+
+
 TOY_TEST_STEPS = 150  # habit steps of the small toy model (the full warm-up has 4,000): formats 0.91-1.0
 
 
@@ -185,7 +224,8 @@ def small_toy(tmp_path_factory):
 
 def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
     """After a small warm-up budget, every role's output takes its parser's first path (a box, `STRATEGY i:`
-    lines) at least 80% of the time, in every workflow: format is learned first, skill is what RL then has."""
+    lines) at least 80% of the time, in every workflow the toy world plays (toy_model.EPISODES, the warm-up's; a
+    fork's new workflow is not one of them): format is learned first, skill is what RL then has."""
     import torch
 
     import workflows
@@ -201,7 +241,10 @@ def test_the_toy_warm_up_teaches_every_roles_format(small_toy):
     # the warm-up renders prompts itself (no tokenizer yet): the same ids as at RL time
     messages = workflows.solver_messages(val[0], workflows.WorkflowOptions())
     assert chat_prompt_ids(tok, messages) == tok(toy.chatml(messages), add_special_tokens=False).input_ids
-    for workflow, roles in workflows.ROLES.items():
+    from toyworld import toy_model
+    for workflow in toy_model.EPISODES:
+        roles = workflows.ROLES[workflow]
+        assert set(roles) <= set(reading.OWN_FORMAT), workflow  # the toy world reads each one's format
         eps = workflows.rollout(val, 1, dataclasses.replace(options, workflow=workflow), engine,
                                 chat_encoder(tok), lambda name: BASE)
         m = rates(workflows.episode_tallies(eps))

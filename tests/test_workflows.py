@@ -258,6 +258,28 @@ def test_credit_outcome_and_role():
         assign_rewards(eps, "bogus")
 
 
+def test_a_graded_fraction_reaches_credit(monkeypatch):
+    """A grader that gives partial credit: 1.0 for the answer, 0.5 for a whole number one off, else 0. Voting: the
+    generators answer 3 (0.5), 4 (1.0) and 7 (0.0), and the aggregator picks solution 1, the 3. `correct` is full
+    marks only; the episode keeps its final answer's reward, 0.5, which outcome credit gives every call; role
+    credit gives each generator its own grade and the aggregator its pick's."""
+    import workflows
+    from tasks import Grade, grade_math
+
+    def near_miss(tasks, outputs):
+        graded = [grade_math(o, t.answer) for t, o in zip(tasks, outputs)]
+        return [Grade(0.5, g.parsed, True, "near_miss") if g.parsed and abs(int(g.parsed) - int(t.answer)) == 1
+                else g for t, g in zip(tasks, graded)]
+    monkeypatch.setattr(workflows, "grade_many", near_miss)
+    eps, _ = run("voting", {"generator": ["\\boxed{3}", "\\boxed{4}", "\\boxed{7}"], "aggregator": ["\\boxed{1}"]})
+    assert [c.metrics["correct"] for c in eps[0].calls[:3]] == [False, True, False]
+    assert (eps[0].final_answer, eps[0].reward, eps[0].correct) == ("3", 0.5, False)
+    assert [c.reward for c in eps[0].calls] == [0.5] * 4  # outcome credit, the rollout's default
+    assign_rewards(eps, "role")
+    assert [c.reward for c in eps[0].calls] == [0.5, 1.0, 0.0, 0.5]
+    assert episode_metrics(eps)["success"] == 0.0  # accuracy counts full marks
+
+
 def group_keys(eps, monkeypatch) -> list:
     """The GRPO group of each call, in call order, as grpo.training_rows hands them to group_advantages."""
     import grpo

@@ -4,12 +4,12 @@ where it lies, the regime it presets, what validation reads of each role, and `e
 What it is for: keeping the toy world (docs/toy_world.md) out of the method's files and out of
 infra/: this is the only toyworld module they import (tests/test_layering.py holds it). train.py
 calls `build_before_load` and `validation_tallies`, which do nothing for any other model than `toy`;
-policies.load_model reads `model_folder`; infra/flags.py presets `REGIME` under `--model toy`;
-eval.py's `calibrate` command (its flags: infra/commands.py) runs `calibrate_command`. What it is
-not: the toy world itself (toyworld/toy.py, reading.py, toy_model.py, calibration.py). toyworld/
-never imports the concept files at the top level, so the rollout that plays the workflows (`play`:
-eval.play_every_problem) and the engine that samples the toy model (eval.toy_engine) come from the
-caller.
+policies.load_model reads `model_folder`; infra/flags.py presets `PRESET` under `--model toy` and
+refuses a role the toy world does not know (`role_problem`); eval.py's `calibrate` command (its
+flags: infra/commands.py) runs `calibrate_command`. What it is not: the toy world itself
+(toyworld/toy.py, reading.py, toy_model.py, calibration.py). toyworld/ never imports the concept
+files at the top level, so the rollout that plays the workflows (`play`: eval.play_every_problem)
+and the engine that samples the toy model (eval.toy_engine) come from the caller.
 
     # the toy model of --seed, once into the cache (copied or built)
     python train.py --model toy --workflow voting
@@ -44,6 +44,20 @@ def build_before_load(model: str, seed: int, play: Callable) -> None:
         print(calibration.calibration_warning(seed) or f"toy model of seed {seed}: calibrated",
               flush=True)
     barrier()
+
+
+def role_problem(workflow: str, roles: list[str]) -> str | None:
+    """`--model toy` with a role type the toy world does not know (a fork's new role): one line that
+    says what to do, or None. Its model was warmed up on the six role types, and validation reads
+    each role's format (reading.OWN_FORMAT), so a new role would stop the run there."""
+    unknown = [r for r in roles if r not in reading.OWN_FORMAT]
+    if not unknown:
+        return None
+    return (f"--model toy: --workflow {workflow} has the role {', '.join(unknown)}, which the toy "
+            f"world does not know (it knows {', '.join(reading.OWN_FORMAT)}); run the workflow "
+            f"on another --model (smollm2), or teach the toy world the role (its formats in "
+            f"toyworld/reading.py's FORMATS and OWN_FORMAT, its oracle in toyworld/toy.py, "
+            f"toy.VERSION bumped) and build its model again (18-33 minutes a seed)")
 
 
 def model_folder(seed: int) -> str:
