@@ -50,19 +50,21 @@ def eye_pairs(quantity: str) -> list[float]:
 def quick_lines(name: str = "voting-ip", threshold: float = 0.05) -> list[str]:
     """What a quick look can and cannot tell, from the committed study's runs."""
     lines = []
+    seeds = ", ".join(map(str, EYE_SEEDS))
     for quantity in (QUANTITY, "decline"):
         found = eye_pairs(quantity)
         big = sum(d >= threshold for d in found)
-        lines.append(f"- Read by eye, the old loop (seeds {', '.join(map(str, EYE_SEEDS))}, one run "
-                     f"each) fools its reader: two arms of one configuration on other run seeds "
-                     f"differ by {threshold:g} or more in {WORDS[quantity]} in {big} of {len(found)} "
-                     f"pairs ({big / len(found):.0%}), with nothing changed.")
+        lines.append(f"- Read by eye, the old loop (seeds {seeds}, one run each) fools its "
+                     f"reader: two arms of one configuration on other run seeds differ by "
+                     f"{threshold:g} or more in {WORDS[quantity]} in {big} of {len(found)} pairs "
+                     f"({big / len(found):.0%}), with nothing changed.")
     model = aa_model(committed_arm(name, committed_seeds()))
     for runs in (1, 3, 9):
         found = detection.smallest_in(detection.seed_noise(model, 5, runs))
-        lines.append(f"- At {name}'s committed spread, five seeds of {runs} run{'s' * (runs > 1)} a "
-                     f"seed detect a true difference of {found:.3f} in {QUANTITY} accuracy 80% of "
-                     "the time" + (" (`--quick`: a first look)." if runs == 1 else "."))
+        quick = " (`--quick`: a first look)" if runs == 1 else ""
+        lines.append(f"- At {name}'s committed spread, five seeds of {runs} run(s) a seed detect "
+                     f"a true difference of {found:.3f} in {QUANTITY} accuracy 80% of the time"
+                     f"{quick}.")
     return lines
 
 
