@@ -199,3 +199,42 @@ def test_a_tiny_ablation_runs_judges_and_keeps_its_declaration(ablate, tmp_path,
     with pytest.raises(SystemExit) as e:
         ablate.main([*words[:6], "0.1", *words[7:]])
     assert e.value.code == 2 and "declared on" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- docs/ablations.md, from what is committed
+
+JUDGED = ("aa", "clip1", "majority", "near-miss")  # the A/A check and the page's three recipes
+
+
+def test_the_ablations_page_shows_what_is_committed():
+    """Every block of docs/ablations.md between its markers is toyworld/ablation_page.py's: what the old loop and
+    a quick look tell (from the committed study's runs) and each judged ablation's lines (docs/ablations/)."""
+    from toyworld import ablation_page
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "ablations.md")) as f:
+        page = f.read()
+    blocks = ablation_page.blocks()
+    assert set(blocks) == {"quick", *JUDGED}
+    for name, block in blocks.items():
+        assert f"<!-- ablation:{name} -->\n{block}\n<!-- /ablation -->" in page, name
+
+
+@pytest.mark.parametrize("name", JUDGED)
+def test_a_judged_ablation_is_its_committed_curves_judged_again(name):
+    """Its lines are infra/paired.py's on the curves it committed, and its figure is beside it."""
+    from toyworld import ablation_page
+    record = ablation_page.judged(name)
+    arms = {side: {int(s): runs for s, runs in curves.items()} for side, curves in record["curves"].items()}
+    result = paired.compare_arms(arms["change"], arms["baseline"], record["declared"]["threshold"])
+    lines = paired.describe(result, ("change", "baseline"))
+    assert [line for line in record["lines"] if not line.startswith("quick:")] == lines
+    assert os.path.getsize(os.path.join(ablation_page.JUDGED, f"{name}.png")) > 0
+
+
+def test_the_aa_check_covers_zero_and_shows_nothing():
+    """Two arms of Voting IP with nothing changed, on other run seeds: each quantity's interval covers zero and no
+    verdict is shown."""
+    from toyworld import ablation_page
+    result = ablation_page.judged("aa")["result"]
+    for quantity in paired.QUANTITIES:
+        low, high = result[quantity]["ci"]
+        assert low < 0 < high and result[quantity]["verdict"] == "not shown", quantity
