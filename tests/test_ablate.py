@@ -6,6 +6,7 @@ cases worked by hand, and toyworld/ablate.py's one-line refusals, its size and a
 """
 import json
 import math
+import os
 
 import numpy as np
 import pytest
