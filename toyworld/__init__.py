@@ -15,14 +15,18 @@ commands) and on infra/; neither imports it but through its one hook, toy_hooks.
                     its runs' names and the commits that ran them
     fold.py         the study's results from its run folders, nothing run: the compact results,
                     study.json, figures, pages
-    findings.py     the study's statistics: window means, paired differences, t-intervals, each
-                    verdict, a decline as the mean of a seed's runs
+    findings.py     the study's numbers from its results, judged by infra/paired.py's rules: a
+                    seed's value the mean of its runs
     tables.py       the findings page's tables, written from the judged comparisons
     verdicts.py     the verdict table a reader sees first (the predeclared comparisons), and the
                     dated table of what was decided after the data
-    power.py        what the seeds and runs can tell: false-pass rates, the smallest true
-                    difference detected, the seeds or runs a verdict would need
+    power.py        what the seeds and runs can tell, comparison by comparison
+                    (infra/detection.py's simulations)
     reproduce.py    a committed run trained again and compared with its record
+    ablate.py       a fork's ablation judged as the study judges: two arms of runs paired by
+                    seed, the interval, what the size detects, a verdict at a stated threshold
+    ablation_size.py  an ablation's size and its committed baseline (reused where reproduced)
+    ablation_page.py  docs/ablations.md's numbers, from what is committed
     figures.py      the findings' figures, from the study's results
     results.py      the compact results, a JSON Lines file per study and replication,
                     and their one loader

@@ -57,7 +57,8 @@ def quick_lines(name: str = "voting-ip", threshold: float = 0.05) -> list[str]:
                       f"({big / len(found):.0%})")
     seeds = ", ".join(map(str, EYE_SEEDS))
     model = aa_model(committed_arm(name, committed_seeds()))
-    found = {runs: detection.smallest_in(detection.seed_noise(model, 5, runs)) for runs in (1, 3, 9)}
+    found = {runs: detection.smallest_in(detection.seed_noise(model, 5, runs))
+             for runs in (1, 3, 9)}
     return [f"- Two arms of one configuration, one run each on seeds {seeds} and no run shared, "
             f"differ by {threshold:g} or more {counts[0]} and {counts[1]}, with nothing changed "
             f"(each pair of runs of the {len(declared.DECLINE_NAMES)} configurations the study ran "
