@@ -239,3 +239,19 @@ def test_the_aa_check_covers_zero_and_shows_nothing():
     for quantity in paired.QUANTITIES:
         low, high = result[quantity]["ci"]
         assert low < 0 < high and result[quantity]["verdict"] == "not shown", quantity
+
+
+def test_another_checkouts_script_runs_there_in_a_new_interpreter(tmp_path):
+    """An ablation's --baseline-checkout: jobs.run_script runs a script of another checkout (a folder with its own
+    .git) from that folder, by a new interpreter, so that its imports are its own, not this checkout's."""
+    import sys
+
+    from toyworld import jobs
+    checkout = tmp_path / "checkout"
+    (checkout / ".git").mkdir(parents=True)
+    (checkout / "tasks.py").write_text("WHERE = 'the other checkout'\n")
+    (checkout / "probe.py").write_text("import json, os, sys, tasks\n"
+                                       "print(json.dumps([os.getcwd(), sys.argv[1:], tasks.WHERE]))\n")
+    log = tmp_path / "probe.log"
+    jobs.run_all([[([sys.executable, str(checkout / "probe.py"), "a"], str(log))]], False, 1)
+    assert json.loads(log.read_text()) == [str(checkout), ["a"], "the other checkout"]

@@ -234,8 +234,8 @@ def start(context, chain: list[tuple[list[str], str]], env: dict) -> tuple:
 
 
 def run_script(command: list[str], log: str, env: dict) -> None:
-    """`python SCRIPT ARGS...` as a new interpreter would run it, from the repository (or, for a
-    script of another checkout, by a new interpreter there: toyworld/ablate.py), its output
+    """`python SCRIPT ARGS...` as a new interpreter would run it, from the repository (a script of
+    another checkout, a folder with its own .git, by a new interpreter there), its output
     appended to its log, in a session of its own (so that a stop reaches it once, from run_all, not
     also from the terminal), with the threads OMP_NUM_THREADS says (the server imported torch before
     a command could say it)."""
@@ -247,10 +247,12 @@ def run_script(command: list[str], log: str, env: dict) -> None:
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     output = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(output, 1), os.dup2(output, 2)
-    script = os.path.join(ROOT, command[1])
-    if os.path.dirname(script) != ROOT:  # another checkout's script: its own modules, a new
-        os.chdir(os.path.dirname(script))  # interpreter (this server's child has imported ours)
-        os.execv(sys.executable, [sys.executable, script, *command[2:]])
+    folder = os.path.dirname(os.path.join(ROOT, command[1]))
+    if folder != ROOT and os.path.exists(os.path.join(folder, ".git")):
+        # another checkout's script (toyworld/ablate.py's --baseline-checkout): its own modules,
+        # so a new interpreter there (this server's child has imported ours)
+        os.chdir(folder)
+        os.execv(sys.executable, [sys.executable, *command[1:]])
     os.chdir(ROOT)
     sys.argv = command[1:]
     sys.path.insert(0, ROOT)  # as `python SCRIPT` puts the script's folder first
