@@ -212,7 +212,8 @@ def margins(noise: np.ndarray) -> np.ndarray:
 
 
 def share_below(sorted_margins: np.ndarray, difference: float) -> float:
-    """`detect_share` from `margins`: how often the interval excludes zero at a true `difference`."""
+    """`detect_share` from `margins`: how often the interval excludes zero at a true
+    `difference`."""
     return float(np.searchsorted(sorted_margins, abs(difference), side="left")
                  / len(sorted_margins))
 

@@ -1,6 +1,6 @@
-"""The toy-world study's tables: the markdown that docs/findings.md, its history page, docs/toy_world.md
-and the README show, written from the judged comparisons (toyworld/findings.py) and the committed
-records, between the pages' markers.
+"""The toy-world study's tables: the markdown that docs/findings.md, its history page,
+docs/toy_world.md and the README show, written from the judged comparisons (toyworld/findings.py)
+and the committed records, between the pages' markers.
 
 What it is for: every table a reader of the findings sees (each finding's, the replication's, the
 runs', the power of the declines, the sweep's, the calibration's) from study.json's content, so a
@@ -218,7 +218,8 @@ def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = N
         c = declared[(r["finding"], r["label"])]
         each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
         label, n = r["label"].replace("|", "\\|"), len(each)
-        lines.append(f"| {label} | {', '.join(each)} | {sum(v == r['study'] for v in each)} of {n} |")
+        agree = sum(v == r["study"] for v in each)
+        lines.append(f"| {label} | {', '.join(each)} | {agree} of {n} |")
     return "\n".join(lines)
 
 
