@@ -17,10 +17,11 @@ The figures: `false_pass`, how often a rule says "shown" where the claim is just
 difference for `greater`, B ahead by the whole margin for `matches`, from where every `matches`
 figure is measured); `smallest_detected`, the smallest true difference (from `null`) whose
 t-interval lies on its side of `null` 80% of the time; `seeds_needed` and `runs_needed`, the seeds
-or runs a seed that would detect a difference 80% of the time. Each is drawn from STUDY_SIMULATIONS
-studies, enough that the pages' digits (differences to 2 decimals, rates to whole percents) are the
-same from any SIMULATION_SEED (tests/test_docs.py draws a second). What it is not: the verdicts
-(infra/paired.py), or a test of significance of any one comparison.
+or runs a seed that would detect a difference 80% of the time. At a normal spread the detection is
+exact (Student's noncentral t: detection.normal_detect_rate); a rule's passing and every figure with
+collapses are drawn from STUDY_SIMULATIONS studies, enough that the pages' digits (differences to 2
+decimals, rates to whole percents) are the same from another SIMULATION_SEED (tests/test_docs.py
+draws a second). What it is not: the verdicts (infra/paired.py), or a test of significance.
 
     python -m toyworld.power docs/findings/results   # each comparison's numbers, from study.json
 """
