@@ -1,4 +1,4 @@
-"""Where a toy model's careful habits go wrong, step by step (docs/findings.md, the v6 calibration).
+"""Where a toy model's careful habits go wrong, step by step (docs/findings/history.md, the calibration of v7-v9).
 
 Plays Eval-Opt (2 episodes a problem), Voting and Orch-Workers (1 each) on all 243 problems with the seed's base
 toy model at the calibration's sampling settings, and counts, for the careful outputs: the evaluator's check line

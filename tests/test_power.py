@@ -1,14 +1,19 @@
-"""What the study's seeds and runs can tell (toyworld/power.py): each rule's false-pass rate, the t-interval's
-detection rate, the smallest true difference detected, and the seeds and runs a verdict would need, against cases
-worked by hand. The rates are simulated (toyworld.detection.SIMULATIONS = 40,000 draws, seeded): a rate near p has a
-standard error of sqrt(p (1 - p) / 40,000) <= 0.0025, so a tolerance of 0.01 is four of them."""
+"""What the study's seeds and runs can tell (infra/detection.py, toyworld/power.py): each rule's false-pass rate, the
+t-interval's detection rate, the smallest true difference detected, and the seeds and runs a verdict would need, against
+cases worked by hand; the exact normal rate against the simulated one; the declines' collapse model read from the
+committed runs, and the next study's runs a seed from it. detection's rates are simulated (SIMULATIONS = 40,000 draws,
+seeded): a rate near p has a standard error of sqrt(p (1 - p) / 40,000) <= 0.0025, so a tolerance of 0.01 is four of
+them."""
 import math
+import os
 
 import numpy as np
 import pytest
 
 from infra import detection, paired
 from toyworld import declared, power
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def phi(x: float) -> float:
@@ -118,3 +123,71 @@ def test_the_runs_cell_says_why_no_number_of_runs_detects_the_threshold():
     tight = {**base, "run_sd": 0.045}
     assert tables.runs_needed_cell(tight, power.comparison_power({**tight, "se": 0.02 / 5 ** 0.5, "runs": 3}),
                                    detection.between_seeds(0.02, 0.045, 3)) == "3"
+
+
+def test_the_exact_normal_rate_is_the_simulated_one_and_the_noncentral_t_by_hand():
+    """normal_detect_rate integrates Student's noncentral t: with nothing there the interval's low end is above zero
+    2.5% of the time at any number of seeds (to the rounding of T975's three decimals); elsewhere it agrees with
+    detection.detect_rate's 40,000 draws to their noise (0.01: four standard errors); 5 seeds detect a true
+    difference of 1.68 spreads 80% of the time (test_the_smallest_difference_five_seeds_detect_...)."""
+    for n in (2, 5, 10):
+        assert detection.normal_detect_rate(0.0, n) == pytest.approx(0.025, abs=2e-4)
+    for x in (0.5, 1.0, 2.0):
+        assert detection.normal_detect_rate(x, 5) == pytest.approx(detection.detect_rate(1.0, x), abs=0.01)
+    assert detection.normal_smallest(5) == pytest.approx(1.68, abs=0.005)
+    assert detection.normal_detect_rate(detection.normal_smallest(5), 5) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_every_rate_read_off_the_sorted_margins_is_the_searched_one():
+    """margins sorts each simulated study's smallest detected difference once: share_below is detect_share and
+    smallest_of is smallest_in (a bisection on the same draws), on draws with collapses."""
+    noise = detection.seed_noise(detection.RunModel(0.01, 0.06, 0.05, (0.4, 0.7)), 5, 6, 3, 4000)
+    margins = detection.margins(noise)
+    for d in (0.0, 0.02, 0.05, -0.05, 0.1):
+        assert detection.share_below(margins, d) == detection.detect_share(noise, d)
+    assert detection.smallest_of(margins) == pytest.approx(detection.smallest_in(noise), abs=1e-9)
+
+
+def test_without_collapses_the_collapse_aware_figures_are_the_normal_ones():
+    """A RunModel that never collapses, with no spread between seeds and runs of SD 0.06, is a normal spread of
+    0.06 / sqrt 6 = 0.0245 a seed at 6 runs: its smallest difference detected is 1.68 times that, 0.041, within the
+    simulation's noise (500,000 studies: well under 0.001), and its rule passes with nothing there as the normal
+    spread's does."""
+    c = {"se": 0.0245 / math.sqrt(5), "n": 5, "mean": 0.04, "rule": "greater", "threshold": 0.05, "runs": 6,
+         "run_sd": 0.06}
+    found = power.comparison_power(c, detection.RunModel(0.0, 0.06))
+    assert found["collapses"]["smallest_detected"] == pytest.approx(found["smallest_detected"], abs=0.001)
+    assert found["smallest_detected"] == pytest.approx(1.68 * 0.0245, abs=0.0005)
+    assert found["collapses"]["false_pass"] == pytest.approx(found["false_pass"], abs=0.002)
+
+
+def test_the_declines_collapse_model_is_read_from_the_committed_runs():
+    """power.decline_models pools the collapses of the six decline configurations over the study's and the held-out
+    seeds: 6 of 252 runs (voting-sp 3, voting-ip-i6 1, voting-ip 2), each a jump up in its run's decline, and gives
+    every decline comparison the pooled rate and jumps with its own spreads (paired.run_model of its runs)."""
+    import json
+    results = os.path.join(ROOT, "docs", "findings", "results")
+    study = json.load(open(os.path.join(results, "study.json")))
+    declines = power.decline_models(results, study)
+    assert (declines["collapsed"], declines["runs"], len(declines["jumps"])) == (6, 252, 6)
+    assert declines["rate"] == pytest.approx(6 / 252) and min(declines["jumps"]) > 0.3
+    assert sorted(declines["models"]) == sorted(c["label"] for f in declared.FINDINGS for c in f["comparisons"]
+                                                if c["a"][1] == "decline")
+    assert all(m.rate == declines["rate"] and m.jumps == tuple(declines["jumps"])
+               for m in declines["models"].values())
+
+
+def test_the_next_studys_decline_runs_follow_the_collapse_aware_model():
+    """declared.NEXT_DECLINE_RUNS is power.next_decline_runs on the committed runs: at five seeds, some decline
+    comparison falls short of detecting 0.05 80% of the time even at detection.MOST_RUNS (20) runs a seed, so None;
+    IP - SP, the widest, detects it well under 80% at 20 runs (about 65%), whatever the simulation seed."""
+    import json
+    results = os.path.join(ROOT, "docs", "findings", "results")
+    study = json.load(open(os.path.join(results, "study.json")))
+    models = power.decline_models(results, study)["models"]
+    assert power.next_decline_runs(models) == declared.NEXT_DECLINE_RUNS is None
+    widest = models["decline (peak - end): IP - SP"]
+    for seed in (0, 1):
+        rate = detection.share_below(power.with_collapses(widest, 5, detection.MOST_RUNS, seed, "greater", 0.05)[0],
+                                     0.05)
+        assert 0.6 < rate < 0.7

@@ -251,7 +251,8 @@ def test_a_finding_is_judged_from_run_folders_and_its_table_written(tmp_path):
     assert tables.fill_tables(str(page), {"finding-4": tables.finding_table(result), "other": "x"}) == ["other"]
     text = page.read_text()
     assert text.startswith("Prose.\n") and text.endswith("More prose.\n") and "old" not in text
-    assert "| decline: IP - SP | greater 0.05 | 0.30 / 0.01 |" in text and "**Verdict: shown.**" in text
+    assert "| decline: IP - SP | 0.30 / 0.01 |" in text
+    assert "**Verdict: shown.** Its comparisons: 1 shown." in text
 
 
 def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_verdict(tmp_path):
@@ -267,8 +268,9 @@ def test_a_comparison_beside_the_main_ones_is_reported_and_takes_no_part_in_the_
     result = findings.judge_finding(str(tmp_path), list(range(5)), finding)
     assert result["verdict"] == "shown" and [c["verdict"] for c in result["beside"]] == ["the opposite"]
     table = tables.finding_table(result)
-    assert "| decline: IP - SP | greater 0.05 |" in table
-    assert "| beside, not in the verdict: decline: SP - IP | greater 0.05 |" in table and "the opposite |" in table
+    assert "| decline: IP - SP | 0.30 / 0.00 |" in table
+    assert "| beside: decline: SP - IP | 0.00 / 0.30 |" in table and "| the opposite |" in table
+    assert "Its comparisons: 1 shown." in table  # the verdict line counts the main comparison alone
 
 
 def test_the_studys_swapped_pairs_are_eval_pys():
@@ -279,12 +281,14 @@ def test_the_studys_swapped_pairs_are_eval_pys():
         {f"{w}-ip": eval.swap_pair({"workflow": w, "policy": "ip"}, None) for w in ("voting", "evalopt", "orchworkers")}
 
 
-def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path):
-    """write_tables fills every marker from study.json's content: the sweep unsigned, one summary row a finding
-    linking to its section, and the finding's table."""
+def test_the_study_writes_the_sweep_and_each_findings_table_on_the_page_that_has_its_markers(tmp_path):
+    """write_tables fills every marker from study.json's content, on the findings page or its companion pages
+    (tables.COMPANIONS): the sweep unsigned, on its history page, and the finding's table with its verdict line,
+    which counts the comparisons' verdicts (a `greater` the opposite by the rule only: its interval crosses zero)."""
     page = tmp_path / "findings.md"
-    page.write_text("".join(f"<!-- table:{n} -->\nold\n<!-- /table:{n} -->\n" for n in ("sweep", "summary"))
-                    + "<!-- table:finding-I1/I6 -->\n<!-- /table:finding-I1/I6 -->\n")  # not written yet: empty
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "findings" / "history.md").write_text("<!-- table:sweep -->\nold\n<!-- /table:sweep -->\n")
+    page.write_text("<!-- table:finding-I1/I6 -->\n<!-- /table:finding-I1/I6 -->\n")  # not written yet: empty
     sweep = {"rule": "r", "choice": "1e-3", "rates": {"1e-3": {"base": [0.5, 0.4], "peak": [0.9, 0.8],
                                                               "end": [0.85, 0.7], "holds": 1}}}
     compared = [dict(declared.c(label, ("x", "end", "y")), **paired.summarise(diffs), a=diffs, b=[0.0, 0.0],
@@ -293,12 +297,12 @@ def test_the_study_writes_the_sweep_the_summary_and_each_findings_table(tmp_path
     judged = {"id": "I1/I6", "claim": "anchors help", "verdict": "not shown", "preconditions": [],
               "comparisons": compared}
     tables.write_tables(str(page), {"seeds": [0, 1], "sweep": sweep, "findings": [judged]})
-    text = page.read_text()
-    assert "\nold\n" not in text and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in text
-    assert "| [I1/I6](#i1-and-i6) | anchors help | 1 / 0 / 1 | **not shown** |" in text
-    assert "| I6 | greater 0.05 | -0.10 / 0.00 | -0.10 -0.10 | -0.100 | 0.000 |" in text
-    assert "| P(a \\| b) | greater 0.05 |" in text  # a pipe in a label is escaped, not a new cell
-    assert "**Verdict: not shown.**\n<!-- /table:finding-I1/I6 -->" in text
+    text, history = page.read_text(), (tmp_path / "findings" / "history.md").read_text()
+    assert "\nold\n" not in history and "| 1e-3 | 0.50 0.40 | 0.90 0.80 | 0.85 0.70 | 1 of 2 |" in history
+    assert "| I6 | -0.10 / 0.00 | -0.10 -0.10 | -0.100 [-0.10, -0.10] | the opposite |" in text
+    assert "| P(a \\| b) | 0.10 / 0.00 |" in text  # a pipe in a label is escaped, not a new cell
+    assert ("**Verdict: not shown.** Its comparisons: 1 shown, 1 the opposite.\n<!-- /table:finding-I1/I6 -->"
+            in text)
 
 
 def test_the_calibration_table_names_each_seeds_misses_its_gap_and_where_it_was_built(tmp_path):
@@ -452,7 +456,7 @@ def test_a_near_rows_table_gives_a_alone(tmp_path):
     finding = {"id": "3", "claim": "shares", "comparisons": [
         declared.c("share", ("voting-sp", "train", "generator/loss_share"), rule="near", target=0.75)]}
     table = tables.finding_table(findings.judge_finding(str(tmp_path), [0, 1], finding))
-    assert "| share | near 0.05 of 0.75 | 0.75 | +0.75 +0.75 | +0.750 | 0.000 |" in table
+    assert "| share | 0.75 | +0.75 +0.75 | +0.750 [+0.75, +0.75] | shown |" in table
 
 
 def test_the_compact_results_keep_the_curves_the_page_reads_and_draw_the_same_tables(tmp_path):
@@ -508,8 +512,9 @@ def test_a_replication_seed_repeats_a_comparison_when_its_sign_and_threshold_hol
     assert (row["runs"], row["run_sd"]) == (2, pytest.approx(math.sqrt(2 * 0.01 ** 2)))  # exact to rounding
     table = tables.replication_table({"seeds": [5, 6, 7], "set_aside": [{"seed": 8}], "rows": [row]}, [judged])
     # each seed by the rule alone (greater 0.05): +0.31 shown, +0.03 not shown, -0.09 the opposite; 1 agrees
-    assert ("| 4 | end: IP - SP | greater 0.05 | +0.200, shown | +0.31 +0.03 -0.09 | 2: 0.014 / 0.205 | shown, "
-            "not shown, the opposite | 1 of 3 | 1 of 3 |") in table
+    assert table.startswith("Seeds 5, 6, 7 (set aside: 8).")
+    assert "| end: IP - SP | shown, not shown, the opposite | 1 of 3 |" in table
+    assert tables.runs_cell(row) == "2: 0.014 / 0.205"
 
 
 def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims_direction(tmp_path):
@@ -524,8 +529,10 @@ def test_a_replication_seed_agrees_with_the_studys_verdict_apart_from_the_claims
     judged["comparisons"][0].update(mean=-0.06, verdict="the opposite")
     rows = findings.replication(str(tmp_path), [6, 10, 11], [judged], [spec])
     table = tables.replication_table({"seeds": [6, 10, 11], "set_aside": [], "rows": rows}, [judged])
-    # one run a seed: no run SD; the seeds' SD of +0.09, -0.06, +0.00003 is 0.075
-    assert "| +0.09 -0.06 0.00 | 1: n/a / 0.075 | shown, the opposite, not shown | 1 of 3 | 1 of 3 |" in table
+    # one run a seed: no run SD; the seeds' SD of +0.09, -0.06, +0.00003 is 0.075; the tie is printed 0.00
+    assert "| end: I6 | shown, the opposite, not shown | 1 of 3 |" in table
+    assert tables.runs_cell(rows[0]) == "1: n/a / 0.075"
+    assert " ".join(map(tables.fmt_seed, rows[0]["per_seed"])) == "+0.09 -0.06 0.00"
     assert rows[0]["run_sd"] is None  # null in study.json, not NaN
 
 
@@ -577,13 +584,12 @@ def test_the_verdict_table_says_a_rules_verdict_and_the_seeds_when_they_disagree
         verdicts.CLAIMS, verdicts.POST_HOC = original
     assert "| the paper's claim | comparison (A - B), rule | verdict, seeds 0, 1, 2, 3, 5 |" in table
     # the mean -0.076 and its t-interval, half-width 2.776 x 0.0330 (the SE) = 0.091: [-0.17, +0.02]
-    # its runs: one a seed here (no run SD), the seeds' SD 0.074 (0.0330 x sqrt 5); with nothing there the rule
-    # passes 5.5% of the time at that spread, and a true difference of 0.124 (1.68 x 0.074) is detected 80% of the
-    # time (toyworld/power.py's simulation: tests/test_power.py holds it by hand)
+    # the seeds' SD is 0.074 (0.0330 x sqrt 5); with nothing there the rule passes about 5.5% of the time at that
+    # spread (simulated: printed to the whole percent), and a true difference of 0.124 (1.68 x 0.074) is detected
+    # 80% of the time (toyworld/power.py; tests/test_power.py holds both by hand)
     assert ("| Only Eval-Opt under IP beats SA-RL ([finding 1: not testable here](#finding-1)) | Eval-Opt: trained "
-            "IP - SA-RL (greater 0.05) | **not shown** | -0.076 [-0.17, +0.02] | 1: n/a / 0.074 | 5.5% | 0.124 | "
-            "-0.08 -0.24 |") in table
-    assert ("| 2026-12-04 (after the study and the replication) | [Eval-Opt IP does not beat SA-RL (the "
+            "IP - SA-RL (greater 0.05) | **not shown** | -0.076 [-0.17, +0.02] | 5% | 0.12 | -0.08 -0.24 |") in table
+    assert ("| 2026-12-04 (after the replication) | [Eval-Opt IP does not beat SA-RL (the "
             "contradiction of finding 1's exception)](#finding-1) | Eval-Opt: trained IP - SA-RL (contradicts 0.05) "
             "| the opposite by the rule only (2 of 5 tie at 0) | -0.076 [-0.17, +0.02] | -0.08 -0.24, agree 2 of 2 |"
             ) in table

@@ -38,6 +38,15 @@ DECLINE_POWER_INPUTS = {"IP - SP": (0.138, 0.152), "IP - merged": (0.016, 0.059)
 DECLINE_NAMES = ("voting-ip", "voting-sp", "voting-ip-merged", "voting-ip-third-lr",
                  "voting-ip-i1", "voting-ip-i6")
 DECLINE_RUNS = 6
+# Six runs a seed detect a decline difference of 0.05 well under 80% of the time once the runs
+# that collapse are drawn too (docs/findings.md, "What five seeds can tell"). So the next study's
+# runs a seed for the declines follow the collapse-aware model (toyworld/power.py's
+# next_decline_runs, which tests/test_power.py holds to this value): the fewest runs a seed, at most
+# 20, at which five seeds detect a true difference of the rules' 0.05 80% of the time in every
+# decline comparison, each arm's run collapsing at the rate, and by the jumps, pooled over the
+# decline configurations' runs of the study and the replication (6 of 252, 2.4%). None: no number
+# up to 20 does, so the next study's declines need more seeds, not more runs.
+NEXT_DECLINE_RUNS = None
 # A run collapses when its validation end (a window mean) falls below half of its peak: COLLAPSE,
 # infra/paired.py. Written on 2026-12-06 after the data (a Voting-SP run of seed 0 on run seed 5000,
 # outside every committed result, ended at 0.00 from a peak near 0.9), before the study's third

@@ -96,29 +96,60 @@ def run_value(out: str, seed: int, spec: tuple, run: str = "") -> float:
     return curve_values(values)[quantity]
 
 
+def fallen(out: str, name: str, seed: int) -> set[str]:
+    """The runs of `name` on `seed` (`runs_of`: "" the study's own, "-runR") whose validation curve
+    collapses (infra/paired.py's `collapsed`: its end below half its peak)."""
+    return {run for run in runs_of(out, name, seed)
+            if collapsed([m["val/success"] for m in records(out, f"{name}-s{seed}{run}",
+                                                            "metrics.jsonl")
+                          if m.get("val/success") is not None])}
+
+
 def collapses(out: str, names: list[str], seeds: list[int]) -> dict[str, tuple[int, list[str]]]:
-    """Per configuration, (its runs on `seeds`, the names of those that collapse: `collapsed`)."""
-    found = {}
+    """Per configuration, (its runs on `seeds`, the names of those that collapse: `fallen`)."""
+    return {name: (sum(len(runs_of(out, name, seed)) for seed in seeds),
+                   [f"{name}-s{seed}{run}" for seed in seeds
+                    for run in runs_of(out, name, seed) if run in fallen(out, name, seed)])
+            for name in names}
+
+
+def collapse_jumps(out: str, names: list[str], seeds: list[int],
+                   quantity: tuple[str, str] = ("decline", "success")) -> dict:
+    """Pooled over the configurations `names` on `seeds`: their runs, how many collapse (`fallen`),
+    and what each that collapses did to `quantity` (its value less the mean of its configuration's
+    uncollapsed runs on its seed, as infra/paired.py's `run_model` reads a jump)."""
+    runs, collapsed_runs, jumps = 0, 0, []
     for name in names:
-        runs = [f"{name}-s{seed}{run}" for seed in seeds for run in runs_of(out, name, seed)]
-        curves = {run: [m["val/success"] for m in records(out, run, "metrics.jsonl")
-                        if m.get("val/success") is not None] for run in runs}
-        found[name] = (len(runs), [run for run, curve in curves.items() if collapsed(curve)])
-    return found
+        for seed in seeds:
+            values, fell = run_values(out, seed, (name, *quantity)), fallen(out, name, seed)
+            kept = [x for run, x in values.items() if run not in fell]
+            runs, collapsed_runs = runs + len(values), collapsed_runs + len(fell)
+            jumps += [values[run] - mean_of(kept) for run in sorted(fell) if kept]
+    return {"runs": runs, "collapsed": collapsed_runs, "jumps": jumps}
 
 
-def compare(out: str, seeds: list[int], comparison: dict) -> dict:
+def compare(out: str, seeds: list[int], comparison: dict, without_collapses: bool = False) -> dict:
     """A comparison's per-seed differences (A - B, or A alone for `near`): each seed's runs read
-    once, a seed's value on each side the mean of its runs; their summary, the verdict, and the
-    runs' spread (`run_spread`)."""
-    a_runs = [run_values(out, seed, comparison["a"]) for seed in seeds]
-    b_runs = ([run_values(out, seed, comparison["b"]) for seed in seeds] if "b" in comparison
-              else [{"": 0.0}] * len(seeds))
+    once, a seed's value on each side the mean of its runs (`without_collapses`: of those that do
+    not collapse, `fallen`); their summary, the verdict, and the runs' spread (`run_spread`)."""
+    a_runs, b_runs = (sides_runs(out, seeds, comparison[side], without_collapses)
+                      if side in comparison else [{"": 0.0}] * len(seeds) for side in ("a", "b"))
     a, b = [mean_of(list(r.values())) for r in a_runs], [mean_of(list(r.values())) for r in b_runs]
     s = summarise([x - y for x, y in zip(a, b)])
     s.update(a=a, b=b, verdict=verdict(comparison["rule"], comparison["threshold"], s,
                                        comparison.get("target")), **run_spread(a_runs, b_runs))
     return s
+
+
+def sides_runs(out: str, seeds: list[int], spec: tuple,
+               without_collapses: bool = False) -> list[dict[str, float]]:
+    """Per seed, one side's values by run (`run_values`), its runs that collapse left out when
+    `without_collapses`."""
+    found = [run_values(out, seed, spec) for seed in seeds]
+    if without_collapses:
+        found = [{run: x for run, x in values.items() if run not in fallen(out, spec[0], seed)}
+                 for seed, values in zip(seeds, found)]
+    return found
 
 
 def judge_finding(out: str, seeds: list[int], finding: dict) -> dict:

@@ -8,8 +8,8 @@ the rate and steps from the results' study.json), which runs here as the study r
 thread, into OUT/RUN. Then each validation and training value the results keep (findings.RESULTS,
 4 decimals) is compared step by step, and the first that differs is printed. A toy run is
 bit-for-bit only with the same kernels: an AVX512 CPU and one thread, as the study's
-(docs/findings.md, "How it was run"). What it is not: the run's evaluations, which are not run
-again.
+(docs/findings/history.md, "Reproducing a run"). What it is not: the run's evaluations, which are
+not run again.
 
     python -m toyworld.reproduce voting-ip-s0                       # about 100 s on one thread
     python -m toyworld.reproduce evalopt-sp-s3-run1003 --steps 20   # its first 20 steps

@@ -1,11 +1,12 @@
-"""The toy-world study's tables: the markdown that docs/findings.md and the README show, written
-from the judged comparisons (toyworld/findings.py) and the committed records, between the pages'
-markers.
+"""The toy-world study's tables: the markdown that docs/findings.md, its history page,
+docs/toy_world.md and the README show, written from the judged comparisons (toyworld/findings.py)
+and the committed records, between the pages' markers.
 
 What it is for: every table a reader of the findings sees (each finding's, the replication's, the
-sweep's, the calibration's) from study.json's content, so a test can write them again and compare
-them byte for byte. What it is not: the statistics or the rules (toyworld/findings.py), or the
-verdict table (toyworld/verdicts.py).
+runs', the power of the declines, the sweep's, the calibration's) from study.json's content, so a
+test can write them again and compare them byte for byte; a table goes to whichever of the pages
+has its markers (`fill_pages`). What it is not: the statistics or the rules (toyworld/findings.py),
+the power figures (toyworld/power.py), or the verdict table (toyworld/verdicts.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import re
 
 from infra import detection
 from infra.paired import TIE, excludes_zero, mean_of, seed_verdict
-from toyworld import power
+from toyworld import declared, power
 
 
 def fmt_seed(x: float) -> str:
@@ -31,32 +32,42 @@ def fmt(x: float, digits: int = 3, signed: bool = True) -> str:
 
 
 def finding_table(result: dict) -> str:
-    """The markdown table of one finding: each comparison with its rule, the means of A and B over
-    seeds (each seed's the mean of its runs), the per-seed differences, their mean, SE, t-interval
-    (95%), the seeds agreeing in sign, the runs a seed with the run-to-run against the seed-to-seed
-    spread, the smallest true difference the seeds detect 80% of the time (`tell_cell`), and the
-    verdict (`verdict_words`)."""
-    rows = ["| comparison | rule | A / B | per seed | mean | SE | 95% t-interval | seeds + / - "
-            "| runs a seed: run SD / seed SD | detected 80% of the time | verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The markdown table of one finding: each comparison with the means of A and B over seeds
+    (each seed's the mean of its runs), the per-seed differences, their mean with its t-interval
+    (95%) and the verdict (`verdict_words`); then the finding's verdict, with its comparisons'
+    (`verdict_line`). The rules and what the seeds can tell are the verdict table's."""
+    rows = ["| comparison | A / B | per seed | mean [95% t-interval] | verdict |",
+            "|---|---|---|---|---|"]
     for kind, comparisons in (("precondition: ", result["preconditions"]),
                               ("", result["comparisons"]),
-                              ("beside, not in the verdict: ", result.get("beside", []))):
+                              ("beside: ", result.get("beside", []))):
         for c in comparisons:
-            near = c["rule"] == "near"
-            rule = f"{c['rule']} {c['threshold']}" + (f" of {c['target']}" if near else "")
             # near: A alone
             means = [mean_of(c["a"]), *([mean_of(c["b"])] if c["rule"] != "near" else [])]
             a_b = " / ".join(fmt(x, 2, signed=False) for x in means)
-            per_seed, se = " ".join(fmt(x, 2) for x in c["per_seed"]), fmt(c["se"], signed=False)
+            per_seed = " ".join(fmt(x, 2) for x in c["per_seed"])
             # P(retry | first wrong): a pipe would split the cell
             label = c["label"].replace("|", "\\|")
-            rows.append(
-                f"| {kind}{label} | {rule} | {a_b} | {per_seed} | {fmt(c['mean'])} | {se} | "
-                f"[{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}] | {c['positive']} / {c['negative']} "
-                f"| {runs_cell(c)} | {tell_cell(c)} | {verdict_words(c)} |")
-    rows.append(f"\n**Verdict: {result['verdict']}.**")
+            rows.append(f"| {kind}{label} | {a_b} | {per_seed} | {mean_interval(c)} | "
+                        f"{verdict_words(c)} |")
+    rows.append("\n" + verdict_line(result))
     return "\n".join(rows)
+
+
+def mean_interval(c: dict) -> str:
+    """A comparison's mean and its t-interval (95%): `+0.045 [+0.02, +0.07]`."""
+    return f"{fmt(c['mean'])} [{fmt(c['ci'][0], 2)}, {fmt(c['ci'][1], 2)}]"
+
+
+def verdict_line(result: dict) -> str:
+    """A finding's verdict and how its comparisons (and its precondition) came out: "**Verdict:
+    not shown.** Its comparisons: 4 shown, 1 the opposite; its precondition shown."."""
+    counts = [f"{n} {v}" for v in ("shown", "shown by the rule only", "not shown", "the opposite",
+                                   "the opposite by the rule only")
+              if (n := sum(verdict_words(c) == v for c in result["comparisons"]))]
+    pre = "; ".join(f"its precondition {verdict_words(c)}" for c in result["preconditions"])
+    return (f"**Verdict: {result['verdict']}.** Its comparisons: {', '.join(counts)}"
+            + (f"; {pre}" if pre else "") + ".")
 
 
 def verdict_words(c: dict) -> str:
@@ -66,27 +77,33 @@ def verdict_words(c: dict) -> str:
     return c["verdict"] + (" by the rule only" if decided and not excludes_zero(c) else "")
 
 
-def tell_cell(c: dict) -> str:
-    """The smallest true difference the seeds detect 80% of the time at the spread seen (their
-    t-interval then excludes zero; toyworld/power.py; for `matches`, measured from minus its
-    margin), and for a verdict by the rule only the seeds that would decide it 80% of the time were
-    the true difference the mean seen."""
+def tell_cell(c: dict, model=None) -> str:
+    """How far the true difference must be from the rule's reference (zero; for `matches`, minus
+    its margin) for the seeds' t-interval to lie wholly beyond it 80% of the time, at the spread
+    seen (toyworld/power.py) and, for a decline (`model`), with collapses drawn; for a verdict by
+    the rule only, the seeds that would decide it 80% of the time were the true difference the
+    mean seen."""
     if c["rule"] == "near" or c["n"] < 2 or math.isnan(c["se"]):
         return "n/a"
-    found = power.comparison_power(c)
+    found = power.comparison_power(c, model)
     more = ""
+    if "collapses" in found:
+        more = f"; {found['collapses']['smallest_detected']:.2f} with collapses"
     if verdict_words(c).endswith("by the rule only"):
         needed = found["seeds_needed"]
-        more = f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it"
-    return f"{found['smallest_detected']:.3f}{more}"
+        more += f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it"
+    return f"{found['smallest_detected']:.2f}{more}"
 
 
-def pass_cell(c: dict) -> str:
+def pass_cell(c: dict, model=None) -> str:
     """How often the comparison's rule says shown with nothing there, at the spread seen
-    (toyworld/power.py's false-pass rate)."""
+    (toyworld/power.py's false-pass rate) and, for a decline (`model`), with collapses drawn."""
     if c["rule"] not in ("greater", "matches") or c["n"] < 2 or math.isnan(c["se"]):
         return "n/a"
-    return f"{power.comparison_power(c)['false_pass']:.1%}"
+    found = power.comparison_power(c, model)
+    more = (f"; {found['collapses']['false_pass']:.0%} with collapses" if "collapses" in found
+            else "")
+    return f"{found['false_pass']:.0%}{more}"
 
 
 def runs_cell(c: dict) -> str:
@@ -114,6 +131,20 @@ def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
         f.write(text)
     os.replace(path + ".tmp", path)
     return missing
+
+
+# Pages beside a findings page (paths from its folder) that take some of its tables: the sweep to
+# its history, the calibration to the toy world's page
+COMPANIONS = ("findings/history.md", "toy_world.md")
+
+
+def fill_pages(doc: str, tables: dict[str, str]) -> list[str]:
+    """`fill_tables` on `doc` and on its COMPANIONS that exist: each table goes to whichever page
+    has its markers; returns the names no page has markers for."""
+    pages = [doc] + [p for p in (os.path.join(os.path.dirname(doc), c) for c in COMPANIONS)
+                     if os.path.isfile(p)]
+    missing = [set(fill_tables(page, tables)) for page in pages]
+    return sorted(set.intersection(*missing), key=list(tables).index)
 
 
 def calibration_table(records: list[dict], builds: list[dict]) -> str:
@@ -152,76 +183,99 @@ def sweep_table(sweep: dict, seeds: int) -> str:
     return "\n".join(rows)
 
 
-def write_tables(doc: str, study: dict) -> None:
-    """docs/md's tables (between their markers) from study.json: the seeds' calibration, the sweep,
-    the summary, each finding's, and the replication's when there is one."""
-    summary = ["| finding | the claim tested | its comparisons: shown / not shown / the opposite | "
-               "verdict |", "|---|---|---|---|"]
-    for f in study["findings"]:  # the sections' headings: "Finding 1" ... "Finding 5", "I1 and I6"
-        anchor = (f"finding-{f['id']}" if f["id"].isdigit()
-                  else f["id"].lower().replace("/", "-and-"))
-        counts = " / ".join(str(sum(c["verdict"] == v for c in f["comparisons"]))
-                            for v in ("shown", "not shown", "the opposite"))
-        summary.append(f"| [{f['id']}](#{anchor}) | {f['claim']} | {counts} | **{f['verdict']}** |")
+def study_tables(study: dict) -> dict[str, str]:
+    """The tables written from study.json's content alone: the sweep, each finding's, the seeds'
+    calibration (the study's and the replication's), the replication's, and the runs'."""
     tables = {"sweep": sweep_table(study["sweep"], len(study["seeds"])),
-              **({"summary": "\n".join(summary)} if study["findings"] else {}),
               **{f"finding-{f['id']}": finding_table(f) for f in study["findings"]}}
-    if study.get("builds"):
-        tables["calibration"] = calibration_table(study["calibration"], study["builds"])
+    if study.get("builds"):  # the study's candidate seeds, then the replication's
+        rep = study.get("replication", {})
+        tables["calibration"] = calibration_table(study["calibration"] + rep.get("calibration", []),
+                                                  study["builds"] + rep.get("builds", []))
     if study.get("replication"):
         tables["replication"] = replication_table(study["replication"], study["findings"])
     tables["runs"] = runs_table(study["findings"])
-    missing = fill_tables(doc, tables)
+    return tables
+
+
+def write_tables(doc: str, study: dict) -> None:
+    """`study_tables` between their markers in `doc` and its companion pages (`fill_pages`)."""
+    missing = fill_pages(doc, study_tables(study))
     if missing:
-        print(f"warning: {doc} has no markers for the tables {missing}")
+        print(f"warning: {doc} and its companions have no markers for the tables {missing}")
 
 
 def replication_table(rep: dict, judged: list[dict], rows: list[dict] | None = None) -> str:
     """The replication's rows (`rows`, default rep's), each held-out seed judged by its comparison's
-    rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold):
-    whether it agrees with the study's verdict, and, apart, whether it goes the claim's way
-    (shown); beside the per-seed values, the runs a seed and the run-to-run against the
-    seed-to-seed SD (`runs_cell`)."""
+    rule alone (`seed_verdict`; `judged`: the study's findings, which carry each rule's threshold)
+    and whether that agrees with the study's verdict. The seeds' values are the verdict table's."""
     declared = {(f["id"], c["label"]): c for f in judged
                 for c in f["preconditions"] + f["comparisons"]}
     lines = [f"Seeds {', '.join(map(str, rep['seeds']))} (set aside: "
              f"{', '.join(str(r['seed']) for r in rep['set_aside']) or 'none'}).\n",
-             "| finding | comparison | rule | study: mean, verdict | per seed | "
-             "runs a seed: run SD / seed SD | each seed by the rule | agrees with the study | "
-             "goes the claim's way (shown) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| comparison | each seed by the rule | agrees with the study |", "|---|---|---|"]
     for r in rows if rows is not None else rep["rows"]:
         c = declared[(r["finding"], r["label"])]
         each = [seed_verdict(c["rule"], c["threshold"], x, c.get("target")) for x in r["per_seed"]]
         label, n = r["label"].replace("|", "\\|"), len(each)
-        lines.append(
-            f"| {r['finding']} | {label} | {r['rule']} {c['threshold']} | {fmt(r['study_mean'])}, "
-            f"{r['study']} | {' '.join(map(fmt_seed, r['per_seed']))} | {runs_cell(r)} | "
-            f"{', '.join(each)} | "
-            f"{sum(v == r['study'] for v in each)} of {n} | {each.count('shown')} of {n} |")
+        agree = sum(v == r["study"] for v in each)
+        lines.append(f"| {label} | {', '.join(each)} | {agree} of {n} |")
     return "\n".join(lines)
 
 
 def runs_table(judged: list[dict]) -> str:
-    """Each predeclared comparison's runs: per seed the mean of its runs, the run-to-run SD of one
-    run's difference against the seed-to-seed SD of the means, the spread between seeds that more
-    runs cannot remove (detection.between_seeds), and from those the runs a seed that would detect
-    the rule's threshold 80% of the time at these seeds, and the seeds that would detect the mean
-    seen (toyworld/power.py)."""
-    rows = ["| comparison | per seed (mean of its runs) | mean | runs a seed | run-to-run SD | "
-            "seed-to-seed SD | between seeds, runs aside | runs a seed to detect the threshold | "
-            "seeds to detect the mean |", "|---|---|---|---|---|---|---|---|---|"]
+    """Each predeclared comparison's runs: a seed's runs, the run-to-run SD of one run's difference
+    against the seed-to-seed SD of the seeds' means, the spread between seeds that more runs cannot
+    remove (detection.between_seeds), and from those the runs a seed that would detect the rule's
+    threshold 80% of the time at these seeds, at a normal spread (toyworld/power.py)."""
+    rows = ["| comparison | runs a seed | run-to-run SD | seed-to-seed SD | between seeds, runs "
+            "aside | runs a seed to detect the threshold |", "|---|---|---|---|---|---|"]
     for c in (c for f in judged for c in f["comparisons"] if c["rule"] != "near"):
         found, seed_sd, k = power.comparison_power(c), c["se"] * math.sqrt(c["n"]), c.get("runs", 1)
         spread = detection.between_seeds(seed_sd, c["run_sd"], k) if k > 1 else math.nan
-        runs = runs_needed_cell(c, found, spread)
-        between = fmt(spread, 3, signed=False) if k > 1 else "n/a"
-        label, per_seed = c["label"].replace("|", "\\|"), " ".join(fmt(x, 2) for x in c["per_seed"])
-        rows.append(
-            f"| {label} | {per_seed} | {fmt(c['mean'])} | {k} | "
-            f"{fmt(c.get('run_sd', math.nan), 3, signed=False)} | {seed_sd:.3f} | {between} | "
-            f"{runs} | "
-            f"{found['seeds_needed'] or 'over 30'} |")
+        label = c["label"].replace("|", "\\|")
+        rows.append(f"| {label} | {k} | {fmt(c.get('run_sd', math.nan), 3, signed=False)} | "
+                    f"{seed_sd:.3f} | {fmt(spread, 3, signed=False)} | "
+                    f"{runs_needed_cell(c, found, spread)} |")
     return "\n".join(rows)
+
+
+def power_table(judged: list[dict], declines: dict) -> str:
+    """The declines' power at a normal spread and with collapses drawn (toyworld/power.py;
+    `declines`: power.decline_models), side by side: the smallest true difference detected 80% of
+    the time, how often the rule passes with nothing there, and the runs a seed that would detect
+    the threshold; then the pooled collapses the model draws and the next study's runs a seed
+    (toyworld/declared.py)."""
+    rows = ["| comparison | runs a seed | detected 80% of the time: normal / with collapses | "
+            "passes with nothing there: normal / with collapses | runs a seed to detect the "
+            "threshold: normal / with collapses |", "|---|---|---|---|---|"]
+    most = f"over {detection.MOST_RUNS}"
+    for c in (c for f in judged for c in f["comparisons"] if c["label"] in declines["models"]):
+        found = power.comparison_power(c, declines["models"][c["label"]])
+        fell = found["collapses"]
+        rows.append(
+            f"| {c['label']} | {c['runs']} | {found['smallest_detected']:.2f} / "
+            f"{fell['smallest_detected']:.2f} | {found['false_pass']:.0%} / "
+            f"{fell['false_pass']:.0%} | {found.get('runs_needed') or most} / "
+            f"{fell['runs_needed'] or most} |")
+    seeds = declines["seeds"]
+    return "\n".join(rows + [
+        "", f"Drawn with collapses: {declines['collapsed']} of the {declines['runs']} runs of the "
+        f"{len(declared.DECLINE_NAMES)} decline configurations on seeds "
+        f"{', '.join(map(str, seeds))} collapse ({declines['rate']:.1%}), each a jump in its run's "
+        f"decline of {', '.join(f'{j:+.2f}' for j in sorted(declines['jumps']))}. The next study's "
+        f"runs a seed for the declines (`NEXT_DECLINE_RUNS`, toyworld/declared.py): "
+        f"{power_plan()}."])
+
+
+def power_plan() -> str:
+    """declared.NEXT_DECLINE_RUNS in words."""
+    runs = declared.NEXT_DECLINE_RUNS
+    if runs is None:
+        return (f"none within {detection.MOST_RUNS}: at five seeds no number of runs up to "
+                f"{detection.MOST_RUNS} detects the threshold 80% of the time in every decline "
+                "comparison, so a next study needs more seeds, not more runs")
+    return f"{runs}, the fewest that detect the threshold 80% of the time in every decline"
 
 
 def runs_needed_cell(c: dict, found: dict, between: float) -> str:

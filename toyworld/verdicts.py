@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from infra import paired
+from infra import detection, paired
 from infra.runfolder import usage_error
 from toyworld import declared, findings, power, tables
 
@@ -77,15 +77,15 @@ CLAIMS = [
 ]
 # What was decided after the data, each with the day it was written and what it was written after
 POST_HOC = [
-    ("2026-12-03", "after the first grid, on the same models", "SP fails by role capture, read by "
+    ("2026-12-03", "after the first grid", "SP fails by role capture, read by "
      "the box (finding 5's metric)", [("5", f"{r} boxes another role's kind, end: SP - IP")
                                       for r in ("Voting aggregator", "Eval-Opt evaluator")],
      "finding-5"),
-    ("2026-12-03", "after the first grid, on the same models", "IP's roles specialise (the "
+    ("2026-12-03", "after the first grid", "IP's roles specialise (the "
      "project's test)", [("specialisation", s) for s in SPECIALISE], "specialisation"),
-    (WRITTEN, "after the study and the replication", "Every workflow gains over its base model",
+    (WRITTEN, "after the replication", "Every workflow gains over its base model",
      [("gains", g) for g in GAINS], "finding-1-tested-after-the-data"),
-    (WRITTEN, "after the study and the replication", "Eval-Opt IP does not beat SA-RL (the "
+    (WRITTEN, "after the replication", "Eval-Opt IP does not beat SA-RL (the "
      "contradiction of finding 1's exception)", [("exception", "Eval-Opt: trained IP - SA-RL")],
      "finding-1"),
 ]
@@ -94,7 +94,8 @@ POST_HOC = [
 def after_the_data(results: str, study: dict) -> dict:
     """AFTER_THE_DATA judged on the study's seeds and, where study.json has a replication, each
     comparison on its seeds (findings.judge_finding and findings.replication, which read the compact
-    results)."""
+    results); the runs that collapse, on both; the declines' collapse-aware models
+    (power.decline_models)."""
     judged = [findings.judge_finding(results, study["seeds"], f) for f in AFTER_THE_DATA]
     rep = study.get("replication")
     trained = [n for n in study["names"] if n in declared.GRID]
@@ -103,16 +104,12 @@ def after_the_data(results: str, study: dict) -> dict:
             if rep else [],
             "collapses": findings.collapses(results, trained, study["seeds"]),
             "held_out_collapses": findings.collapses(results, trained, rep["seeds"]) if rep
-            else None}
+            else None,
+            "declines": power.decline_models(results, study)}
 
 
 def ties(values: list[float]) -> int:
     return sum(abs(x) < paired.TIE for x in values)
-
-
-def mean_cell(c: dict) -> str:
-    low, high = tables.fmt(c["ci"][0], 2), tables.fmt(c["ci"][1], 2)
-    return f"{tables.fmt(c['mean'])} [{low}, {high}]"
 
 
 def agree_cell(c: dict, row: dict | None) -> str:
@@ -149,53 +146,66 @@ def disagreements(compared: dict, rows: dict, tests: dict) -> list[str]:
 
 def verdict_table(study: dict, after: dict, page: str = "", post_hoc: bool = True) -> str:
     """The predeclared comparisons (CLAIMS), one row a claim: its comparisons, their verdicts by
-    the rules declared before the grid, means with t-intervals over the study's seeds, the smallest
-    difference those seeds tell from zero, the held-out seeds' differences; then what was decided
-    after the data (`post_hoc_table`; without `post_hoc`, a line pointing at it, the README's).
-    `page`: where the findings' sections are."""
+    the rules declared before the grid, means with t-intervals over the study's seeds, how often
+    each rule passes with nothing there and the smallest difference the seeds detect (for the
+    declines also with collapses drawn: after's `declines`), the held-out seeds' differences; then
+    what was decided after the data (`post_hoc_table`; without `post_hoc`, a line pointing at it,
+    the README's). `page`: where the findings' sections are."""
     compared = {(f["id"], c["label"]): c for f in study["findings"] + after["findings"]
                 for c in f["preconditions"] + f["comparisons"]}
     rows = {(r["finding"], r["label"]): r
             for r in study.get("replication", {}).get("rows", []) + after["replication"]}
+    models = after.get("declines", {}).get("models", {})
     held = ", ".join(map(str, study.get("replication", {}).get("seeds", []))) or "none"
     lines = [
         "| the paper's claim | comparison (A - B), rule | verdict, seeds "
-        f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | runs a seed: run SD / "
-        "seed SD | passes with nothing there | detected 80% of the time | held-out seeds "
-        f"{held} |", "|---|---|---|---|---|---|---|---|"]
+        f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | passes with nothing "
+        f"there | detected 80% of the time | held-out seeds {held} |",
+        "|---|---|---|---|---|---|---|"]
     for claim, keys, anchor, note in CLAIMS:
         cs = [compared[k] for k in keys]
         cells = ["<br>".join(f"{c['label']} ({c['rule']} {c['threshold']})".replace("|", "\\|")
                              for c in cs),
                  "<br>".join(f"**{tables.verdict_words(c)}**" for c in cs),
-                 *("<br>".join(map(cell, cs)) for cell in (mean_cell, tables.runs_cell,
-                                                           tables.pass_cell, tables.tell_cell)),
-                 "<br>".join(" ".join(tables.fmt(x, 2) for x in rows[k]["per_seed"])
+                 "<br>".join(map(tables.mean_interval, cs)),
+                 *("<br>".join(cell(c, models.get(c["label"])) for c in cs)
+                   for cell in (tables.pass_cell, tables.tell_cell)),
+                 "<br>".join(" ".join(map(tables.fmt_seed, rows[k]["per_seed"]))
                              if k in rows else "n/a" for k in keys)]
         finding = next(f for f in study["findings"] if f["id"] == keys[0][0])
         name = f"{'finding ' * finding['id'].isdigit()}{finding['id']}: {finding['verdict']}"
         lines.append(f"| {claim} ([{name}]({page}#{anchor}){'; ' + note if note else ''}) | "
                      + " | ".join(cells) + " |")
-    decided = [compared[k] for _, keys, _, _ in CLAIMS for k in keys
-               if compared[k]["rule"] in ("greater", "matches")]
-    rates = [power.comparison_power(c)["false_pass"] for c in decided]
-    n = len(study["seeds"])
-    lines += ["", f"Each verdict is its rule's, as declared before the first grid ran "
-              f"(toyworld/declared.py), on each seed's mean over its runs. The interval is a "
-              f"t-interval on the {n} paired differences ({n - 1} degrees of freedom); **by the "
-              "rule only**: a verdict whose interval does not exclude zero (for `matches`: minus "
-              "its margin). *Passes with nothing there*: how often the rule says shown when the "
-              "claim is just false (no difference; for `matches`, B ahead by the margin), at the "
-              f"spread seen (toyworld/power.py, simulated); at least one of these {len(rates)} "
-              f"would pass {power.any_passes(rates):.0%} of the time were they independent (they "
-              "share runs, so that is only a rough figure). *Detected 80% of the time*: the "
-              f"smallest true difference whose interval over {n} seeds excludes zero 80% of the "
-              "time at the spread seen; a verdict by the rule only names the seeds that would "
-              "decide it 80% of the time, were the true difference the mean seen."]
+    lines += ["", verdict_notes(study, [compared[k] for _, keys, _, _ in CLAIMS for k in keys],
+                                models, page)]
     if not post_hoc:
         return "\n".join(lines + ["", f"What was decided after the data, dated, and its results: "
                                    f"[the table beneath this one]({page}#the-verdicts)."])
     return "\n".join(lines + ["", post_hoc_table(study, held, compared, rows, page)])
+
+
+def verdict_notes(study: dict, claimed: list[dict], models: dict, page: str) -> str:
+    """What the verdict table's words and figures mean, and the chance that at least one of its
+    rules passes with nothing there (the declines' rates drawn with collapses)."""
+    rates = []
+    for c in (c for c in claimed if c["rule"] in ("greater", "matches")):
+        found = power.comparison_power(c, models.get(c["label"]))
+        rates.append(found["collapses"]["false_pass"] if "collapses" in found
+                     else found["false_pass"])
+    n = len(study["seeds"])
+    return (
+        "Verdicts by the rules declared before the first grid ran (toyworld/declared.py), on each "
+        f"seed's mean over its runs; intervals are t-intervals over the {n} paired differences. A "
+        "rule's reference is zero, for `matches` minus its margin. **By the rule only**: the "
+        "interval is not wholly on the verdict's side of the reference. *Passes with nothing "
+        "there*: how often the rule says shown when the true difference is the reference. "
+        "*Detected 80% of the time*: how far from the reference a true difference must be for the "
+        "interval to lie wholly beyond it 80% of the time (beside a verdict by the rule only: the "
+        "seeds that would decide it, were the mean seen the truth). Both at the seeds' spread "
+        "(toyworld/power.py), for the declines also with collapsing runs drawn ([What five seeds "
+        f"can tell]({page}#what-five-seeds-can-tell)). At least one of these {len(rates)} rules "
+        f"would pass with nothing there {detection.any_passes(rates):.0%} of the time were they "
+        "independent (they share runs: a rough figure).")
 
 
 def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str) -> str:
@@ -215,7 +225,7 @@ def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str
             + "<br>".join(f"{tables.verdict_words(c)}" + (f" ({ties(c['per_seed'])} of "
                           f"{len(c['per_seed'])} tie at 0)" if ties(c["per_seed"]) else "")
                           for c in cs) + " | "
-            + "<br>".join(map(mean_cell, cs)) + " | "
+            + "<br>".join(map(tables.mean_interval, cs)) + " | "
             + "<br>".join(agree_cell(c, rows.get(k)) for c, k in zip(cs, keys)) + " |")
     agreeing = [agree_cell(compared[k], rows.get(k)).split("agree ")[-1]
                 for _, keys, _, _ in CLAIMS for k in keys if compared[k]["verdict"] != "not shown"]
@@ -237,24 +247,17 @@ def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str
 
 
 def page_tables(study: dict, after: dict) -> dict[str, str]:
-    """docs/findings.md's verdict table and the after-the-data section's tables (each test on the
-    study's seeds, then on the held-out seeds)."""
-    written = {"verdicts": verdict_table(study, after), "collapses": tables.collapse_table(
-        after["collapses"], after.get("held_out_collapses"))}
-    for judged in after["findings"]:
-        rows = [r for r in after["replication"] if r["finding"] == judged["id"]]
-        # (the table's first line names the seeds, which the page's replication table does)
-        held = tables.replication_table(study["replication"], after["findings"],
-                                        rows).split("\n", 1)[1] if rows else ""
-        written[f"after-{judged['id']}"] = tables.finding_table(judged) + (
-            "\n\nHeld out:\n" + held) * bool(rows)
-    return written
+    """docs/findings.md's verdict table (with what was decided after the data, whose results it
+    gives), the runs that collapse and the declines' power."""
+    return {"verdicts": verdict_table(study, after),
+            "collapses": tables.collapse_table(after["collapses"], after.get("held_out_collapses")),
+            "power": tables.power_table(study["findings"], after["declines"])}
 
 
 def write_pages(results: str, study: dict | None, doc: str | None, readme: str | None) -> None:
-    """The page's tables (tables.write_tables), its verdicts and after-the-data tables, and the
-    README's verdict table (its links into docs/findings.md), from study.json's content (None: the
-    study.json in `results`)."""
+    """The page's tables and those of its companions (tables.fill_pages), its verdicts and
+    after-the-data tables, and the README's verdict table (its links into docs/findings.md), from
+    study.json's content (None: the study.json in `results`)."""
     if study is None:
         if not os.path.exists(os.path.join(results, "study.json")):
             usage_error(f"--tables: {results} holds no study.json")
@@ -262,10 +265,10 @@ def write_pages(results: str, study: dict | None, doc: str | None, readme: str |
             study = json.load(f)
     after = after_the_data(results, study) if study["findings"] else None
     if doc:
-        tables.write_tables(doc, study)
-        missing = tables.fill_tables(doc, page_tables(study, after)) if after else []
+        written = {**tables.study_tables(study), **(page_tables(study, after) if after else {})}
+        missing = tables.fill_pages(doc, written)
         if missing:
-            print(f"warning: {doc} has no markers for the tables {missing}")
+            print(f"warning: {doc} and its companions have no markers for the tables {missing}")
     if readme and after:
         tables.fill_tables(readme, {"verdicts": verdict_table(study, after, "docs/findings.md",
                                                                post_hoc=False)})
