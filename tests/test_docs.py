@@ -339,8 +339,8 @@ def test_the_verdicts_a_reader_sees_first_are_the_committed_results():
     assert declines == ["the opposite", "not shown", "shown"]
     readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
     assert "but Eval-Opt IP ends below it, the opposite of the exception" in readme
-    assert ("merging (not shown) and a third of the rate (shown) both lower IP's decline, and do not differ from each "
-            "other; SP declines more than IP on the study's seeds (the opposite)") in readme
+    assert ("merging (not shown) and a third of the rate (shown) both lower IP's decline, and are not told apart; SP "
+            "declines more than IP on the study's seeds (the opposite") in readme
 
 
 def test_the_calibration_tables_are_the_committed_records():

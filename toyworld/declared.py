@@ -49,8 +49,8 @@ DECLINE_RUNS = 6
 NEXT_DECLINE_RUNS = None
 # A run collapses when its validation end (a window mean) falls below half of its peak: COLLAPSE,
 # infra/paired.py. Written on 2026-12-06 after the data (a Voting-SP run of seed 0 on run seed 5000,
-# outside every committed result, ended at 0.00 from a peak near 0.9), before the study's third
-# run: a count of runs per configuration, a post-hoc result
+# then outside every committed result, now among the study's, ended at 0.00 from a peak near 0.9),
+# before the study's third run: a count of runs per configuration, a post-hoc result
 STEPS = 150
 # The regime, fixed before any run of the grid: the toy world's own (calibration.REGIME: 2 tasks x a
 # group of 8, temperature 1, 32 new tokens, the setting calibration measures at), 115 training

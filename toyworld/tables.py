@@ -66,7 +66,11 @@ def verdict_line(result: dict) -> str:
                                    "the opposite by the rule only")
               if (n := sum(verdict_words(c) == v for c in result["comparisons"]))]
     pre = "; ".join(f"its precondition {verdict_words(c)}" for c in result["preconditions"])
-    return (f"**Verdict: {result['verdict']}.** Its comparisons: {', '.join(counts)}"
+    # a finding whose every comparison is decided by the rule only is decided by the rule only
+    only = result["verdict"] in ("shown", "the opposite") and all(
+        verdict_words(c).endswith("by the rule only") for c in result["comparisons"])
+    verdict = result["verdict"] + (" by the rule only" if only else "")
+    return (f"**Verdict: {verdict}.** Its comparisons: {', '.join(counts)}"
             + (f"; {pre}" if pre else "") + ".")
 
 
