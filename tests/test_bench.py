@@ -72,6 +72,8 @@ def few_problems(monkeypatch):
     ("bench_ddp.py", ["--tasks-per-step", "2", "--group-size", "2", "--new-tokens", "4", "--steps", "2"],
      "ratio 2 / 1"),
     ("bench_toy_step.py", ["--steps", "1", "--warmup", "0", "--threads", "1"], "update / bare"),
+    ("decode_rehearsal.py", ["--cells", "Voting-IP-0.6B-Math", "--devices", "H100", "--steps", "2", "--shapes"],
+     "most graphs:"),
 ])
 def test_a_bench_script_runs_at_a_tiny_size(name, argv, printed, monkeypatch, capsys):
     assert printed in run_main(name, argv, monkeypatch, capsys)
