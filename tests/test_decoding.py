@@ -1,6 +1,8 @@
-"""The static decode mode's parts (infra/decoding.py): attention over the filled columns with each KV head read
-once, the cache kept across calls, the compiler's requirements, and what torch.compile did. .ci/run also runs this
-file under transformers 5.17, the lent GPU machine's (tests/test_policies.py holds the engine's outputs)."""
+"""The static decode mode's parts (infra/decoding.py, infra/decode_shapes.py): attention over the filled columns
+with each KV head read once, the calls' few shapes and the CUDA graphs they bound (a paper cell's 500 steps
+rehearsed by bench/decode_rehearsal.py), the cache kept across calls, a step's host reads, the compiler's
+requirements, and what torch.compile did. .ci/run also runs this file under transformers 5.17, the lent GPU
+machine's (tests/test_policies.py holds the engine's outputs)."""
 import dataclasses
 import types
 from collections import Counter
@@ -33,7 +35,7 @@ def test_a_decode_step_reads_each_kv_head_once_over_the_masks_columns():
     products in another order."""
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 4, 1, 16), torch.randn(3, 2, 256, 16), torch.randn(3, 2, 256, 16)
-    mask = torch.rand(3, 1, 1, 128) > 0.3  # a BlockCache's mask: 128 of the 256 columns, holes in it
+    mask = torch.rand(3, 1, 1, 128) > 0.3  # a FilledCache's mask: 128 of the 256 columns, holes in it
     mask[:, :, :, 0] = True
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention
