@@ -171,6 +171,18 @@ def test_the_static_modes_step_costs_its_mask_widths_by_hand():
     assert gpu_cost.cost_rows({"4B": {"decode_rows": 8}}) == []  # cut short after its decode: no row yet
 
 
+def test_the_cost_checks_plan_counts_the_decodes_kept_store():
+    """The cost check's update runs beside the decode's K and V store (no reset between them, as in a run), so
+    its plan (plan_terms) adds the store's bytes to every peak it compares: the update, the no-grad pass, and
+    the allocated and reserved peaks, by exactly the store (here 1 GiB)."""
+    import gpu_cost
+    lm, _, params, lora = gpu_cost.cell_model("tiny-qwen3", True)
+    alone = gpu_cost.plan_terms(lm, params, lora, 2, 512, 255)
+    beside = gpu_cost.plan_terms(lm, params, lora, 2, 512, 255, kept=2 ** 30)
+    assert {k: beside[k] - alone[k] for k in ("update", "nograd", "allocated", "reserved")} == dict.fromkeys(
+        ("update", "nograd", "allocated", "reserved"), 2 ** 30)
+
+
 def test_a_decode_pair_whose_end_is_faster_reads_as_no_growth():
     """Noise can make the end's step the faster (the CPU rehearsal's 8.0 then 4.8 ms): the cache's cost is then
     read as 0, every step at the start's time, never a negative time."""
