@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from infra import decoding, memory, models, vllm_engine
+from infra import decode_shapes, decoding, memory, models, vllm_engine
 from infra.decoding import eos_token_ids, left_pad  # the engine's stop ids; [B, L] padded
 from infra.memory import StepHooks
 from infra.models import BUILTIN_MODELS, random_qwen3, smollm2_folder, tiny_model, tiny_tokenizer
@@ -219,13 +219,14 @@ def shared_prompt_cache(model, prompts: list[list[int]], pad_id: int,
 
 
 class HFEngine(StepHooks):
-    """Batched sampling with `model.generate`, each row under its own adapter: rows by prompt, cut
-    into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x (widest prompt +
-    max_new_tokens + `sampling_tokens`, its sampling buffers): on CUDA infra/memory's budget),
-    returned in the caller's order; a chunk's repeated prompts are prefilled once
-    (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given. `decode` static:
-    one adapter a call, copied into the slot adapter, decoded on a preallocated cache kept across
-    calls and steps (on CUDA compiled once; infra/decoding.py). It samples with the trainer's own
+    """Batched sampling with `model.generate`, each row under its own adapter: rows by prompt (its
+    copies adjacent), cut into chunks of at most `batch_size` rows and `max_tokens` tokens (rows x
+    (widest prompt + max_new_tokens + `sampling_tokens`, its sampling buffers): on CUDA
+    infra/memory's budget), returned in the caller's order; a chunk's repeated prompts are
+    prefilled once (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given.
+    `decode` static: one adapter a call, copied into the slot adapter, decoded on a preallocated
+    cache kept across calls and steps (on CUDA compiled once), its rows counted at the cache's
+    columns and padded up to a few counts (infra/decoding.py). It samples with the trainer's own
     weights, so its hooks around an update only measure."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
@@ -234,7 +235,7 @@ class HFEngine(StepHooks):
                  sampling_tokens: int = 0, decode: str = "auto"):
         self.model, self.tokenizer, self.prefill_columns = model, tokenizer, prefill_columns
         self.decode_asked, self.decode = decode, decoding.decode_mode(decode, model)  # auto: static
-        self.store = decoding.CacheStore()  # the static mode's K and V, kept across calls
+        self.store = decoding.CacheStore(max_tokens)  # the static mode's K and V, kept across calls
         self.max_new_tokens, self.sampling_tokens = max_new_tokens, sampling_tokens
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.share_prompts, self.eos_ids = share_prompts, eos_token_ids(model, tokenizer)
@@ -246,24 +247,21 @@ class HFEngine(StepHooks):
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapters: list[str | None],
                  desc: str = "") -> list[Generation]:
-        # micro-batches by prompt (its copies adjacent), cut by rows and tokens, rows counted filled
-        spare = decoding.SPARE_COLUMNS if self.decode == "static" else 0  # its cache's blocks
-        longest = [[0] * (self.max_new_tokens + self.sampling_tokens + spare)] * len(prompts)
+        # calls of rows by prompt (its copies adjacent), cut by rows and tokens (static: padded up
+        # to a few row counts with copies of a row, which come after the real ones)
         groups = decoding.call_groups(adapters, self.decode)  # static: one adapter's rows each
-        chunks = [[g[i] for i in c] for g in groups for c in micro_batches(
-            [prompts[i] for i in g], longest[:len(g)], self.batch_size, self.max_tokens)]
+        chunks = [([g[i] for i in c], real) for g in groups for c, real in
+                  decode_shapes.engine_calls(self, [prompts[i] for i in g], micro_batches)]
         out: list[Generation | None] = [None] * len(prompts)
-        for chunk in tqdm(chunks, desc=desc, leave=False, disable=None):
+        for chunk, real in tqdm(chunks, desc=desc, leave=False, disable=None):
             generated = self._generate_chunk([prompts[i] for i in chunk],
-                                             [adapters[i] for i in chunk])
-            for i, g in zip(chunk, generated):
+                                             [adapters[i] for i in chunk], real)
+            for i, g in zip(chunk, generated):  # the real rows only
                 out[i] = g
         return out  # type: ignore[return-value]
 
-    def _generate_chunk(self, prompts: list[list[int]],
-                        adapters: list[str | None]) -> list[Generation]:
-        if self.decode == "static" and len(prompts) == 1:  # a lone row beside a copy of itself: the
-            return self._generate_chunk(prompts * 2, adapters * 2)[:1]  # compiled step's shape
+    def _generate_chunk(self, prompts: list[list[int]], adapters: list[str | None],
+                        real: int) -> list[Generation]:
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         routing, only = {}, None
@@ -291,8 +289,9 @@ class HFEngine(StepHooks):
                                            max_new_tokens=self.max_new_tokens,
                                            pad_token_id=self.tokenizer.pad_token_id,
                                            eos_token_id=list(self.eos_ids),
+                                           **decode_shapes.padding_stop(real, len(prompts)),
                                            **self.sampling, **routing, **cache)
-        new_tokens = seqs[:, ids.shape[1]:].tolist()
+        new_tokens = seqs[:real, ids.shape[1]:].tolist()
         return [to_generation(row, self.eos_ids, self.tokenizer) for row in new_tokens]
 
     def after_update(self, adapters: list[str]) -> dict[str, float]:

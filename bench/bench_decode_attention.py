@@ -2,8 +2,9 @@
 
 What it is for. The static mode (infra/decoding.py) decodes on a preallocated cache. As transformers runs it by
 itself (a StaticCache and its SDPA path; compiled on CUDA, as also under transformers 5.17), every step hands SDPA
-K and V repeated to every query head, over every column of the cache, filled or not. Ours (a BlockCache and
-`attend_filled`) hands SDPA each KV head once, over the filled columns rounded up to a block. This script decodes
+K and V repeated to every query head, over every column of the cache, filled or not. Ours (a FilledCache and
+`attend_filled`) hands SDPA each KV head once, over the filled columns rounded up to a mask width (a block of
+128 times 1, 2, 3, 4, 6, 8, ...: infra/decode_shapes.mask_width). This script decodes
 the same rows both ways, greedily, records the K and V that every decode step's SDPA calls receive (a spy on
 torch's SDPA: their shapes and bytes, summed over the layers), and prints them at a few filled lengths with the
 attention's FLOPs, beside what each should be by hand. It checks that both ways decode the same tokens as the
@@ -27,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import policies  # noqa: E402
 from infra import decoding  # noqa: E402
+from infra.decode_shapes import CACHE_BLOCK, blocks, cache_columns, mask_width  # noqa: E402
 
 
 class SDPASpy:
@@ -63,7 +65,7 @@ def transformers_static(model):
     import transformers.integrations.sdpa_attention as sdpa
     real_cache, real_compiling = decoding.CacheStore.cache, sdpa.is_torchdynamo_compiling
     decoding.CacheStore.cache = lambda store, m, rows, tokens: decoding.StaticCache(
-        config=m.config, max_cache_len=decoding.blocks(tokens))
+        config=m.config, max_cache_len=blocks(tokens))
     real_attention, decoding.attention = decoding.attention, lambda mode, m: contextlib.nullcontext()
     sdpa.is_torchdynamo_compiling = lambda: True
     try:
@@ -104,19 +106,20 @@ def main(argv=None) -> None:
     ours, steps = decode(model, tokenizer, prompts, args.new_tokens, "static", layers)
     with transformers_static(model):
         theirs, their_steps = decode(model, tokenizer, prompts, args.new_tokens, "static", layers)
-    cache = decoding.blocks(args.prompt + args.new_tokens)
+    cache = blocks(args.prompt + args.new_tokens)
     element = next(model.parameters()).element_size()
     print(f"{args.model}: {layers} layers, {heads} query heads, {kv} KV heads of {dim}; {args.rows} rows, prompt "
-          f"{args.prompt} + {args.new_tokens} new tokens, a cache of {cache} columns (block "
-          f"{decoding.CACHE_BLOCK}); K and V handed to SDPA a decode step, summed over the layers:")
+          f"{args.prompt} + {args.new_tokens} new tokens, a cache of {cache} columns, ours "
+          f"{cache_columns(args.prompt + args.new_tokens)} (block {CACHE_BLOCK}); K and V handed to SDPA a decode "
+          "step, summed over the layers:")
     print("filled | transformers' static: KiB, heads x columns, MFLOP | ours: KiB, heads x columns, MFLOP | "
           "ours by hand (KiB) | ratio")
     wrong = []
     for s in sorted({0, len(steps) // 3, 2 * len(steps) // 3, len(steps) - 1}):
         filled = args.prompt + s + 1  # the columns after this step's token is written
-        by_hand = 2 * layers * args.rows * kv * decoding.blocks(filled) * dim * element
+        by_hand = 2 * layers * args.rows * kv * mask_width(filled) * dim * element
         (b, f, h, c), (tb, tf, th, tc) = steps[s], their_steps[s]
-        wrong += [] if (b, h, c) == (by_hand, kv, decoding.blocks(filled)) and (th, tc) == (heads, cache) else [s]
+        wrong += [] if (b, h, c) == (by_hand, kv, mask_width(filled)) and (th, tc) == (heads, cache) else [s]
         print(f"{filled:6d} | {tb / 1024:10,.0f}, {th} x {tc}, {tf / 1e6:8.2f} | {b / 1024:10,.0f}, {h} x {c}, "
               f"{f / 1e6:8.2f} | {by_hand / 1024:10,.0f} | {b / tb:.3f}")
     same = ours == dynamic == theirs

@@ -3,7 +3,8 @@
 What it is for: the cost check of bench/gpu_check.py at each `random-qwen3` shape (0.6B, 1.7B, 4B, built on the
 GPU): the update's tokens/s at a cell's token budget with the 4B math cell's widest training row (2 rows of
 25,599 tokens in 51,200), the decode step's time at the start and at the end of a long generation (a call of the
-rows the HF budget fits at the end's width), and the update's peaks against the plan (infra/memory.plan_bytes).
+rows the HF budget fits at the end's width), and the update's peaks against the plan (infra/memory.plan_bytes),
+beside the decode's K and V store, which a run keeps through its update: nothing freed between them.
 From those, `cost_rows` extrapolates a Voting math cell's step (64 problems x 8 samples: 1,536 generator rows,
 then 512 aggregator rows, every response at its 5,120-token limit: an upper bound) for
 
@@ -72,13 +73,14 @@ def call_rows(budget_tokens: int, sampling_tokens: int, stage: Stage) -> int:
 
 def read_columns(prompt: int, steps: range, mode: str) -> float:
     """The mean columns a decode step's attention reads over `steps` (the step after s new tokens has prompt + s
-    filled): dynamic the filled ones, the mean at the middle step; static the filled ones rounded up to the
-    cache's block (infra/decoding.BlockCache), averaged step by step. Example: prompt 512, steps 0..5,119:
-    dynamic 512 + 5,120 / 2 = 3,072; static (640 + 5,632) / 2 = 3,136, 40 blocks of 128 steps each."""
+    filled): dynamic the filled ones, the mean at the middle step; static the filled ones rounded up to a mask
+    width (infra/decode_shapes.mask_width: 128 x 1, 2, 3, 4, 6, 8, ...), averaged step by step. Example: prompt
+    512, steps 0..5,119: dynamic 512 + 5,120 / 2 = 3,072; static 3,724.8 (513-768 filled read 768, ..., 4,097-5,632
+    read 6,144)."""
     if mode == "dynamic":
         return prompt + (steps.start + steps.stop) / 2
-    from infra.decoding import blocks
-    return sum(blocks(prompt + s + 1) for s in steps) / len(steps)
+    from infra.decode_shapes import mask_width
+    return sum(mask_width(prompt + s + 1) for s in steps) / len(steps)
 
 
 def hf_stage_seconds(stage: Stage, rows_per_call: int, a: float, b: float, mode: str = "dynamic") -> float:
@@ -164,16 +166,18 @@ def decode_step_seconds(engine, prompt: list[int], rows: int, steps: tuple[int, 
     return (times[1] - times[0]) / (steps[1] - steps[0])
 
 
-def measure_decode(lm, tokenizer, small: bool) -> dict:
+def measure_decode(lm, tokenizer, small: bool) -> tuple[dict, object]:
     """The decode step at the start (a generator's prompt) and at the end (that prompt + the response limit) of a
-    long generation, for the rows the HF budget fits at the end's width, at most DECODE_ROWS_CAP (the cost is
-    linear in rows x context: `decode_line`); a warm-up call first (static mode on CUDA: the compile, then a CUDA
-    graph per shape), whose compile statistics are kept (infra/decoding.compile_stats)."""
+    long generation, for the rows the HF budget of a run's engine fits at the end's width (the static decode's,
+    its store kept through the update), at most DECODE_ROWS_CAP (the cost is linear in rows x context:
+    `decode_line`); a warm-up call first (static mode on CUDA: the compile, then a CUDA graph per shape), whose
+    compile statistics are kept (infra/decoding.compile_stats). Returns the figures and the engine, whose K and V
+    store (on a GPU its whole budget) the update then runs beside."""
     import policies
     from infra import memory
     start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
     steps = DECODE_STEPS[not small]
-    budget = memory.hf_generation_budget(lm, 0)
+    budget = memory.hf_generation_budget(lm, 0, keep=True)
     fits = max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
     rows = 8 if small else min(fits, DECODE_ROWS_CAP)
     budget.batch_size = rows
@@ -187,7 +191,7 @@ def measure_decode(lm, tokenizer, small: bool) -> dict:
     read = tuple(read_columns(n, range(*steps), engine.decode) for n in (start, end))
     return dict(decode_rows=rows, decode_context=(start, end), decode_read=read, decode_step_s=seconds,
                 decode_mode=engine.decode, budget_tokens=budget.max_tokens, sampling_tokens=budget.sampling_tokens,
-                compile=compiled_here(engine))
+                compile=compiled_here(engine)), engine
 
 
 def update_rows(small: bool, vocab: int):
@@ -206,7 +210,9 @@ def update_rows(small: bool, vocab: int):
 
 
 def measure_update(lm, small: bool) -> dict:
-    """The update's tokens/s on `update_rows` after a warm-up update of short rows, and its CUDA peaks."""
+    """The update's tokens/s on `update_rows` after a warm-up update of short rows, and its CUDA peaks, beside
+    what the decode before it keeps (its K and V store, its compiled graphs' pools): nothing is freed between
+    them, as in a run."""
     import torch
 
     from grpo import Row, UpdateSettings, make_optimizers, update_policy
@@ -217,10 +223,8 @@ def measure_update(lm, small: bool) -> dict:
     short = [Row(r.prompt_ids[:64], r.completion_ids[:32], r.advantage, r.role, r.adapter) for r in rows]
     update_policy(lm, short, opts, cfg)  # warm-up
     cuda = next(lm.parameters()).is_cuda
-    if cuda:  # the decode's cached blocks and compiled graphs' pools go back first: the peaks are the update's own
+    if cuda:  # the peaks from here: the update's, beside what the decode keeps
         torch.cuda.synchronize()
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     metrics = update_policy(lm, rows, opts, cfg)
@@ -245,9 +249,10 @@ def scale_of(config) -> str | None:
 
 
 def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: int,
-               kl: bool = False) -> dict[str, float]:
+               kl: bool = False, kept: float = 0.0) -> dict[str, float]:
     """The plan's peaks of an update of this model (infra/memory.plan_bytes), in bytes, with the layer figures
-    of its own scale (QWEN3_LAYER_KIB; the shape and vocabulary from its config)."""
+    of its own scale (QWEN3_LAYER_KIB; the shape and vocabulary from its config), beside `kept` (the static
+    decode's K and V store)."""
     from infra import memory
     from policies import LOGPROB_CHUNK
     c = lm.config
@@ -255,7 +260,7 @@ def plan_terms(lm, params: int, lora: int, adapters: int, budget: int, longest: 
     m = memory.Footprint(params, lora, c.num_hidden_layers, ckpt, full,
                          memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim),
                          memory.HEAD_COPIES * LOGPROB_CHUNK * c.vocab_size * 4)
-    return memory.plan_bytes(m, adapters, 1, budget, longest, kl=kl)
+    return memory.plan_bytes(m, adapters, 1, budget, longest, kl=kl, kept=kept)
 
 
 def cell_model(model: str, small: bool):
@@ -276,7 +281,8 @@ def cell_model(model: str, small: bool):
 
 def check_cost(small: bool, scale: str, summary: dict, save=lambda: None) -> tuple[str, str]:
     """One shape's cost figures (`measure_decode`, `measure_update`) into summary["cost"], and the cost table of
-    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks within the plan. The
+    every shape measured so far into summary["cost_table"]; on CUDA the update's peaks, beside the decode's kept
+    K and V store (`kept_bytes`), within the plan with that store (infra/memory.plan_bytes' `kept`). The
     decode's figures are saved (`save`) before the update starts: a check cut short keeps them."""
     from infra import memory
     model = "tiny-qwen3" if small else SHAPES[scale]
@@ -285,9 +291,10 @@ def check_cost(small: bool, scale: str, summary: dict, save=lambda: None) -> tup
     m = summary.setdefault("cost", {})[scale] = {
         "weight_bytes": 2 * params,
         "kv_token_bytes": memory.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)}
-    m.update(measure_decode(lm, tokenizer, small))
+    figures, engine = measure_decode(lm, tokenizer, small)
+    m.update(figures, kept_bytes=sum(2 * k.numel() * k.element_size() for k, _ in engine.store.buffers))
     save()
-    m.update(measure_update(lm, small))
+    m.update(measure_update(lm, small))  # beside the engine's store, still held
     summary["cost_table"] = cost_table(cost_rows(summary["cost"]))
     start, end = m["decode_step_s"]
     detail = (f"{model}: update {m['update_tok_s']:,.0f} tok/s (2 rows, widest {m['update_longest']}, budget "
@@ -298,9 +305,10 @@ def check_cost(small: bool, scale: str, summary: dict, save=lambda: None) -> tup
     ok = m["update_finite"] and all(math.isfinite(t) and t > 0 for t in (m["update_tok_s"], start, end))
     if "peak_bytes" not in m:
         return ("pass" if ok else "FAIL"), detail + "; the plan's bounds need CUDA (skipped)"
-    plan = plan_terms(lm, params, lora, 2, m["update_budget"], m["update_longest"])
+    plan = plan_terms(lm, params, lora, 2, m["update_budget"], m["update_longest"], kept=m["kept_bytes"])
     m["plan_allocated_bytes"], m["plan_reserved_bytes"] = plan["allocated"], plan["reserved"]
-    detail += (f"; peak allocated {m['peak_bytes'] / memory.GIB:.1f} GiB against a plan of "
+    detail += (f"; beside the decode's kept K and V ({m['kept_bytes'] / memory.GIB:.1f} GiB), peak allocated "
+               f"{m['peak_bytes'] / memory.GIB:.1f} GiB against a plan of "
                f"{plan['allocated'] / memory.GIB:.1f}, reserved {m['reserved_bytes'] / memory.GIB:.1f} against "
                f"{plan['reserved'] / memory.GIB:.1f}")
     ok = ok and m["peak_bytes"] <= plan["allocated"] and m["reserved_bytes"] <= plan["reserved"]

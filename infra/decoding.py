@@ -1,31 +1,35 @@
 """How the HF engine runs its decode loop: the `--decode` setting (dynamic or static), and the
-static mode's preallocated KV cache, compiled once for every adapter.
+static mode's preallocated KV cache, compiled once for every adapter, its CUDA graphs bounded.
 
 What it is for. `model.generate` with a `DynamicCache` is bound by the host on a GPU: each decode
 step launches a few thousand small kernels from Python, and the cache concatenates every layer's
-K and V once more each step. The static mode hands `generate` a preallocated cache
-(`BlockCache`, a view of `CacheStore`'s buffers, kept across calls and training steps) whose
-attention (`attend_filled`) reads each KV head once and only the columns filled so far, to
-within a block. transformers then compiles the model's forward for the decode steps on CUDA by
-itself (`generate` checks for a compileable cache; its default `CompileConfig` is inductor with
-CUDA graphs, `mode="reduce-overhead"`; here with dynamic shapes, COMPILE), so a step is one
-graph replay instead of thousands of launches. What keeps it to one compile:
+K and V once more each step. The static mode hands `generate` a preallocated cache (a
+`FilledCache` over `CacheStore`'s buffers, kept across calls and training steps) whose attention
+(`attend_filled`) reads each KV head once and only the columns filled so far, to within a mask
+width. transformers then compiles the model's forward for the decode steps on CUDA by itself
+(`generate` checks for a compileable cache; its default `CompileConfig` is inductor with CUDA
+graphs, `mode="reduce-overhead"`; here with dynamic shapes, COMPILE), so a step is one graph
+replay instead of thousands of launches. What keeps it to one compile:
   - one adapter for every call: PEFT's active adapter is a guard of the compiled step, so each
     call's adapter is copied into one slot adapter first (`slot_adapter`, PEFT's hotswap), kept in
     the weights' dtype (no cast of LoRA's fp32 weights at each step); a mixed-adapter batch runs
     hooks the compiler would break on, so the engine cuts its rows by adapter first (`call_groups`);
   - every size its own symbol (`attention`: no duck sizing), a spare block past the mask's widest
-    (`cache_columns`), and a one-row call run as two rows (the compiler specialises a size of 1).
+    (`cache_columns`), and no call of one row (the compiler specialises a size of 1).
+What keeps its CUDA graphs bounded (GRAPH_LIMIT a run): a graph is recorded for each (rows, cache
+columns, mask width), and the three come from a few sizes (infra/decode_shapes.py: rows padded up,
+columns and widths growing geometrically), over a store that never moves on a GPU (`CacheStore`).
 The shared prompt pass fills the call's cache in place (`first_rows`, `spread_rows`), so a call
 holds its prompts' K and V once (infra/memory.py's plan: tests/test_decoding.py measures it).
 
 What it is not for. It does not change what is sampled: greedy rows equal the dynamic mode's,
-and sampled rows equal them call by call (a mixed batch's rows are drawn in other calls, a lone
-row beside a copy of itself: the same distribution, other draws; tests/test_policies.py). On the
-CPU nothing is compiled. It is not continuous batching (a call still runs until its longest row
-ends), and it does not merge the adapter into the weights. Its memory is the dynamic mode's plan
-plus at most SPARE_COLUMNS columns a row, the compiled graphs' pools, and the store kept through
-the update (infra/memory.py). On a GPU its speed, compile time and peaks are still unmeasured
+and sampled rows equal them call by call (a mixed batch's rows are drawn in other calls, a call
+padded with copies of its last prompt, which are never returned: the same distribution, other
+draws; tests/test_policies.py). On the CPU nothing is compiled. It is not continuous batching (a
+call still runs until its longest real row ends), and it does not merge the adapter into the
+weights. Its memory is the token budget the engine cuts its calls by (each row counted at its
+cache's columns), the compiled graphs (GRAPH_BYTES each), and the store kept through the update
+(infra/memory.py). On a GPU its speed, compile time and peaks are still unmeasured
 (bench/README.md).
 """
 from __future__ import annotations
@@ -43,18 +47,26 @@ from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from infra.decode_shapes import cache_columns, mask_width  # the calls' few shapes
+
 DECODE_MODES = ("auto", "dynamic", "static")
-# the static cache's length is rounded up to a multiple of this: calls whose widest prompts differ
-# by a few tokens then share one compiled shape (CUDA graphs are recorded once per shape)
-CACHE_BLOCK = 128
 # torch.compile's recompiles per function before it falls back to eager (torch's default: 8):
 # each adapter and the base is one
 RECOMPILE_LIMIT = 64
 # CUDA graph re-recordings per function before it runs without graphs (inductor's default: 128;
-# torch 2.13 no longer counts a static input's new address, older versions may): CacheStore keeps
-# a call's addresses, but frees them before each update, so a step's first call of a shape may
-# record again
+# torch 2.13 no longer counts a static input's new address, older versions may). CacheStore keeps
+# its addresses through the update and on a GPU never moves them: GRAPH_LIMIT bounds the graphs
 RERECORD_LIMIT = 1 << 30
+# The CUDA graphs a run records at most, by design: one per (rows, cache columns, mask width) its
+# calls step with, each from a few sizes (infra/decode_shapes.py). A paper cell's 500 steps,
+# rehearsed on the CPU, meet at most 99 (bench/decode_rehearsal.py: each cell on an H100 and an
+# H200, the lengths from a stated model of them, hence the margin). A run past it warns once.
+GRAPH_LIMIT = 128
+# What a graph holds outside torch's allocator: the driver's copy of a step of about 1,000 kernels,
+# 1-15 MB as read from torch's and vLLM's sources and logs (not measured here). The bound's memory:
+# GRAPH_LIMIT x GRAPH_BYTES = 2 GiB (bench/decode_rehearsal.py adds a cell's graphs to its peak)
+GRAPH_BYTES = 16 * 2 ** 20
+WARNED: set[str] = set()  # the warnings this process has printed (`decode_metrics`)
 # how generate() compiles the decode step on CUDA: transformers' defaults (inductor, CUDA graphs),
 # but shapes dynamic from the first compile. Calls differ in rows and cache length; with torch's
 # default (static first, dynamic at the first new shape) each adapter would compile twice or more
@@ -160,16 +172,16 @@ def cache_kwargs(mode: str, model, rows: int, tokens: int, keyword: str,
             **({"compile_config": COMPILE} if compiles else {})}
 
 
-def first_rows(model, cache: "BlockCache", rows: int) -> "BlockCache":
-    """An empty BlockCache over the first `rows` rows of `cache`'s K and V: views, so what a forward
-    writes into it, `cache` holds. The shared prompt pass fills the distinct prompts in here."""
-    view = BlockCache(config=model.config, max_cache_len=cache.layers[0].max_cache_len)
+def first_rows(model, cache: "FilledCache", rows: int) -> "FilledCache":
+    """An empty FilledCache of `cache`'s first `rows` rows: views of its K and V, so what a forward
+    writes, `cache` holds (the shared prompt pass fills the distinct prompts in here)."""
+    view = FilledCache(config=model.config, max_cache_len=cache.layers[0].max_cache_len)
     for layer, full in zip(view.layers, cache.layers):
         fill_layer(layer, full.keys[:rows], full.values[:rows])
     return view
 
 
-def spread_rows(cache: "BlockCache", index: torch.Tensor, filled: int) -> "BlockCache":
+def spread_rows(cache: "FilledCache", index: torch.Tensor, filled: int) -> "FilledCache":
     """Every row of `cache` given its prompt's first `filled` columns, in place: row i becomes row
     index[i] of those the shared prompt pass filled (`first_rows`), one layer's K, then its V, at a
     time (the gather is a copy: the call holds the prompts' K and V once, plus half a layer of
@@ -180,49 +192,35 @@ def spread_rows(cache: "BlockCache", index: torch.Tensor, filled: int) -> "Block
             for kv in (layer.keys, layer.values):
                 kv[:, :, :filled] = kv[index, :, :filled]
         layer.cumulative_length.fill_(filled)
+    cache.filled = filled
     return cache
-
-
-def blocks(columns: int) -> int:
-    """`columns` rounded up to a multiple of CACHE_BLOCK. Example: 1 -> 128, 129 -> 256."""
-    return -(-columns // CACHE_BLOCK) * CACHE_BLOCK
-
-
-def cache_columns(tokens: int) -> int:
-    """A static cache's columns for a call of `tokens` (prompt + new): rounded up to a block, and
-    one spare block, so that the mask's width (at most blocks(tokens)) never reaches the cache's.
-    At equal widths the attention's K and V are the whole cache, contiguous, which the compiled
-    step guards on: the call's last block would compile again. Example: 300 -> 512."""
-    return blocks(tokens) + CACHE_BLOCK
-
-
-# the most columns a static call's cache adds to a row's tokens (cache_columns): the HF engine
-# counts them in its token budget
-SPARE_COLUMNS = 2 * CACHE_BLOCK - 1
 
 
 # ---------------------------------------------------------------- reading only what a step needs
 
-class BlockCache(StaticCache):
-    """A StaticCache whose attention masks end at the columns filled so far, rounded up to
-    CACHE_BLOCK, not at the cache's last column. `attend_filled` (this mode's attention) reads K
-    and V up to the mask's end, so a decode step's attention work grows with what is filled, in
-    steps of a block: one compiled shape per block, where a StaticCache reads every column.
-
-    The mask is built outside the compiled step (generate() prepares it for a compileable cache),
-    so the filled count is read on the host: one sync a step, which generate's own stopping check
-    already makes."""
+class FilledCache(StaticCache):
+    """A StaticCache whose attention masks end at the columns filled so far, in a few widths
+    (`mask_width`), not at the cache's last column: `attend_filled` (this mode's attention) reads K
+    and V that far, so a step's attention grows with what is filled. transformers asks a cache for
+    its mask's sizes once a forward, before the forward writes (generate() makes the mask outside
+    the compiled step), so the filled count is kept here, on the host: no step reads it from the
+    device (`spread_rows` sets it after the shared prompt pass; a reset zeroes it)."""
+    filled = 0  # columns filled, counted on the host
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         length, offset = super().get_mask_sizes(query_length, layer_idx)
-        filled = int(self.get_seq_length(layer_idx)) + query_length  # this step's queries included
-        return min(length, blocks(filled)), offset
+        self.filled += query_length  # this forward's queries, which it writes
+        return min(length, mask_width(self.filled)), offset
+
+    def reset(self) -> None:
+        super().reset()
+        self.filled = 0
 
 
 def attend_filled(module, query, key, value, attention_mask, dropout: float = 0.0,
                   scaling: float | None = None, **kwargs):
     """The static mode's attention function (transformers' attention registry, ATTENTION): K and V
-    up to the mask's end (BlockCache's filled columns), and in a one-token decode step each KV head
+    up to the mask's end (FilledCache's filled columns), and in a one-token decode step each KV head
     read once. query [B, H, q, d], key and value [B, Hkv, L, d], mask [B, 1, q, W <= L].
 
     A decode step folds each KV head's H / Hkv query heads into the query length ([B, Hkv, H/Hkv,
@@ -286,39 +284,43 @@ class CacheStore:
     compiled step's CUDA graph is recorded once per shape (rows, cache columns, mask width), not
     once per call or step.
 
-    One flat buffer per layer for K and one for V, as large as the largest call's rows x columns
-    (the memory a StaticCache of that call would take: infra/memory.py's plan), grown when a call
-    needs more; a call of `rows` rows gets a BlockCache whose layers are views of the buffers'
-    first elements, at the same addresses for every call. The cache of a row count is reused
-    (reset in place) while its columns suffice. It stays through the update, whose memory plan
-    counts it (infra/memory.kept_store_bytes); `release()` frees it all."""
+    One flat buffer per layer for K and one for V. On a GPU they hold `budget` tokens (the HF
+    engine's token budget: rows x columns, every call's within it) from the first call on, so they
+    never move: grown buffers would have new addresses, and every shape recorded before would be
+    recorded again. On the CPU (nothing is recorded) or without a token bound they grow to the
+    largest call so far. A call of `rows` rows and `columns` columns gets a FilledCache of views of
+    the buffers' first elements, at the same addresses for every call, reset in place for each call
+    of that shape. It stays through the update, whose memory plan counts it
+    (infra/memory.kept_store_bytes); `release()` frees it all."""
 
-    def __init__(self):
+    def __init__(self, budget: int | None = None):
+        self.budget = budget if budget and budget < 1 << 62 else None  # 1 << 62: no token bound
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.caches: dict[int, BlockCache] = {}
+        self.caches: dict[tuple[int, int], FilledCache] = {}
 
-    def cache(self, model, rows: int, tokens: int) -> BlockCache:
-        """A reset BlockCache for `rows` rows and at least `tokens` columns (`cache_columns`)."""
-        cache = self.caches.get(rows)
-        if cache is not None and cache.layers[0].max_cache_len >= cache_columns(tokens):
+    def cache(self, model, rows: int, tokens: int) -> FilledCache:
+        """A reset FilledCache of `rows` rows for a call of `tokens` (`cache_columns` columns)."""
+        columns = cache_columns(tokens)
+        if (cache := self.caches.get((rows, columns))) is not None:
             cache.reset()
             return cache
         config = model.config.get_text_config(decoder=True)
         heads = config.num_key_value_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        columns = cache_columns(tokens)
         size = rows * heads * columns * dim
         if not self.buffers or self.buffers[0][0].numel() < size:
             self.release()  # the old buffers go before the new ones come
             weight = next(model.parameters())
-            self.buffers = [(torch.zeros(size, dtype=weight.dtype, device=weight.device),
-                             torch.zeros(size, dtype=weight.dtype, device=weight.device))
+            whole = (self.budget or 0) * heads * dim if weight.is_cuda else 0
+            held = max(size, whole)  # a GPU's: the whole budget at once
+            self.buffers = [(torch.zeros(held, dtype=weight.dtype, device=weight.device),
+                             torch.zeros(held, dtype=weight.dtype, device=weight.device))
                             for _ in range(config.num_hidden_layers)]
-        cache = BlockCache(config=model.config, max_cache_len=columns)
+        cache = FilledCache(config=model.config, max_cache_len=columns)
         for layer, (keys, values) in zip(cache.layers, self.buffers):
             shape = (rows, heads, columns, dim)
             fill_layer(layer, keys[:size].view(shape), values[:size].view(shape))
-        self.caches[rows] = cache
+        self.caches[rows, columns] = cache
         return cache
 
     def release(self) -> None:
@@ -355,13 +357,19 @@ def compiler_problem() -> str | None:
 
 def decode_metrics(asked: str, mode: str, model) -> dict[str, float]:
     """A training step's metrics of the decode: on CUDA in the static mode what torch.compile did
-    (`compile_stats`, as decode/<name>), or decode_fallback 1 where `asked` static (or auto) was
-    resolved to dynamic (`decode_mode`); nothing on the CPU, whose runs keep their metrics."""
+    (`compile_stats`, as decode/<name>), with one warning line the first time the CUDA graphs
+    recorded pass GRAPH_LIMIT; or decode_fallback 1 where `asked` static (or auto) was resolved to
+    dynamic (`decode_mode`); nothing on the CPU, whose runs keep their metrics."""
     if not next(model.parameters()).is_cuda:
         return {}
-    if mode == "static":
-        return {f"decode/{k}": v for k, v in compile_stats().items()}
-    return {"decode_fallback": 1} if asked != "dynamic" else {}
+    if mode != "static":
+        return {"decode_fallback": 1} if asked != "dynamic" else {}
+    stats = compile_stats()
+    if stats["cudagraphs_recorded"] > GRAPH_LIMIT and "graphs" not in WARNED:
+        WARNED.add("graphs")  # once a process: a long run would say it at every step
+        print(f"warning: the static decode recorded {stats['cudagraphs_recorded']} CUDA graphs, "
+              f"past its bound of {GRAPH_LIMIT} (infra/decoding.py): shapes outside its design")
+    return {f"decode/{k}": v for k, v in stats.items()}
 
 
 def compile_stats() -> dict[str, float]:

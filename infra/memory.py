@@ -282,20 +282,25 @@ def hf_generation_budget(model, rows: int = 0, tokens: int = 0,
     param = next(model.parameters())
     if not param.is_cuda:
         return GenerationBudget(rows or CPU_GENERATION_ROWS, tokens or 1 << 62)
-    c = model.config
+    lora = any("lora_" in name for name, _ in model.named_parameters())
+    free = 0 if tokens else torch.cuda.mem_get_info(param.device)[0]
+    return gpu_generation_budget(model.config, param.element_size(), lora, free, rows, tokens, keep)
+
+
+def gpu_generation_budget(c, size: int, lora: bool, free_bytes: int, rows: int = 0,
+                          tokens: int = 0, keep: bool = False) -> GenerationBudget:
+    """`hf_generation_budget` on a GPU, from a model's config `c`, its weights' bytes an element,
+    whether it has LoRA, and the free memory (bench/decode_rehearsal.py gives a device's)."""
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    size = param.element_size()
     kv = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim, size)
     repeated = repeated_kv_bytes_per_token(c.num_attention_heads, c.num_key_value_heads, head_dim,
                                            size)
-    lora = any("lora_" in name for name, _ in model.named_parameters())
     act = prefill_activation_bytes_per_token(c.hidden_size, c.intermediate_size,
                                              c.num_attention_heads * head_dim, size, lora)
     per_token = generation_bytes_per_token(kv, c.num_hidden_layers, repeated)
     if tokens:
         return GenerationBudget(rows or 1 << 62, tokens, prefill_columns)
-    tokens = generation_tokens(torch.cuda.mem_get_info(param.device)[0], per_token,
-                               generation_fixed_bytes(act, 0, c.vocab_size),
+    tokens = generation_tokens(free_bytes, per_token, generation_fixed_bytes(act, 0, c.vocab_size),
                                KEPT_FRACTION if keep else GENERATION_FRACTION)
     return GenerationBudget(rows or 1 << 62, tokens, prefill_columns, sampling_tokens(
         per_token, c.vocab_size))

@@ -60,8 +60,8 @@ def few_problems(monkeypatch):
     ("bench_checker.py", ["--problems", "2", "--repeats", "1", "--workers", "1"], "2/2 passed"),
     ("bench_engine.py", ["--prompts", "2", "--new-tokens", "4", "--micro-batch", "2", "--repeats", "1"],
      "rollout  static"),  # after the dynamic mode's line; the update's follows
-    ("bench_decode_attention.py", ["--rows", "2", "--prompt", "20", "--new-tokens", "140"],
-     "steps off the hand count: none"),  # two blocks of the cache, greedy tokens equal
+    ("bench_decode_attention.py", ["--rows", "2", "--prompt", "500", "--new-tokens", "30"],
+     "steps off the hand count: none"),  # mask widths 512, then 768 (not 640), greedy tokens equal
     ("bench_decode_compile.py", ["--rows", "2", "--new-tokens", "3"],
      "casts removed: 28 (2 a LoRA layer: 28); greedy tokens equal"),  # tiny-qwen3: 2 layers x 7 LoRA layers
     ("bench_isolation.py", ["--tasks", "1", "--n", "2", "--new-tokens", "4", "--steps", "1", "--warmup", "0",
@@ -72,6 +72,8 @@ def few_problems(monkeypatch):
     ("bench_ddp.py", ["--tasks-per-step", "2", "--group-size", "2", "--new-tokens", "4", "--steps", "2"],
      "ratio 2 / 1"),
     ("bench_toy_step.py", ["--steps", "1", "--warmup", "0", "--threads", "1"], "update / bare"),
+    ("decode_rehearsal.py", ["--cells", "Voting-IP-0.6B-Math", "--devices", "H100", "--steps", "2", "--shapes"],
+     "most graphs:"),
 ])
 def test_a_bench_script_runs_at_a_tiny_size(name, argv, printed, monkeypatch, capsys):
     assert printed in run_main(name, argv, monkeypatch, capsys)

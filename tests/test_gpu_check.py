@@ -140,33 +140,47 @@ def test_a_voting_math_steps_hours_from_the_measured_figures_by_hand():
         "| 1.7B | 4.72 | 0.53 | 0.54 | 5.26 | 1.07 | 2628.47 | 536.02 |"
 
 
-def test_the_static_modes_step_costs_the_filled_blocks_by_hand():
-    """The static mode's decode step reads the filled columns rounded up to the cache's block (128: infra/decoding
-    BlockCache), so a call's mean context is the mean of those: generators after a 512-token prompt fill 513 ..
-    5,632 columns, 40 blocks of 128 steps each, 640 .. 5,632: mean 3,136 (dynamic: 3,072); aggregators after
-    15,872 (124 blocks exactly) read 16,000 .. 20,992: 18,496. The measured steps (8 .. 24 new tokens) read 640
-    columns after 512 and 5,760 after 5,632, so the line through 50 and 100 ms at 100 rows is b = 0.05 / (100 x
-    5,120) = 9.765625e-8 and a = 0.05 - b x 100 x 640 = 0.04375 s.
-      generators   18 calls of 83: 0.04375 + b x 83 x 3,136 = 0.06916875 s a step, x 5,120 x 18 = 6,374.592 s;
-                   one of 42: 0.0566125 x 5,120 = 289.856 s
-      aggregators  23 calls of 22: 0.04375 + b x 22 x 18,496 = 0.08348750, x 5,120 x 23 = 9,831.488 s; one of 6:
-                   0.0545875 x 5,120 = 279.488 s
-    The rollout 16,775.424 s = 4.65984 h (a dynamic line through the same steps would read 4.71808 h)."""
+def test_the_static_modes_step_costs_its_mask_widths_by_hand():
+    """The static mode's decode step reads the filled columns rounded up to a mask width (128 x 1, 2, 3, 4, 6, 8,
+    ...: infra/decode_shapes.mask_width), so a call's mean context is the mean of those: generators after a
+    512-token prompt fill 513 .. 5,632 columns and read 768 (256 steps), 1,024 (256), 1,536 (512), 2,048 (512),
+    3,072 (1,024), 4,096 (1,024) and 6,144 (1,536): mean 19,070,976 / 5,120 = 3,724.8 (dynamic: 3,072);
+    aggregators after 15,872 read 16,384 for 512 steps, then 24,576: 23,756.8. The measured steps (8 .. 24 new
+    tokens) read 768 columns after 512 and 6,144 after 5,632, so the line through 50 and 100 ms at 100 rows is
+    b = 0.05 / (100 x 5,376) = 1 / 10,752,000 and a = 0.05 - b x 100 x 768 = 3 / 70 s.
+      generators   18 calls of 83: a + b x 83 x 3,724.8 = 0.0716107 s a step, x 5,120 x 18 = 6,599.6434 s; one
+                   of 42: 0.0574071 x 5,120 = 293.9246 s
+      aggregators  23 calls of 22: a + b x 22 x 23,756.8 = 0.0914667, x 5,120 x 23 = 10,771.1147 s; one of 6:
+                   0.0561143 x 5,120 = 287.3051 s
+    The rollout 17,951.9878 s = 4.98666 h (a dynamic line through the same steps would read 4.71808 h)."""
     import gpu_cost
     assert gpu_cost.read_columns(512, range(5120), "dynamic") == 3072
-    assert gpu_cost.read_columns(512, range(5120), "static") == 3136
-    assert gpu_cost.read_columns(15872, range(5120), "static") == 18496
-    assert [gpu_cost.read_columns(n, range(8, 24), "static") for n in (512, 5632)] == [640, 5760]
-    a, b = gpu_cost.decode_line(100, (640, 5760), (0.05, 0.10))
-    assert (a, b) == pytest.approx((0.04375, 9.765625e-8), rel=1e-12)
+    assert gpu_cost.read_columns(512, range(5120), "static") == 3724.8
+    assert gpu_cost.read_columns(15872, range(5120), "static") == 23756.8
+    assert [gpu_cost.read_columns(n, range(8, 24), "static") for n in (512, 5632)] == [768, 6144]
+    a, b = gpu_cost.decode_line(100, (768, 6144), (0.05, 0.10))
+    assert (a, b) == pytest.approx((3 / 70, 1 / 10_752_000), rel=1e-12)
     generators, aggregators = gpu_cost.voting_math_stages()
-    assert gpu_cost.hf_stage_seconds(generators, 83, a, b, "static") == pytest.approx(6374.592 + 289.856, rel=1e-12)
-    assert gpu_cost.hf_stage_seconds(aggregators, 22, a, b, "static") == pytest.approx(9831.488 + 279.488,
-                                                                                       rel=1e-12)
-    static = {**MEASURED, "decode_mode": "static", "decode_read": (640, 5760)}
+    # the hand figures to 0.1 ms of a stage's hours: within 1e-8 of it
+    assert gpu_cost.hf_stage_seconds(generators, 83, a, b, "static") == pytest.approx(6599.6434 + 293.9246, rel=1e-8)
+    assert gpu_cost.hf_stage_seconds(aggregators, 22, a, b, "static") == pytest.approx(10771.1147 + 287.3051,
+                                                                                       rel=1e-8)
+    static = {**MEASURED, "decode_mode": "static", "decode_read": (768, 6144)}
     [row] = gpu_cost.cost_rows({"1.7B": static})
-    assert row["hf_rollout_h"] == pytest.approx(16_775.424 / 3600, rel=1e-12)
+    assert row["hf_rollout_h"] == pytest.approx(17_951.9878 / 3600, rel=1e-8)
     assert gpu_cost.cost_rows({"4B": {"decode_rows": 8}}) == []  # cut short after its decode: no row yet
+
+
+def test_the_cost_checks_plan_counts_the_decodes_kept_store():
+    """The cost check's update runs beside the decode's K and V store (no reset between them, as in a run), so
+    its plan (plan_terms) adds the store's bytes to every peak it compares: the update, the no-grad pass, and
+    the allocated and reserved peaks, by exactly the store (here 1 GiB)."""
+    import gpu_cost
+    lm, _, params, lora = gpu_cost.cell_model("tiny-qwen3", True)
+    alone = gpu_cost.plan_terms(lm, params, lora, 2, 512, 255)
+    beside = gpu_cost.plan_terms(lm, params, lora, 2, 512, 255, kept=2 ** 30)
+    assert {k: beside[k] - alone[k] for k in ("update", "nograd", "allocated", "reserved")} == dict.fromkeys(
+        ("update", "nograd", "allocated", "reserved"), 2 ** 30)
 
 
 def test_a_decode_pair_whose_end_is_faster_reads_as_no_growth():

@@ -23,8 +23,8 @@ HOOK = "toyworld.toy_hooks"  # the toy world's one way in: its model, its regime
 ALLOWED = {  # concept file -> the project modules it may import (data flows one way: no cycles)
     "tasks": {"infra.data", "infra.sandbox"},
     "workflows": {"tasks", "infra.tallies", "infra.roles", "infra.settings"},  # engine, routing, encoding passed in
-    "policies": {"infra.models", "infra.roles", "infra.memory", "infra.decoding", "infra.vllm_engine",
-                 HOOK},  # the engines (make_engine); no workflow or GRPO code
+    "policies": {"infra.models", "infra.roles", "infra.memory", "infra.decoding", "infra.decode_shapes",
+                 "infra.vllm_engine", HOOK},  # the engines (make_engine); no workflow or GRPO code
     "grpo": {"policies", "infra.distributed", "infra.update_report", "infra.settings"},
     "eval": {"tasks", "workflows", "policies", "grpo", *INFRA, HOOK},   # never train
     "train": {"tasks", "workflows", "policies", "grpo", "eval", *INFRA, HOOK},

@@ -212,7 +212,7 @@ def test_rows_per_generate_call_come_from_the_budget_on_cuda(monkeypatch):
 
     def calls(engine) -> list[int]:
         sizes = []
-        monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: sizes.append(len(p)) or [None] * len(p))
+        monkeypatch.setattr(engine, "_generate_chunk", lambda p, a, n: sizes.append(len(p)) or [None] * n)
         engine.generate([[1] * 400] * 1000, [None] * 1000)
         return sizes
     cpu = policies.make_engine("hf", model, tokenizer, max_new_tokens=256, temperature=0.7, top_p=1.0, rows=0,

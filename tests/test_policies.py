@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from infra import decoding
+from infra import decode_shapes, decoding
 from infra.checkpoints import load_adapters, save_adapters
 from infra.models import CHATML, tiny_tokenizer
 from infra.vllm_engine import VLLMEngine
@@ -206,7 +206,8 @@ def test_generation_is_cut_by_tokens_as_well_as_rows(two_adapter_model, monkeypa
     budget = 2 * widths[1]  # the two shortest rows fit in one call; any other two, or three, do not
     engine = HFEngine(model, tok, max_new_tokens=12, temperature=0, max_tokens=budget)
     chunks, real = [], engine._generate_chunk
-    monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: chunks.append([len(x) for x in p]) or real(p, a))
+    monkeypatch.setattr(engine, "_generate_chunk",
+                        lambda p, a, n: chunks.append([len(x) for x in p]) or real(p, a, n))
     got = engine.generate(prompts, adapters)
     assert [len(c) for c in chunks] == [2, 1, 1]
     assert all(len(c) * (max(c) + 12) <= budget for c in chunks[:1])
@@ -683,16 +684,16 @@ def test_decode_mode_auto_is_dynamic_on_the_cpu_and_a_bad_mode_is_refused(two_ad
         decoding.decode_mode("fast", model)
     assert decoding.call_groups(["x", "y", None, "x"], "dynamic") == [[0, 1, 2, 3]]
     assert decoding.call_groups(["x", "y", None, "x"], "static") == [[0, 3], [1], [2]]
-    # a call's static cache: its columns rounded up to CACHE_BLOCK (128), one compiled shape for nearby widths,
-    # and a spare block (decoding.cache_columns)
-    assert [decoding.blocks(n) for n in (1, 128, 129)] == [128, 128, 256]
+    # a call's static cache: its columns rounded up to a mask width (CACHE_BLOCK, 128, x 1, 2, 3, 4, 6, ...), one
+    # compiled shape for nearby widths, and a spare block (decoding.cache_columns)
+    assert [decode_shapes.mask_width(n) for n in (1, 128, 129, 513)] == [128, 128, 256, 768]
     assert [decoding.CacheStore().cache(model, 2, n).layers[0].max_cache_len for n in (1, 129)] == [256, 384]
 
 
 def test_on_cuda_auto_is_static_compiled_with_torch_limits_raised(two_adapter_model, monkeypatch):
     """What the static mode does on CUDA, read on the CPU through a model whose parameters say they are on CUDA:
     auto resolves to static, generate() is given decoding.COMPILE, and torch's limits are raised (each adapter is
-    a recompile; the cache, freed before each update, a re-recording), from torch's defaults 8 and 128."""
+    a recompile), from torch's defaults 8 and 128."""
     import torch._inductor.config as inductor
     model, _ = two_adapter_model
 
@@ -761,16 +762,16 @@ def test_static_decode_samples_equal_dynamic_call_by_call(two_adapter_model):
 def test_static_decode_splits_a_mixed_batch_into_one_adapter_calls(two_adapter_model, monkeypatch):
     """In the static mode no call mixes adapters (PEFT's mixed-adapter batch runs hooks the compiler breaks on):
     rows x, y, base, x, y in one generate() become calls of [x, x], [y, y], [base], each within the row budget
-    (the lone base row runs beside a copy of itself: the compiled step's shape for every row count but 1), and
-    come back in the caller's order, equal to each row generated alone."""
+    (the lone base row padded with a copy of itself, never returned: the compiled step's shape for every row
+    count but 1), and come back in the caller's order, equal to each row generated alone."""
     model, tok = two_adapter_model
     prompts = [_prompt(tok, t) for t in PROMPT_TEXTS]
     rows, adapters = prompts + prompts[:1], ["x", "y", BASE, "x", "y"]
     engine = HFEngine(model, tok, 8, 0, batch_size=2, decode="static")
     calls, real = [], engine._generate_chunk
-    monkeypatch.setattr(engine, "_generate_chunk", lambda p, a: calls.append(list(a)) or real(p, a))
+    monkeypatch.setattr(engine, "_generate_chunk", lambda p, a, n: calls.append((list(a), n)) or real(p, a, n))
     got = [g.completion_ids for g in engine.generate(rows, adapters)]
-    assert calls == [["x", "x"], ["y", "y"], [BASE], [BASE, BASE]]
+    assert calls == [(["x", "x"], 2), (["y", "y"], 2), ([BASE, BASE], 1)]
     alone = [engine.generate([p], [a])[0].completion_ids for p, a in zip(rows, adapters)]
     assert got == alone
 
