@@ -54,9 +54,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_memory import HEAD_ROWS, PARAMS, QWEN3, footprints, lora_parameters  # noqa: E402 (bench/)
 
 from infra import decode_shapes, decoding, memory  # noqa: E402
-from infra.cells import CELL_SCALES, CELL_TASKS, IP_ADAPTERS, cell_defaults  # noqa: E402
+from infra.cells import CELL_SCALES, CELL_TASKS, cell_defaults  # noqa: E402
 from infra.decode_shapes import mask_width  # noqa: E402
 from infra.models import QWEN3_SHAPES  # noqa: E402
+from workflows import ROLES  # noqa: E402 (an IP cell's adapters: its workflow's role types)
 
 DEVICES = {"H100": 81_559 * 2 ** 20, "H200": 143_771 * 2 ** 20}  # the memory nvidia-smi reports
 PROBLEM_TOKENS = {"math": (150, 600), "code": (300, 2500)}
@@ -161,11 +162,12 @@ def rehearse(cell: str, device: str, steps: int, seed: int = 0) -> dict:
     c = cell_defaults(cell)
     kind, scale, new = "code" if c["task"] == "deepcoder" else "math", cell.split("-")[2], \
         c["max_new_tokens"]
-    adapters = IP_ADAPTERS[c["workflow"]] if c["policy"] == "ip" else 1
+    adapters = len(ROLES[c["workflow"]]) if c["policy"] == "ip" else 1
     budget = device_budget(scale, device, adapters)
     shape = QWEN3_SHAPES[f"random-qwen3-{scale.lower()}"]
     store, model = decoding.CacheStore(budget.max_tokens), meta_model(shape)
-    rng = np.random.default_rng([sorted(IP_ADAPTERS).index(c["workflow"]), kind == "code", seed])
+    workflow = ["evalopt", "orchworkers", "single", "voting"].index(c["workflow"])  # the lengths' seed
+    rng = np.random.default_rng([workflow, kind == "code", seed])
     shapes, tally, moved, buffer = set(), Counter(), -1, None
     for _ in range(steps):
         for _, prompts, done in draw_stages(c["workflow"], kind, c["max_prompt_tokens"], new, rng):
@@ -199,7 +201,7 @@ def peak_bytes(c: dict, scale: str, adapters: int, store: int, graphs: int) -> f
     """The update's reserved peak at the cell's micro-batch budget (infra/memory.plan_bytes; SP's
     per-role snapshots), with the K and V `store` kept through it, and `graphs` CUDA graphs'
     memory (decoding.GRAPH_BYTES each, an estimate)."""
-    roles = 1 if c["policy"] == "ip" else IP_ADAPTERS[c["workflow"]]
+    roles = 1 if c["policy"] == "ip" else len(ROLES[c["workflow"]])
     plan = memory.plan_bytes(footprint(scale), adapters, roles, c["max_tokens_per_micro_batch"],
                              c["max_prompt_tokens"] + c["max_new_tokens"], kept=store)
     return plan["reserved"] + graphs * decoding.GRAPH_BYTES
