@@ -197,25 +197,6 @@ def test_the_pages_state_the_measured_toy_times_and_size_from_one_place():
     assert sum(p.numel() for p in model.parameters()) == times["toy_parameters"]
 
 
-def test_the_readme_caption_counts_the_committed_calls():
-    """The README's caption reads the kept episodes of the study's voting-sp-s0 at step 150 (committed with its
-    curves in docs/findings/results/study.jsonl): how many of the generator calls are right, and how many of the
-    aggregator's calls have no readable pick (the parser's `default`, solution 1), counted here with the parser
-    the workflow uses."""
-    import workflows
-    from toyworld.results import records
-    (kept,) = records(os.path.join(ROOT, "docs", "findings", "results"), "voting-sp-s0", "samples/step_000150.json")
-    calls = [c for episode in kept["episodes"] for c in episode["calls"]]
-    generators = [c for c in calls if c["role"] == "generator"]
-    aggregators = [c for c in calls if c["role"] == "aggregator"]
-    unread = [c["output"] for c in aggregators if workflows.parse_selection(c["output"], 3) == (0, "default")]
-    assert kept["step"] == 150 and (len(generators), len(aggregators)) == (24, 8)
-    right = sum(c["correct"] for c in generators)
-    text = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
-    assert (f"its generators are right in {right} of the 24 kept calls, and in {len(unread)} of its 8 calls the "
-            "aggregator's pick cannot be read") in text
-
-
 def test_the_sweep_table_is_the_committed_sweep_runs():
     """The history page's sweep table (docs/findings/history.md) is the sweep's rule applied (`findings.sweep_choice`)
     to the committed compact results of its 15 runs (single-lrR-sS in docs/findings/results/study.jsonl), on the

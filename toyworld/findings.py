@@ -35,8 +35,8 @@ TRAIN_LAST = 20  # training steps a training metric is averaged over at the end
 RESULTS = ("step", "success", "reward", "val/", "/loss_share", "/grad_share", "/grad_norm_share",
            "/opt_steps", "/kl_base", "/coherence_scale", "/entropy", "/careful", "/own_format",
            "/foreign_format", "/foreign_box")
-# the kept calls the README's caption counts (and the last step's of every run that collapses:
-# keep_results)
+# the kept calls of the README's figure's SP run at its last step (and the last step's of every
+# run that collapses: keep_results)
 KEPT_SAMPLES = {"voting-sp-s0": "samples/step_000150.json"}
 
 

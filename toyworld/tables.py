@@ -278,7 +278,8 @@ def power_plan() -> str:
     if runs is None:
         return (f"none within {detection.MOST_RUNS}: at five seeds no number of runs up to "
                 f"{detection.MOST_RUNS} detects the threshold 80% of the time in every decline "
-                "comparison, so a next study needs more seeds, not more runs")
+                "comparison under the pooled collapse model, so by this model a next study at "
+                "runs of this size needs more seeds")
     return f"{runs}, the fewest that detect the threshold 80% of the time in every decline"
 
 

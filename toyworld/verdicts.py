@@ -70,7 +70,7 @@ CLAIMS = [
      [("4", "decline: IP - IP merged"),
       ("4", "decline: IP - IP at a third of the rate (the control)")],
      "finding-4",
-     "a third of the rate does the same: the toy cannot tell the steps from their size"),
+     "a third of the rate does the same: this study does not tell the steps from their size"),
     ("I1, a KL anchor, slows IP's decline", [("I1/I6", "decline: IP - IP with I1")], "i1-and-i6",
      ""),
     ("I6, coherence, slows IP's decline", [("I1/I6", "decline: IP - IP with I6")], "i1-and-i6", ""),
@@ -212,7 +212,8 @@ def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str
     """What was decided after the data (POST_HOC, the tie rule, the held-out agreement), each
     with the day it was written: results, not verdicts. `held`: the held-out seeds, as named;
     `compared`, `rows`: every comparison judged and its held-out row, by (finding, label)."""
-    lines = ["Decided after the data, each dated; its results are post hoc, not verdicts:", "",
+    lines = ["Decided after the data, each dated; its results are post hoc, their rules' verdicts "
+             "not predeclared ones:", "",
              "| written | what | comparison (A - B), rule | result, seeds "
              f"{', '.join(map(str, study['seeds']))} | mean [95% t-interval] | held-out seeds "
              f"{held}, agreeing |", "|---|---|---|---|---|---|"]
