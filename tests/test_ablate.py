@@ -255,3 +255,15 @@ def test_another_checkouts_script_runs_there_in_a_new_interpreter(tmp_path):
     log = tmp_path / "probe.log"
     jobs.run_all([[([sys.executable, str(checkout / "probe.py"), "a"], str(log))]], False, 1)
     assert json.loads(log.read_text()) == [str(checkout), ["a"], "the other checkout"]
+
+
+def test_the_page_writer_fills_each_block_between_its_own_markers(tmp_path, monkeypatch):
+    """An empty block and a filled one, side by side: each is replaced up to its own closing marker, and the text
+    between them is kept (an empty block once swallowed the page up to the next block's closing marker)."""
+    from toyworld import ablation_page
+    monkeypatch.setattr(ablation_page, "blocks", lambda: {"one": "A", "two": "B\nC"})
+    page = tmp_path / "page.md"
+    page.write_text("<!-- ablation:one -->\n<!-- /ablation -->\n\nkept\n\n<!-- ablation:two -->\nold\n<!-- /ablation -->\n")
+    ablation_page.write_page(str(page))
+    assert page.read_text() == ("<!-- ablation:one -->\nA\n<!-- /ablation -->\n\nkept\n\n<!-- ablation:two -->\nB\nC\n"
+                                "<!-- /ablation -->\n")

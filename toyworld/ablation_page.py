@@ -82,9 +82,10 @@ def write_page(page: str) -> None:
     with open(page) as f:
         text = f.read()
     for name, block in blocks().items():
-        marker = re.compile(rf"(<!-- ablation:{re.escape(name)} -->\n).*?(\n<!-- /ablation -->)",
+        # its marker, the block (empty or lines), the first closing marker after it
+        marker = re.compile(rf"(<!-- ablation:{re.escape(name)} -->\n)(.*?)(<!-- /ablation -->)",
                             re.S)
-        text = marker.sub(lambda m, block=block: m[1] + block + m[2], text)
+        text = marker.sub(lambda m, block=block: m[1] + block + "\n" + m[3], text)
     with open(page, "w") as f:
         f.write(text)
 
