@@ -263,7 +263,8 @@ def test_the_page_writer_fills_each_block_between_its_own_markers(tmp_path, monk
     from toyworld import ablation_page
     monkeypatch.setattr(ablation_page, "blocks", lambda: {"one": "A", "two": "B\nC"})
     page = tmp_path / "page.md"
-    page.write_text("<!-- ablation:one -->\n<!-- /ablation -->\n\nkept\n\n<!-- ablation:two -->\nold\n<!-- /ablation -->\n")
+    page.write_text("<!-- ablation:one -->\n<!-- /ablation -->\n\nkept\n\n"
+                    "<!-- ablation:two -->\nold\n<!-- /ablation -->\n")
     ablation_page.write_page(str(page))
     assert page.read_text() == ("<!-- ablation:one -->\nA\n<!-- /ablation -->\n\nkept\n\n<!-- ablation:two -->\nB\nC\n"
                                 "<!-- /ablation -->\n")
