@@ -137,7 +137,8 @@ def test_finding_3s_reading_the_shares_the_gradient_and_the_ends():
     assert (len(fell[1]), fell[0]) == (3, 30)
     holds("docs/findings.md", "three generator outputs of four carry 0.75 of SP's loss by construction",
           f"the generators carry {norm['voting-sp']:.2f} of its norm under SP, {norm['voting-sp-equal']:.2f} with "
-          "equal weights", "the interval of equal weights' peak minus SP's excludes a rise of 0.05",
+          f"equal weights (means over each run's last {findings.TRAIN_LAST} logged training steps)",
+          "the interval of equal weights' peak minus SP's excludes a rise of 0.05",
           f"Their ends (not a declared comparison) differ by {interval(ends)}, equal weights - SP, 3 seeds of 5 "
           f"above zero, and by {without['mean']:+.3f} with SP's 3 collapsed runs left out")
 
@@ -455,7 +456,8 @@ def test_the_readmes_findings_column_says_what_the_verdicts_say():
     assert {c["verdict"] for c in swapped} == {"shown"}
     holds("README.md", f4, "[SP by the rule only, IP not]", "the remedy not shown", "the opposite by the rule only: "
           "both intervals cross zero]",
-          "I1 not shown, I6 not shown (at 6 runs a seed): neither effect detected", "shown in all three workflows, "
+          "I1 not shown, I6 not shown (at 6 runs a seed): neither effect detected",
+          "shown by its rule in all three workflows, "
           f"written after the first grid: Voting {paired.mean_of(swapped[0]['a']):.2f} trained, "
           f"{paired.mean_of(swapped[0]['b']):.2f} swapped", "5 of the 9 predeclared comparisons the study decides "
           "agree on both (one, finding 3's share, true by construction), the other 4 on one",
