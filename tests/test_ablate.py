@@ -141,15 +141,17 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(ablate, words, sa
 
 
 def test_a_workflow_the_toy_world_cannot_run_is_one_line(ablate, monkeypatch, tmp_path, capsys):
-    """A fork's workflow whose role the toy world was never taught (here `critic`)."""
+    """A fork's workflow with a role the toy world was never taught (here Voting given a `critic`): train.py's own
+    check refuses it (toyworld/toy_hooks.role_problem), named with its arm, before anything runs."""
     import workflows
-    monkeypatch.setitem(workflows.ROLES, "critique", ["generator", "critic"])
-    monkeypatch.setitem(workflows.WORKFLOWS, "critique", workflows.WORKFLOWS["single"])
+    monkeypatch.setitem(workflows.ROLES, "voting", ["generator", "aggregator", "critic"])
     with pytest.raises(SystemExit) as e:
-        ablate.main(["bad", "--workflow", "voting", "--threshold", "0.05", "--change", "--workflow critique",
+        ablate.main(["bad", "--workflow", "voting", "--threshold", "0.05", "--change", "--clip-high 0.3",
                      "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "its role critic is none of the toy world's" in err, err
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: --baseline") and "has the role critic, which the toy world does not know" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_arm_is_the_committed_configuration_its_flags_make():

@@ -40,7 +40,7 @@ import time
 from infra import detection, paired
 from infra.flags import Parser
 from infra.runfolder import read_results, usage_error
-from toyworld import declared, reading, toy, toy_model
+from toyworld import declared, toy, toy_model
 from toyworld.ablation_size import (
     QUANTITY,
     RESULTS,
@@ -49,7 +49,6 @@ from toyworld.ablation_size import (
     committed_name,
     committed_seeds,
     default_runs,
-    effective,
     full_flags,
     minutes,
     reproduced,
@@ -84,14 +83,10 @@ def named(flags: list[str]) -> set[str]:
 
 
 def check_arm(args, flags: list[str], side: str) -> None:
-    """One line for a flag train.py does not take or a value it refuses, a workflow the toy world
-    cannot run; nothing is loaded or written (train.py's own checks, in this process)."""
+    """One line for a flag train.py does not take, a value it refuses or a workflow whose roles the
+    toy world does not know; nothing is loaded or written (train.py's own checks, in this
+    process)."""
     import train  # (here: it imports torch, which --help and a refusal above need not wait for)
-    workflow = effective(flags, "--workflow", args.workflow)
-    unknown = [r for r in ROLES.get(workflow, []) if r not in reading.OWN_FORMAT]
-    if unknown:
-        usage_error(f"--{side}: the toy world cannot run --workflow {workflow}: its role "
-                    f"{unknown[0]} is none of the toy world's ({', '.join(reading.OWN_FORMAT)})")
     folder = os.path.join(tempfile.mkdtemp(), "run")  # never written: train.py's checks only
     argv = [*declared.TRAIN, *full_flags(args, flags), "--steps", str(args.steps),
             "--run-dir", folder]
