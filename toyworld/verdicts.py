@@ -57,7 +57,7 @@ CLAIMS = [
     ("Eval-Opt's evaluator learns when to retry",
      [("2", f"{p}: P(retry | first wrong) - P(retry | first right), end - base")
       for p in ("SP", "IP")], "finding-2", ""),
-    ("Under SP a role's share of the update is set by its outputs' count",
+    ("Under SP a role's share of the loss is set by its outputs' count",
      [("3", "SP generators' loss share (3 of 4 outputs)")], "finding-3",
      "a check of the code, not a result: per-output averaging gives 3 of 4 outputs 0.75 by "
      "construction"),
@@ -70,7 +70,7 @@ CLAIMS = [
      [("4", "decline: IP - IP merged"),
       ("4", "decline: IP - IP at a third of the rate (the control)")],
      "finding-4",
-     "a third of the rate does the same: this study does not tell the steps from their size"),
+     "a third of the rate also lowers it: this study does not tell the steps from their size"),
     ("I1, a KL anchor, slows IP's decline", [("I1/I6", "decline: IP - IP with I1")], "i1-and-i6",
      ""),
     ("I6, coherence, slows IP's decline", [("I1/I6", "decline: IP - IP with I6")], "i1-and-i6", ""),
@@ -81,8 +81,9 @@ POST_HOC = [
      "the box (finding 5's metric)", [("5", f"{r} boxes another role's kind, end: SP - IP")
                                       for r in ("Voting aggregator", "Eval-Opt evaluator")],
      "finding-5"),
-    ("2026-12-03", "after the first grid", "IP's roles specialise (the "
-     "project's test)", [("specialisation", s) for s in SPECIALISE], "specialisation"),
+    ("2026-12-03", "after the first grid", "Two IP roles on each other's adapter lose "
+     "accuracy (the project's test of specialisation)",
+     [("specialisation", s) for s in SPECIALISE], "specialisation"),
     (WRITTEN, "after the replication", "Every workflow gains over its base model",
      [("gains", g) for g in GAINS], "finding-1-tested-after-the-data"),
     (WRITTEN, "after the replication", "Eval-Opt IP does not beat SA-RL (the "
@@ -205,7 +206,8 @@ def verdict_notes(study: dict, claimed: list[dict], models: dict, page: str) -> 
         "(toyworld/power.py), for the declines also with collapsing runs drawn ([What five seeds "
         f"can tell]({page}#what-five-seeds-can-tell)). At least one of these {len(rates)} rules "
         f"would pass with nothing there {detection.any_passes(rates):.0%} of the time were they "
-        "independent (they share runs: a rough figure).")
+        "independent (the declines at their collapse-aware rates; they share runs: a rough "
+        "figure).")
 
 
 def post_hoc_table(study: dict, held: str, compared: dict, rows: dict, page: str) -> str:
