@@ -338,3 +338,11 @@ def test_the_calibration_tables_are_the_committed_records():
         builds = [file_records(BUILDS, f"{folder}/seed{seed}.toy.json")[0] for seed in range(seeds)]
         table = tables.calibration_table(records, builds)
         assert table in open(os.path.join(ROOT, "docs", page)).read(), folder
+
+
+def test_the_findings_page_is_one_a_reader_finishes():
+    """docs/findings.md holds at most 6,000 words, its tables included (as `wc -w` counts them); the history is
+    on a page of its own, which it links."""
+    with open(os.path.join(ROOT, "docs", "findings.md")) as f:
+        text = f.read()
+    assert len(text.split()) <= 6000 and "(findings/history.md)" in text
