@@ -7,6 +7,7 @@ cases worked by hand, and toyworld/ablate.py's one-line refusals, its size and a
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -219,6 +220,28 @@ def test_the_ablations_page_shows_what_is_committed():
     assert set(blocks) == {"quick", *JUDGED}
     for name, block in blocks.items():
         assert f"<!-- ablation:{name} -->\n{block}\n<!-- /ablation -->" in page, name
+    # the README's default size detects what the quick block computes for nine runs a seed
+    nine = re.search(r"and (0\.\d+) with nine", blocks["quick"]).group(1)
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        readme = " ".join(f.read().split())
+    assert f"At Voting IP's default size, 5 seeds x 9 runs a seed, it detects {nine} in end accuracy" in readme
+
+
+def test_voting_ips_default_size_is_nine_runs_a_seed_within_the_budget(ablate):
+    """The size the README and the recipes state: at MINUTES_A_RUN's 1.7 minutes a Voting run, 9 runs a seed on
+    5 seeds with the committed 6 reused train 5 x (9 + 3) + 1 (the reproduction) = 61 runs, 51.85 minutes two at
+    a time; 10 would take 71 runs, 60.35 minutes, past the hour. 0.05 needs more than either."""
+    from toyworld import ablation_size
+    p = ablate.parser()
+    args = p.parse_args(["x", "--workflow", "voting", "--policy", "ip", "--change", "--clip-high 0.3",
+                         "--threshold", "0.05"])
+    ablate.check(args, p)
+    reused, reusable = ablation_size.reusable_runs(args)
+    model = ablation_size.aa_model(ablation_size.committed_arm("voting-ip", ablation_size.committed_seeds()))
+    runs, why = ablation_size.default_runs(args, model, reusable)
+    assert (reused, reusable, runs) == ("voting-ip", 6, 9) and "0.05 needs more" in why
+    assert ablation_size.minutes(args, 9, reusable) == pytest.approx(61 * 1.7 / 2)
+    assert ablation_size.minutes(args, 10, reusable) == pytest.approx(71 * 1.7 / 2)
 
 
 @pytest.mark.parametrize("name", JUDGED)

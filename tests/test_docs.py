@@ -159,10 +159,14 @@ TIMES = os.path.join(ROOT, "bench", "times.json")
 # from bench/times.json (the measurements, with how each was taken): a new measurement changes every page or fails.
 STATED = {
     "README.md": ["a {toy_parameters_m}M model", "built once in about {build_minutes} minutes",
-                  "a first toy run from a fresh clone took {first_toy_run_seconds} seconds"],
+                  "a first toy run from a fresh clone took {first_toy_run_seconds} seconds",
+                  "recipe 1 at that size took {ablation_clip1_minutes} minutes on 2 cores, recipe 2 took "
+                  "{ablation_majority_minutes}"],
     "docs/toy_world.md": ["a {toy_parameters_m}M-parameter Llama", "in about {build_minutes} minutes on 2 CPU cores",
                           "took {first_toy_run_seconds} seconds"],
-    "docs/ablations.md": ["a {toy_parameters_m}M-parameter model", "about {build_minutes} minutes"],
+    "docs/ablations.md": ["a {toy_parameters_m}M-parameter model", "about {build_minutes} minutes",
+                          "recipe 1 at that size took {ablation_clip1_minutes} minutes on 2 cores, recipe 2 took "
+                          "{ablation_majority_minutes}"],
     "bench/README.md": ["{build_minutes} minutes", "took {first_toy_run_seconds} seconds",
                         "{study_rerun_minutes} minutes from the first build to the last table",
                         "it took {study_fresh_clone_minutes} minutes",

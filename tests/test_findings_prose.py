@@ -286,8 +286,8 @@ def test_what_a_toy_world_can_tell_the_habits_and_a_not_shown():
     remedy = judged("peak: SP with equal role weights - SP")
     assert power.comparison_power(remedy)["smallest_detected"] < T and remedy["ci"][1] < T
     holds("docs/findings.md", f"a generator's or worker's own format at the end is {low['solver']:.2f} or more in "
-          "every study seed's mean of every configuration, where an aggregator's, evaluator's or orchestrator's is as low "
-          f"as {low['other']:.2f}", "Where the verdict table shows an effect five seeds would detect and the "
+          "every study seed's mean of every configuration, where an aggregator's, evaluator's or orchestrator's "
+          f"is as low as {low['other']:.2f}", "Where the verdict table shows an effect five seeds would detect and the "
           "interval excludes it (finding 3's: a 0.05 rise in SP's peak), a \"not shown\" is evidence against that "
           "effect in the toy, not at scale")
 

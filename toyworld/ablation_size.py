@@ -25,8 +25,10 @@ from toyworld.study import flags_of
 RESULTS = os.path.join(ROOT, "docs", "findings", "results")  # the committed study
 BUDGET_MINUTES = 60  # the default size: an hour of the 2-core machine (two runs at a time)
 # A run's minutes at the study's 150 steps, on one thread, two runs side by side on the 2-core
-# machine, by workflow: measured by this command's runs on 2026-12-07 (docs/ablations.md)
-MINUTES_A_RUN = {"single": 0.6, "voting": 1.9, "evalopt": 1.9, "orchworkers": 2.4}
+# machine, by workflow, measured 2026-12-06/07: single and voting the medians of the recipes' runs
+# (10 and 75: docs/ablations.md), evalopt and orchworkers the means of an SP and an IP run side by
+# side (2.17 and 2.13; 3.60 and 2.44, SP's last minute alone)
+MINUTES_A_RUN = {"single": 0.55, "voting": 1.7, "evalopt": 2.15, "orchworkers": 3.0}
 QUANTITY = "end"  # what the default size is chosen for
 
 
