@@ -68,11 +68,13 @@ STRATEGIES = ((3, 2, 1), (0.7, 0.2, 0.1))  # Orch-Workers: strategies (workers),
 WORKFLOWS = ["Single", "Voting", "EvalOpt", "OrchWorkers"]
 
 
-def draw_stages(workflow: str, kind: str, limit: int, new: int, rng: np.random.Generator,
-                problems: int = 64, samples: int = 8) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def draw_stages(workflow: str, kind: str, limit: int, new: int, iterations: int,
+                rng: np.random.Generator, problems: int = 64,
+                samples: int = 8) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """One step's calls, stage by stage, by the module's model of the lengths: (role, its calls'
     prompt tokens, their completion tokens); `limit` the cell's prompt limit, `new` its response
-    limit. Every stage is one role's: one adapter's, under SP as under IP."""
+    limit, `iterations` Eval-Opt's rounds (the cell's --max-iterations). Every stage is one role's:
+    one adapter's, under SP as under IP."""
     def completions(n: int) -> np.ndarray:
         drawn = rng.integers(new // 10, new, size=n, endpoint=True)
         return np.where(rng.random(n) < CUT_OFF, new, drawn)
@@ -86,7 +88,7 @@ def draw_stages(workflow: str, kind: str, limit: int, new: int, rng: np.random.G
         return [("generator", np.repeat(prompts, 3), solutions.ravel()),
                 ("aggregator", reads, completions(len(reads)))]
     if workflow == "evalopt":
-        return evalopt_stages(prompts, completions, limit, rng, 2 if kind == "code" else 3)
+        return evalopt_stages(prompts, completions, limit, rng, iterations)
     plans = completions(len(prompts))
     strategies = rng.choice(STRATEGIES[0], size=len(prompts), p=STRATEGIES[1])
     keep = prompts + plans // strategies + INSTRUCTIONS <= limit  # each worker's prompt fits
@@ -170,7 +172,8 @@ def rehearse(cell: str, device: str, steps: int, seed: int = 0) -> dict:
     rng = np.random.default_rng([workflow, kind == "code", seed])
     shapes, tally, moved, buffer = set(), Counter(), -1, None
     for _ in range(steps):
-        for _, prompts, done in draw_stages(c["workflow"], kind, c["max_prompt_tokens"], new, rng):
+        for _, prompts, done in draw_stages(c["workflow"], kind, c["max_prompt_tokens"], new,
+                                             c["max_iterations"], rng):
             order = np.argsort(prompts, kind="stable")  # by length, as decode_shapes.static_calls
             widths, done = prompts[order], done[order]
             calls = decode_shapes.cut_calls(widths.tolist(), new, budget.sampling_tokens,

@@ -65,10 +65,13 @@ def decode_line(rows: int, context: tuple[int, int], seconds: tuple[float, float
     return seconds[0] - b * rows * context[0], b
 
 
-def call_rows(budget_tokens: int, sampling_tokens: int, stage: Stage) -> int:
+def call_rows(budget_tokens: int, sampling_tokens: int, stage: Stage, mode: str = "dynamic") -> int:
     """Rows of `stage` one HF generate() call holds (infra/memory.GenerationBudget): its tokens over each row's
-    prompt, new tokens and sampling buffers."""
-    return max(1, budget_tokens // (stage.prompt + stage.new + sampling_tokens))
+    columns and sampling buffers, a row's columns its prompt and new tokens (static: its cache's,
+    infra/decode_shapes.cache_columns, as the engine counts them)."""
+    from infra.decode_shapes import cache_columns
+    columns = stage.prompt + stage.new
+    return max(1, budget_tokens // ((cache_columns(columns) if mode == "static" else columns) + sampling_tokens))
 
 
 def read_columns(prompt: int, steps: range, mode: str) -> float:
@@ -120,7 +123,7 @@ def cost_rows(measured: dict[str, dict], stages: list[Stage] | None = None) -> l
             continue
         mode = m.get("decode_mode", "dynamic")
         a, b = decode_line(m["decode_rows"], m.get("decode_read", m["decode_context"]), m["decode_step_s"])
-        hf = sum(hf_stage_seconds(s, call_rows(m["budget_tokens"], m["sampling_tokens"], s), a, b, mode)
+        hf = sum(hf_stage_seconds(s, call_rows(m["budget_tokens"], m["sampling_tokens"], s, mode), a, b, mode)
                  for s in stages)
         vllm = sum(roofline_stage_seconds(s, m["weight_bytes"], m["kv_token_bytes"]) for s in stages)
         update = update_tokens(stages) / m["update_tok_s"]
@@ -174,11 +177,12 @@ def measure_decode(lm, tokenizer, small: bool) -> tuple[dict, object]:
     compile statistics are kept (infra/decoding.compile_stats). Returns the figures and the engine, whose K and V
     store (on a GPU its whole budget) the update then runs beside."""
     import policies
-    from infra import memory
+    from infra import decoding, memory
     start, end = (16, 80) if small else (GENERATOR_PROMPT, GENERATOR_PROMPT + NEW_TOKENS)
     steps = DECODE_STEPS[not small]
-    budget = memory.hf_generation_budget(lm, 0, keep=True)
-    fits = max(1, budget.max_tokens // (end + steps[1] + budget.sampling_tokens))
+    mode = decoding.decode_mode("auto", lm, quiet=True)  # the engine's, as policies.make_engine
+    budget = memory.hf_generation_budget(lm, 0, keep=mode == "static")
+    fits = call_rows(budget.max_tokens, budget.sampling_tokens, Stage(0, end, steps[1]), mode)
     rows = 8 if small else min(fits, DECODE_ROWS_CAP)
     budget.batch_size = rows
     engine = policies.HFEngine(lm, tokenizer, steps[0], 0.7, **vars(budget))

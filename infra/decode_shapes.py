@@ -87,14 +87,13 @@ def cut_calls(widths: list[int], new_tokens: int, sampling_tokens: int, max_rows
         stop, columns = start + 1, cache_columns(widths[start] + new_tokens)
         most = call_rows(columns, sampling_tokens, max_rows, max_tokens)
         while stop < len(widths) and stop - start < most:
-            if widths[stop] + new_tokens > columns - CACHE_BLOCK:  # wider columns, fewer rows
-                wider = cache_columns(widths[stop] + new_tokens)
+            if (wider := cache_columns(widths[stop] + new_tokens)) > columns:  # fewer rows
                 fewer = call_rows(wider, sampling_tokens, max_rows, max_tokens)
                 if stop - start >= fewer:
                     break
                 columns, most = wider, fewer
             stop += 1
-        rows = stop - start if stop - start >= most else min(most, size_at_least(stop - start))
+        rows = min(most, size_at_least(stop - start))  # a full call's is its own size
         calls.append((start, stop, max(2, rows), columns))
         start = stop
     return calls
@@ -138,8 +137,10 @@ class PaddingRows(StoppingCriteria):
     their first token, so a padding row never makes a call run longer than its real rows."""
 
     def __init__(self, real: int):
-        self.real = real
+        self.real, self.done = real, None
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        return rows >= self.real  # [B] bool, on the device: no host read
+        if self.done is None:  # the same rows at every step: made once (generate ORs it in anew)
+            rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+            self.done = rows >= self.real  # [B] bool, on the device: no host read
+        return self.done

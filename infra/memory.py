@@ -226,15 +226,15 @@ def generation_fixed_bytes(activation_token: int, rows: int, vocab: int,
 
 def generation_call_bytes(per_token: int, rows: int, columns: int, fixed: int) -> int:
     """The plan's bytes for one generate() call: `rows` rows of `columns` columns each (prompt and
-    new tokens; the static mode's cache rounds them up: decoding.cache_columns) at `per_token`
+    new tokens; the static mode's cache rounds them up: decode_shapes.cache_columns) at `per_token`
     (`generation_bytes_per_token`), beside `fixed` (`generation_fixed_bytes`). What the HF engine's
     token budget assumes a call holds; tests/test_decoding.py measures a call against it."""
     return fixed + rows * columns * per_token
 
 
 def kept_store_bytes(tokens: int, kv_token: int) -> int:
-    """The static decode's K and V kept through the update: at most the engine's token budget's
-    (its largest call's rows x columns) KV cache."""
+    """The static decode's K and V kept through the update: on CUDA the store takes the engine's
+    whole token budget at its first call (decoding.CacheStore), so the budget's KV cache."""
     return tokens * kv_token
 
 

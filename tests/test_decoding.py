@@ -423,7 +423,7 @@ def test_a_static_decode_step_reads_the_device_once(gqa_model):
     new tokens (every row runs every step: the prefill, the shared prompt pass and the call's own reads cancel),
     divided by the 16 steps between: 1 read a step, generate's stopping check (`unfinished_sequences.max() == 0`
     read as a bool, which transformers defers only on Apple's GPUs). The mask's width no longer reads the
-    cache's filled count from the device (decoding.filled_mask takes it from the 2D mask's length): before, 2 a
+    cache's filled count from the device (decoding.FilledCache counts it on the host): before, 2 a
     step. A GPU step is one graph replay, so each read stops the host until the GPU has caught up."""
     model, tok = gqa_model
     prompts = [[5 + (i * 3 + j) % 50 for j in range(20 + 5 * i)] for i in range(3)]

@@ -152,7 +152,12 @@ def test_the_static_modes_step_costs_its_mask_widths_by_hand():
                    of 42: 0.0574071 x 5,120 = 293.9246 s
       aggregators  23 calls of 22: a + b x 22 x 23,756.8 = 0.0914667, x 5,120 x 23 = 10,771.1147 s; one of 6:
                    0.0561143 x 5,120 = 287.3051 s
-    The rollout 17,951.9878 s = 4.98666 h (a dynamic line through the same steps would read 4.71808 h)."""
+    The static engine counts a row at its cache's columns (6,272 after 512 + 5,120; 24,704 after 15,872 + 5,120),
+    so a call of the 473,025-token budget holds 75 generators and 19 aggregators, not 83 and 22:
+      generators   20 calls of 75: a + b x 75 x 3,724.8 = 0.0688393 s a step, x 5,120 x 20 = 7,049.1429 s; one
+                   of 36: 0.0553286 x 5,120 = 283.2823 s
+      aggregators  26 calls of 19: 0.0848381 x 5,120 x 26 = 11,293.6472 s; one of 18: 0.0826286 x 5,120 = 423.0583 s
+    The rollout 19,049.1307 s = 5.29143 h (a dynamic line through the same steps would read 4.71808 h)."""
     import gpu_cost
     assert gpu_cost.read_columns(512, range(5120), "dynamic") == 3072
     assert gpu_cost.read_columns(512, range(5120), "static") == 3724.8
@@ -167,7 +172,8 @@ def test_the_static_modes_step_costs_its_mask_widths_by_hand():
                                                                                        rel=1e-8)
     static = {**MEASURED, "decode_mode": "static", "decode_read": (768, 6144)}
     [row] = gpu_cost.cost_rows({"1.7B": static})
-    assert row["hf_rollout_h"] == pytest.approx(17_951.9878 / 3600, rel=1e-8)
+    assert [gpu_cost.call_rows(473_025, 30, s, "static") for s in (generators, aggregators)] == [75, 19]
+    assert row["hf_rollout_h"] == pytest.approx(19_049.1307 / 3600, rel=1e-8)
     assert gpu_cost.cost_rows({"4B": {"decode_rows": 8}}) == []  # cut short after its decode: no row yet
 
 
