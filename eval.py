@@ -12,7 +12,7 @@ evaluates another set in the run's task format (AIME 2025 for math, DeepCoder's 
 code). A paper cell's run is evaluated with the paper's evaluation lengths. To drop an SA adapter
 into a workflow you have not trained, make an untrained run folder for it first (`python train.py
 --workflow voting --steps 0 --val-every 0 --run-dir runs/voting-untrained`). Its flags, their
-checks and its other commands (plot, table, report, calibrate) are infra/commands.py.
+checks and its other commands (plot, table, report, calibrate, compare) are infra/commands.py.
 
     python eval.py --run-dir runs/voting-ip --mode base --samples 4  # the base model, 4 per task
     python eval.py --run-dir runs/voting-ip --step 10 --dump         # one checkpoint, and its dumps
@@ -365,7 +365,7 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None):
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command:  # plot, table, report, calibrate
+    if args.command:  # plot, table, report, calibrate, compare
         return commands.run(args, ROLES, play_every_problem, toy_engine)
     commands.check_evaluate_flags(args, EVAL_RUN_KEYS, SA_MODES)
     steps = resolve_steps(args.run, args.mode, args.step, args.every_checkpoint, args.sa_run)

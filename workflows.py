@@ -6,7 +6,7 @@ it `yield`s the calls it needs next (one stage: one call, or several parallel ca
 the generators of *all* episodes of a step in lockstep, so every stage goes to the engine as one
 batch (3 x tasks x n voting generators in one call), whatever control flow each episode follows.
 A call made with `is_answer=True` answers the task: `rollout` grades it as soon as it is sampled
-(every answer of the stage at once), so the workflow reads its `metrics["correct"]` when it
+(every answer of the stage at once), so the workflow reads its `.grade` and `.metrics` when it
 resumes. The file reads top-down: the workflows, the driver, credit; then the prompts and parsers
 the workflows use, the metrics, and the options (`WorkflowOptions`) last.
 
@@ -41,7 +41,7 @@ class Call:
     truncated: bool = False    # hit the generation length limit
     adapter: str = ""          # filled by the driver from the policy (SP/IP)
     reward: float = 0.0        # credit this call trains on
-    grade: float | None = None  # an answer's reward from the grader, in [0, 1] (`rollout`)
+    grade: float | None = None  # own reward in [0, 1]: an answer's grade, an aggregator's pick's
     metrics: dict = field(default_factory=dict)  # parsed answer, own correctness, format ...
     group: str = ""            # GRPO group when not (name, turn) (Eval-Opt: its attempts share one)
     is_answer: bool = False    # its text answers the task: `rollout` grades it once it is sampled
@@ -91,7 +91,7 @@ def voting(ep: Episode, opts: WorkflowOptions) -> WorkflowRun:
     aggregator that picks one; the pick's answer is final (the aggregator's text is not graded)."""
     gens = [Call(f"generator{i}", 0, solver_messages(ep.task, opts), is_answer=True)
             for i in range(opts.n_votes)]
-    yield gens  # back sampled and graded (`rollout`): each one's metrics["parsed"], ["correct"]
+    yield gens  # back sampled and graded (`rollout`): each one's .grade and metrics["parsed"]
     agg = Call("aggregator", 0, aggregator_messages(ep.task, [c.text for c in gens], opts))
     yield [agg]
     pick, how = parse_selection(agg.text, len(gens))
@@ -209,7 +209,7 @@ def rollout(tasks: list[Task], n: int, opts: WorkflowOptions, engine,
             c.completion_ids, c.text, c.truncated = g.completion_ids, g.text, g.truncated
             c.sample_logprobs = g.logprobs
         # grade every answer of the stage at once (code runs in parallel sandboxes): the workflows
-        # read each answer's own correctness when they resume, before any credit is broadcast
+        # read each answer's own grade when they resume, before any credit is broadcast
         answers = [(ep.task, c) for ep, _, cs in pending for c in cs if c.is_answer]
         grades = grade_many([task for task, _ in answers], [c.text for _, c in answers])
         for (_, c), g in zip(answers, grades):

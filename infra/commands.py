@@ -95,7 +95,8 @@ def check_evaluate_flags(args, run_keys: tuple[str, ...], sa_modes: tuple[str, .
     """One line for each bad value of evaluating a run, before any model loads (`run_keys`: what
     eval.py reads of a run's args.json; `sa_modes`: the modes that read --sa-run)."""
     if not args.run:
-        usage_error("--run-dir RUN is needed (or a command: plot, report, table; see --help)")
+        usage_error("--run-dir RUN is needed (or a command: plot, table, report, calibrate, "
+                    "compare; see --help)")
     run_args = read_run_args(args.run, keys=run_keys)  # not a run folder: one line
     if args.out:
         check_writable(args.out, "--out", folder=False)

@@ -371,19 +371,20 @@ def preset_lines(args: argparse.Namespace, parser: Parser) -> list[str]:
     """Per preset, the flags it set in place of a default, with the default, in --help's order
     (`preset by --model toy: --lr 0.001 (default 0.0005), ...`), wrapped at 100 columns. A flag the
     command line set, or one the preset leaves at its default, is not named."""
-    setter = {key: (name, value) for name, values in presets(args) for key, value in values.items()}
+    found = presets(args)
+    setter = {key: (name, value) for name, values in found for key, value in values.items()}
     lines = []
-    for name, _ in presets(args):
+    for name, _ in found:
         named = []
         for a in parser._actions:
             preset_by, value = setter.get(a.dest, (None, None))
             if preset_by == name and getattr(args, a.dest) == value != a.default:
                 was = ("on" if a.default else "off") if isinstance(a.default, bool) else a.default
                 named.append(f"{as_written(a, value)} (default {was})".replace(" ", NBSP))
-        text = f"preset by {name}: {', '.join(named)}"
-        wrapped = textwrap.wrap(text, 100, subsequent_indent="  ", break_long_words=False,
-                                break_on_hyphens=False)
-        lines += [line.replace(NBSP, " ") for line in wrapped] if named else []
+        if named:  # wrapped only where something is named
+            lines += [line.replace(NBSP, " ") for line in textwrap.wrap(
+                f"preset by {name}: {', '.join(named)}", 100, subsequent_indent="  ",
+                break_long_words=False, break_on_hyphens=False)]
     return lines
 
 

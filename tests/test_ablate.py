@@ -132,12 +132,27 @@ def ablate(monkeypatch):
     (["--workflow", "voting", "--threshold", "0.05", "--change", "--kl-coef generator=0.1", "--seeds", "0,17"],
      "seed 17 has no toy model"),
     (["--workflow", "voting", "--threshold", "0", "--change", "--clip-high 0.3"], "--threshold must be > 0"),
+    (["--workflow", "voting", "--threshold", "0.05", "--change", "--clip-high 0.3", "--runs", "0"],
+     "--runs: at least 1"),  # not the default size in silence
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(ablate, words, said, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         ablate.main(["bad", *words, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_baseline_checkout_without_git_is_one_line(ablate, tmp_path, capsys):
+    """A copy without .git would run this checkout's modules (jobs.run_script tells another checkout by its .git)."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "train.py").write_text("")
+    with pytest.raises(SystemExit) as e:
+        ablate.main(["bad", "--workflow", "voting", "--threshold", "0.05", "--baseline-checkout", str(copy),
+                     "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "not a git checkout" in err, err
     assert not (tmp_path / "out").exists()
 
 

@@ -21,6 +21,7 @@ BUILDS = os.path.join(ROOT, "docs", "findings", "builds.jsonl")
 T = 0.05  # every rule's threshold but finding 2's
 
 
+@functools.lru_cache(maxsize=8)
 def text(page: str) -> str:
     with open(os.path.join(ROOT, page)) as f:
         return " ".join(f.read().split())
@@ -38,6 +39,12 @@ def study() -> dict:
         return json.load(f)
 
 
+@functools.lru_cache(maxsize=1)
+def after_the_data() -> dict:
+    from toyworld import verdicts
+    return verdicts.after_the_data(RESULTS, study())
+
+
 def judged(label: str) -> dict:
     """A declared comparison as study.json judged it on the study's seeds."""
     (c,) = [c for f in study()["findings"] for c in f["preconditions"] + f["comparisons"] + f["beside"]
@@ -50,8 +57,8 @@ def held_out(label: str) -> list[float]:
     return row["per_seed"]
 
 
-def compare(a: tuple, b: tuple, seeds=None, without_collapses: bool = False) -> dict:
-    return findings.compare(RESULTS, seeds or study()["seeds"], declared.c("", a, b), without_collapses)
+def compare(a: tuple, b: tuple, without_collapses: bool = False) -> dict:
+    return findings.compare(RESULTS, study()["seeds"], declared.c("", a, b), without_collapses)
 
 
 def mean_over_seeds(spec: tuple) -> float:
@@ -59,7 +66,9 @@ def mean_over_seeds(spec: tuple) -> float:
 
 
 def interval(c: dict, digits: int = 2) -> str:
-    return f"{c['mean']:+.3f} [{c['ci'][0]:+.{digits}f}, {c['ci'][1]:+.{digits}f}]"
+    """As the tables write it (tables.mean_interval), or with `digits` in the interval."""
+    return tables.mean_interval(c) if digits == 2 else \
+        f"{c['mean']:+.3f} [{c['ci'][0]:+.{digits}f}, {c['ci'][1]:+.{digits}f}]"
 
 
 def crosses_zero(c: dict) -> bool:
@@ -107,8 +116,7 @@ def test_finding_1s_reading_says_which_way_each_comparison_goes():
     assert judged("Orch-Workers: SA-RL - trained IP")["ci"][0] > -T
     exception = judged("Eval-Opt: trained IP - SA-RL")
     assert exception["negative"] == 5 and exception["verdict"] == "the opposite"
-    from toyworld import verdicts
-    gains = verdicts.after_the_data(RESULTS, study())["findings"][0]["comparisons"]
+    gains = after_the_data()["findings"][0]["comparisons"]
     assert [c["label"] for c in gains if c["verdict"] != "shown"] == ["Orch-Workers SP: trained - base"]
     holds("docs/findings.md", "ahead of trained Voting under SP and IP and of trained Orch-Workers under SP, each "
           "interval above zero, and within the margin of trained Orch-Workers IP", "Eval-Opt IP ends below it in "
@@ -185,7 +193,7 @@ def seed_10_without_ip_collapses(against: str = "voting-sp") -> float:
     fell = findings.fallen(RESULTS, "voting-ip", 10)
     ip = findings.run_values(RESULTS, 10, ("voting-ip", "decline", "success"))
     kept = paired.mean_of([x for run, x in ip.items() if run not in fell])
-    return kept - paired.mean_of(list(findings.run_values(RESULTS, 10, (against, "decline", "success")).values()))
+    return kept - findings.value(RESULTS, 10, (against, "decline", "success"))
 
 
 def test_finding_5s_reading_the_line_the_box_and_the_own_format():
@@ -363,11 +371,7 @@ def test_the_replications_reading_agreement_and_seed_10s_collapses():
     on_10 = {k: held_out(label)[1] for k, label in (("SP", IP_SP), ("merged", MERGED), ("third", THIRD),
                                                     ("I1", "decline: IP - IP with I1"),
                                                     ("I6", "decline: IP - IP with I6"))}
-    ip = findings.run_values(RESULTS, 10, ("voting-ip", "decline", "success"))
-    kept = paired.mean_of([x for run, x in ip.items() if run not in fell])
-    without = {k: kept - paired.mean_of(list(findings.run_values(RESULTS, 10, (DECLINES[k], "decline",
-                                                                              "success")).values()))
-               for k in on_10}
+    without = {k: seed_10_without_ip_collapses(DECLINES[k]) for k in on_10}
     assert round(without["merged"], 3) >= T and without["third"] >= T
     assert max(without["I1"], without["I6"]) < T and without["SP"] < 0
     holds("docs/findings.md", "5 agree on both held-out seeds and 4 on one", "the SA adapter against trained Voting "
@@ -493,7 +497,7 @@ def test_the_readmes_findings_column_says_what_the_verdicts_say():
     finding 5's intervals crossing zero; specialisation's accuracies); the paragraph beneath: the replication's
     agreement and the runs a seed."""
     from toyworld import verdicts
-    (orch,) = [c for c in verdicts.after_the_data(RESULTS, study())["findings"][0]["comparisons"]
+    (orch,) = [c for c in after_the_data()["findings"][0]["comparisons"]
                if c["label"] == "Orch-Workers SP: trained - base"]
     assert orch["verdict"] == "not shown" and crosses_zero(orch) and orch["ci"][1] > T
     holds("README.md", f"Orch-Workers SP's gain over its base not shown, {interval(orch)} (tested after the data)")

@@ -56,7 +56,6 @@ from toyworld.ablation_size import (
 )
 from toyworld.jobs import Clock, code_commit, run_all
 from toyworld.study import run_chain, run_command
-from workflows import ROLES
 
 # the flags an arm may not set: the ablation's own (seeds, runs, steps, folders) and the toy model
 OWN_FLAGS = ("--seed", "--run-seed", "--steps", "--run-dir", "--resume", "--overwrite", "--model",
@@ -87,6 +86,7 @@ def check_arm(args, flags: list[str], side: str) -> None:
     toy world does not know; nothing is loaded or written (train.py's own checks, in this
     process)."""
     import train  # (here: it imports torch, which --help and a refusal above need not wait for)
+    from workflows import ROLES
     folder = os.path.join(tempfile.mkdtemp(), "run")  # never written: train.py's checks only
     argv = [*declared.TRAIN, *full_flags(args, flags), "--steps", str(args.steps),
             "--run-dir", folder]
@@ -111,23 +111,20 @@ def declaration(args) -> dict:
             "baseline_checkout": args.baseline_checkout}
 
 
-def read_declaration(folder: str) -> dict | None:
-    """A resumed ablation's declaration (OUT/NAME/ablation.json), or None for a new one."""
+def read_record(folder: str) -> dict | None:
+    """A resumed ablation's record (OUT/NAME/ablation.json), or None for a new one."""
     path = os.path.join(folder, "ablation.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)["declared"]
+        return json.load(f)
 
 
-def declare(args, folder: str) -> dict:
+def declare(args, folder: str, saved: dict | None) -> dict:
     """OUT/NAME/ablation.json's declaration, written dated before any run; a resumed ablation's
-    must be the same, or one line."""
-    path = os.path.join(folder, "ablation.json")
+    (`saved`) must be the same, or one line."""
     mine = declaration(args)
-    if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+    if saved:
         differ = [k for k in mine if saved["declared"].get(k) != mine[k]]
         if differ:
             usage_error(f"{folder} was declared on {saved['date']} with other "
@@ -137,7 +134,7 @@ def declare(args, folder: str) -> dict:
     record = {"name": os.path.basename(folder), "date": time.strftime("%Y-%m-%d %H:%M"),
               "declared": mine, "commit": code_commit()}
     os.makedirs(folder, exist_ok=True)
-    write_json(path, record)
+    write_json(os.path.join(folder, "ablation.json"), record)
     return record
 
 
@@ -280,8 +277,8 @@ def check(args, p: Parser) -> None:
     for bad, line in ((args.threshold <= 0, "--threshold must be > 0"),
                       (len(args.seeds) < 2, "--seeds: a paired interval needs 2 seeds at least"),
                       (args.steps < 30, "--steps: at least 30 (three validation points)"),
-                      ((args.runs or 1) < 1, "--runs: at least 1"), (args.jobs < 1, "--jobs: at "
-                                                                          "least 1")):
+                      (args.runs is not None and args.runs < 1, "--runs: at least 1"),
+                      (args.jobs < 1, "--jobs: at least 1")):
         if bad:
             p.error(line)
     args.baseline_flags = arm_flags(args.baseline, "baseline")
@@ -295,6 +292,9 @@ def check(args, p: Parser) -> None:
         args.baseline_checkout = os.path.abspath(args.baseline_checkout)
         if not os.path.isfile(os.path.join(args.baseline_checkout, "train.py")):
             p.error(f"--baseline-checkout {args.baseline_checkout}: no train.py there")
+        if not os.path.exists(os.path.join(args.baseline_checkout, ".git")):  # jobs.run_script's mark
+            p.error(f"--baseline-checkout {args.baseline_checkout}: not a git checkout (git "
+                    "worktree add DIR HEAD makes one); its runs would import this checkout's code")
     same = args.baseline_flags == args.change_flags and not args.change_run_seeds
     if same and not args.baseline_checkout and not code_commit().endswith("+changes"):
         p.error("the two arms are the same runs: give the change flags, a change in code (this "
@@ -327,13 +327,13 @@ def main(argv: list[str] | None = None) -> None:
     reused, reusable = reusable_runs(args)
     base = committed_name(args, args.baseline_flags) or committed_name(args, [])
     model = aa_model(committed_arm(base, committed_seeds())) if base else None
-    saved = read_declaration(folder)
+    saved = read_record(folder)
     if args.runs is None and saved:  # a resumed ablation keeps the size it declared
-        args.runs, why = saved["runs"], "as declared"
+        args.runs, why = saved["declared"]["runs"], "as declared"
     else:
         args.runs, why = default_runs(args, model, reusable)
     print("\n".join(plan_lines(args, model, base, why, reusable)), flush=True)
-    record = declare(args, folder)  # dated, before any run
+    record = declare(args, folder, saved)  # dated, before any run
     skip = 0
     if reused and "baseline" not in record:
         try:

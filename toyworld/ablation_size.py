@@ -32,12 +32,6 @@ MINUTES_A_RUN = {"single": 0.55, "voting": 1.7, "evalopt": 2.15, "orchworkers": 
 QUANTITY = "end"  # what the default size is chosen for
 
 
-def effective(flags: list[str], flag: str, default: str) -> str:
-    """The value of `flag` an arm runs with: its own last one, or the ablation's."""
-    given = [flags[i + 1] for i, w in enumerate(flags[:-1]) if w == flag]
-    return given[-1] if given else default
-
-
 def full_flags(args, flags: list[str]) -> list[str]:
     """An arm's flags as train.py gets them after the study's regime: its workflow and policy,
     the study's rate, then its own (which win)."""

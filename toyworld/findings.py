@@ -107,10 +107,15 @@ def fallen(out: str, name: str, seed: int) -> set[str]:
 
 def collapses(out: str, names: list[str], seeds: list[int]) -> dict[str, tuple[int, list[str]]]:
     """Per configuration, (its runs on `seeds`, the names of those that collapse: `fallen`)."""
-    return {name: (sum(len(runs_of(out, name, seed)) for seed in seeds),
-                   [f"{name}-s{seed}{run}" for seed in seeds
-                    for run in runs_of(out, name, seed) if run in fallen(out, name, seed)])
-            for name in names}
+    found = {}
+    for name in names:
+        runs, fell = 0, []
+        for seed in seeds:  # each seed's runs read once
+            mine, down = runs_of(out, name, seed), fallen(out, name, seed)
+            runs, fell = runs + len(mine), fell + [f"{name}-s{seed}{run}" for run in mine
+                                                   if run in down]
+        found[name] = (runs, fell)
+    return found
 
 
 def collapse_jumps(out: str, names: list[str], seeds: list[int],
@@ -147,8 +152,9 @@ def sides_runs(out: str, seeds: list[int], spec: tuple,
     `without_collapses`."""
     found = [run_values(out, seed, spec) for seed in seeds]
     if without_collapses:
-        found = [{run: x for run, x in values.items() if run not in fallen(out, spec[0], seed)}
-                 for seed, values in zip(seeds, found)]
+        fell = [fallen(out, spec[0], seed) for seed in seeds]  # once a seed, not once a run
+        found = [{run: x for run, x in values.items() if run not in down}
+                 for values, down in zip(found, fell)]
     return found
 
 

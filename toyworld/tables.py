@@ -95,7 +95,8 @@ def tell_cell(c: dict, model=None) -> str:
         more = f"; {found['collapses']['smallest_detected']:.2f} with collapses"
     if verdict_words(c).endswith("by the rule only"):
         needed = found["seeds_needed"]
-        more += f"; {needed} seeds would decide it" if needed else "; over 30 seeds to decide it"
+        more += f"; {needed} seeds would decide it" if needed else \
+            f"; over {detection.MOST_SEEDS} seeds to decide it"
     return f"{found['smallest_detected']:.2f}{more}"
 
 
