@@ -226,8 +226,8 @@ class HFEngine(StepHooks):
     prefilled once (`shared_prompt_cache`), in pieces of `prefill_columns` columns where given.
     `decode` static: one adapter a call, copied into the slot adapter, decoded on a preallocated
     cache kept across calls and steps (on CUDA compiled once), its rows counted at the cache's
-    columns and padded up to a few counts (infra/decode_shapes.py). It samples with the trainer's own
-    weights, so its hooks around an update only measure."""
+    columns and padded up to a few counts (infra/decode_shapes.py). It samples with the trainer's
+    own weights, so its hooks around an update only measure."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float,
                  top_p: float = 1.0, batch_size: int = 64, share_prompts: bool = True,

@@ -234,7 +234,7 @@ def test_the_ablations_page_shows_what_is_committed():
     blocks = ablation_page.blocks()
     assert set(blocks) == {"quick", *JUDGED}
     for name, block in blocks.items():
-        assert f"<!-- ablation:{name} -->\n{block}\n<!-- /ablation -->" in page, name
+        assert f"<!-- ablation:{name} -->\n{block}\n<!-- /ablation:{name} -->" in page, name
     # the README's default size detects what the quick block computes for nine runs a seed
     nine = re.search(r"and (0\.\d+) with nine", blocks["quick"]).group(1)
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
@@ -303,8 +303,8 @@ def test_the_page_writer_fills_each_block_between_its_own_markers(tmp_path, monk
     from toyworld import ablation_page
     monkeypatch.setattr(ablation_page, "blocks", lambda: {"one": "A", "two": "B\nC"})
     page = tmp_path / "page.md"
-    page.write_text("<!-- ablation:one -->\n<!-- /ablation -->\n\nkept\n\n"
-                    "<!-- ablation:two -->\nold\n<!-- /ablation -->\n")
+    page.write_text("<!-- ablation:one -->\n<!-- /ablation:one -->\n\nkept\n\n"
+                    "<!-- ablation:two -->\nold\n<!-- /ablation:two -->\n")
     ablation_page.write_page(str(page))
-    assert page.read_text() == ("<!-- ablation:one -->\nA\n<!-- /ablation -->\n\nkept\n\n<!-- ablation:two -->\nB\nC\n"
-                                "<!-- /ablation -->\n")
+    assert page.read_text() == ("<!-- ablation:one -->\nA\n<!-- /ablation:one -->\n\nkept\n\n<!-- ablation:two -->\n"
+                                "B\nC\n<!-- /ablation:two -->\n")

@@ -292,7 +292,7 @@ def check(args, p: Parser) -> None:
         args.baseline_checkout = os.path.abspath(args.baseline_checkout)
         if not os.path.isfile(os.path.join(args.baseline_checkout, "train.py")):
             p.error(f"--baseline-checkout {args.baseline_checkout}: no train.py there")
-        if not os.path.exists(os.path.join(args.baseline_checkout, ".git")):  # jobs.run_script's mark
+        if not os.path.exists(os.path.join(args.baseline_checkout, ".git")):  # run_script's mark
             p.error(f"--baseline-checkout {args.baseline_checkout}: not a git checkout (git "
                     "worktree add DIR HEAD makes one); its runs would import this checkout's code")
     same = args.baseline_flags == args.change_flags and not args.change_run_seeds

@@ -15,12 +15,13 @@ import glob
 import itertools
 import json
 import os
-import re
+import sys
 
 from infra import detection, paired
 from toyworld import declared
 from toyworld.ablation_size import QUANTITY, aa_model, committed_arm, committed_seeds
 from toyworld.jobs import ROOT
+from toyworld.tables import fill_tables
 
 JUDGED = os.path.join(ROOT, "docs", "ablations")  # NAME.json and NAME.png of each judged ablation
 EYE_SEEDS = [0, 1, 2]  # the loop the page used to give: three seeds, one run each, read by eye
@@ -78,16 +79,10 @@ def blocks() -> dict[str, str]:
 
 
 def write_page(page: str) -> None:
-    """`page`'s blocks between their markers, rewritten (each marker pair once)."""
-    with open(page) as f:
-        text = f.read()
-    for name, block in blocks().items():
-        # its marker, the block (empty or lines), the first closing marker after it
-        marker = re.compile(rf"(<!-- ablation:{re.escape(name)} -->\n)(.*?)(<!-- /ablation -->)",
-                            re.S)
-        text = marker.sub(lambda m, block=block: m[1] + block + "\n" + m[3], text)
-    with open(page, "w") as f:
-        f.write(text)
+    """`page`'s blocks between their markers (`<!-- ablation:NAME -->`, `<!-- /ablation:NAME -->`),
+    rewritten as the findings page's tables are (tables.fill_tables)."""
+    if missing := fill_tables(page, blocks(), kind="ablation"):
+        print(f"warning: {page} has no markers for {', '.join(missing)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -118,16 +118,16 @@ def runs_cell(c: dict) -> str:
     return f"{c.get('runs', 1)}: {fmt(run_sd, 3, signed=False)} / {fmt(seed_sd, 3, signed=False)}"
 
 
-def fill_tables(path: str, tables: dict[str, str]) -> list[str]:
-    """Replace what stands between `<!-- table:NAME -->` and `<!-- /table:NAME -->` in `path` by
+def fill_tables(path: str, tables: dict[str, str], kind: str = "table") -> list[str]:
+    """Replace what stands between `<!-- KIND:NAME -->` and `<!-- /KIND:NAME -->` in `path` by
     `tables[NAME]`; returns the names it found no markers for (the prose around the markers is the
-    author's)."""
+    author's; KIND: table, or docs/ablations.md's ablation)."""
     with open(path) as f:
         text = f.read()
     missing = []
     for name, table in tables.items():
         # (what stands between the markers may be nothing: a table not written yet)
-        start, end = f"<!-- table:{re.escape(name)} -->", f"<!-- /table:{re.escape(name)} -->"
+        start, end = (f"<!-- {kind}:{re.escape(name)} -->", f"<!-- /{kind}:{re.escape(name)} -->")
         pattern = re.compile(rf"({start}\n)(?:.*?\n)?({end})", re.S)
         if not pattern.search(text):
             missing.append(name)
