@@ -119,11 +119,9 @@ def pass_share(rule: str, threshold: float, noise: np.ndarray, difference: float
 
 def detect_share(noise: np.ndarray, difference: float) -> float:
     """How often the t-interval (95%) over the seeds of each row of `difference` + `noise` lies
-    wholly on the side of zero that a true `difference` (> 0, or < 0) is on."""
-    n = noise.shape[1]
-    d = abs(difference) + noise
-    half = t975(n - 1) * d.std(axis=1, ddof=1) / math.sqrt(n)
-    return float((d.mean(axis=1) - half > 0).mean())
+    wholly on the side of zero that a true `difference` (> 0, or < 0) is on: the share of the rows'
+    `margins` below it."""
+    return share_below(margins(noise), difference)
 
 
 def detect_rate(sd: float, difference: float, n: int = 5) -> float:
@@ -132,13 +130,9 @@ def detect_rate(sd: float, difference: float, n: int = 5) -> float:
 
 
 def smallest_in(noise: np.ndarray, power: float = POWER) -> float:
-    """The smallest true difference detected `power` of the time over draws `noise` (bisection:
-    with the same draws the rate rises with the difference)."""
-    low, high = 0.0, 20.0 * float(noise.std()) + 1e-12
-    for _ in range(40):
-        middle = (low + high) / 2
-        low, high = (middle, high) if detect_share(noise, middle) < power else (low, middle)
-    return high
+    """The smallest true difference detected `power` of the time over draws `noise`: a quantile of
+    their `margins`."""
+    return smallest_of(margins(noise), power)
 
 
 @functools.lru_cache(maxsize=4096)

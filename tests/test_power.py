@@ -139,13 +139,23 @@ def test_the_exact_normal_rate_is_the_simulated_one_and_the_noncentral_t_by_hand
 
 
 def test_every_rate_read_off_the_sorted_margins_is_the_searched_one():
-    """margins sorts each simulated study's smallest detected difference once: share_below is detect_share and
-    smallest_of is smallest_in (a bisection on the same draws), on draws with collapses."""
+    """margins sorts each simulated study's smallest detected difference once: share_below is the share of studies
+    whose t-interval over |d| + noise lies above zero, counted here study by study, and smallest_of a bisection on
+    that share over the same draws (on draws with collapses); detect_share and smallest_in are read off them."""
     noise = detection.seed_noise(detection.RunModel(0.01, 0.06, 0.05, (0.4, 0.7)), 5, 6, 3, 4000)
     margins = detection.margins(noise)
+
+    def counted(d: float) -> float:  # the t-interval of each simulated study, as summarise writes it
+        x = abs(d) + noise
+        half = paired.t975(4) * x.std(axis=1, ddof=1) / math.sqrt(5)
+        return float((x.mean(axis=1) - half > 0).mean())
     for d in (0.0, 0.02, 0.05, -0.05, 0.1):
-        assert detection.share_below(margins, d) == detection.detect_share(noise, d)
-    assert detection.smallest_of(margins) == pytest.approx(detection.smallest_in(noise), abs=1e-9)
+        assert detection.share_below(margins, d) == counted(d) == detection.detect_share(noise, d)
+    low, high = 0.0, 20.0 * float(noise.std())
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if counted(middle) < detection.POWER else (low, middle)
+    assert detection.smallest_of(margins) == pytest.approx(high, abs=1e-9) == detection.smallest_in(noise)
 
 
 def test_without_collapses_the_collapse_aware_figures_are_the_normal_ones():
